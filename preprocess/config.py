@@ -1,0 +1,83 @@
+"""The preprocessing stage's typed configuration (one YAML per run under configs/preprocess/)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from preprocess import configlib
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """How raw Wikipedia pages and books become documents."""
+
+    min_document_chars: int = 200        # cleaned text shorter than this is skipped ("too_short")
+    min_document_sentences: int = 2      # fewer sentences than this is skipped ("too_short")
+    max_document_chars: int = 4_000_000  # raw text longer than this is a dead letter ("too_large")
+    book_document_max_chars: int = 100_000  # books are cut at chapter headings and at this size
+    book_encoding_fallback: str | None = "latin-1"  # non-UTF-8 books: decode with this, or dead-letter when null
+    strip_gutenberg_boilerplate: bool = True
+
+    def __post_init__(self):
+        if self.min_document_chars < 0 or self.min_document_sentences < 1:
+            raise ValueError("min_document_chars must be >= 0 and min_document_sentences >= 1")
+        if self.book_document_max_chars < 1000:
+            raise ValueError("book_document_max_chars must be at least 1000")
+        if self.max_document_chars < self.book_document_max_chars:
+            raise ValueError("max_document_chars must be >= book_document_max_chars")
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """The BERT instance recipe (google-research/bert create_pretraining_data.py)."""
+
+    max_seq_length: int = 128
+    short_seq_prob: float = 0.1
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = 20
+    whole_word_mask: bool = False
+    dupe_factor: int = 5
+    random_next_prob: float = 0.5
+
+    def __post_init__(self):
+        if not 8 <= self.max_seq_length <= 65535:
+            raise ValueError(f"max_seq_length must be in [8, 65535], got {self.max_seq_length}")
+        for name in ("short_seq_prob", "masked_lm_prob", "random_next_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.max_predictions_per_seq < 1 or self.dupe_factor < 1:
+            raise ValueError("max_predictions_per_seq and dupe_factor must be >= 1")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    num_shards: int = 0                  # 0: one shard per target_rows_per_shard rows (at least 1)
+    target_rows_per_shard: int = 131072
+    provenance: bool = False             # add doc_a / doc_b string columns for audits
+
+    def __post_init__(self):
+        if self.num_shards < 0 or self.target_rows_per_shard < 1:
+            raise ValueError("num_shards must be >= 0 and target_rows_per_shard >= 1")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    path: str | None = None              # tokenizer dir, SentencePiece .model, or WordPiece vocab.txt
+    lowercase: bool = True               # only for a WordPiece vocab.txt (bert-*-uncased: true)
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    seed: int = 12345
+    parts: int = 1                       # process the corpus in this many parts to bound memory
+    sources: SourceConfig = field(default_factory=SourceConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    instances: InstanceConfig = field(default_factory=InstanceConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def __post_init__(self):
+        if self.parts < 1:
+            raise ValueError(f"parts must be >= 1, got {self.parts}")
+
+
+def load(path, overrides=()) -> PreprocessConfig:
+    return configlib.load(PreprocessConfig, path, overrides)

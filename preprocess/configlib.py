@@ -1,0 +1,150 @@
+"""Strict YAML -> typed dataclass loading, shared by every stage.
+
+Unknown keys are errors that name the key and the file, values are type-checked, and
+``--set section.key=value`` overrides are applied before the dataclasses are built, so the
+resolved config that gets saved next to the outputs is exactly what ran.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be turned into the typed config."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping for section {_type_name(tp)}, got {value!r}")
+        return _build(tp, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        items = [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def _build(cls: type[T], data: dict, where: str) -> T:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(fields))
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known keys here: {known})")
+    kwargs = {name: _coerce(value, hints[name], f"{where}.{name}" if where else name)
+              for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where or cls.__name__}: {exc}") from None
+
+
+def from_dict(cls: type[T], data: dict | None, source: str = "<config>") -> T:
+    """Build ``cls`` from a nested mapping; errors are prefixed with ``source``."""
+    try:
+        return _build(cls, data or {}, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {str(exc).lstrip('.: ')}") from None
+
+
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...], cls: type) -> dict:
+    """Apply ``a.b=value`` strings (values parsed as YAML) to a nested dict, checking paths against ``cls``."""
+    data = dict(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. instances.dupe_factor=5")
+        path, raw = item.split("=", 1)
+        keys = path.strip().split(".")
+        node, node_cls = data, cls
+        for depth, key in enumerate(keys):
+            fields = {f.name: f for f in dataclasses.fields(node_cls)} if dataclasses.is_dataclass(node_cls) else {}
+            if key not in fields:
+                raise ConfigError(f"--set {item!r}: unknown key '{'.'.join(keys[:depth + 1])}'")
+            field_tp = typing.get_type_hints(node_cls)[key]
+            if depth == len(keys) - 1:
+                node[key] = yaml.safe_load(raw)
+            else:
+                node[key] = dict(node.get(key) or {})
+                node, node_cls = node[key], field_tp
+    return data
+
+
+def load(cls: type[T], path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> T:
+    """Load a YAML file (or just defaults when ``path`` is None) into ``cls`` with overrides applied."""
+    data: dict = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    data = apply_overrides(data, overrides, cls)
+    return from_dict(cls, data, source)
+
+
+def to_dict(config: Any) -> dict:
+    return dataclasses.asdict(config)
+
+
+def to_yaml(config: Any) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)

@@ -1,0 +1,142 @@
+"""Command line: ``python -m preprocess run …`` and ``python -m preprocess tokenizer train …``."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from preprocess import config as config_module
+from preprocess.configlib import ConfigError
+from preprocess.records import InputError
+
+
+def _run_parser(sub) -> None:
+    p = sub.add_parser("run", help="build a dataset of BERT instances",
+                       description="Unrecognised --options are passed to Apache Beam (e.g. --runner, "
+                                   "--direct_num_workers, --direct_running_mode, --dask_client_address).")
+    p.add_argument("--config", required=True, help="YAML file, e.g. configs/preprocess/phase1_seq128.yaml")
+    p.add_argument("--wikipedia", nargs="*", default=[], metavar="URI", help="pages-articles XML dumps (.xml, .bz2)")
+    p.add_argument("--books", nargs="*", default=[], metavar="URI", help="plain-text books: files, dirs or globs")
+    p.add_argument("--tokenizer", help="tokenizer dir, SentencePiece .model or WordPiece vocab.txt "
+                                       "(default: tokenizer.path in the config)")
+    p.add_argument("--output", required=True, metavar="DIR", help="local directory or object-store URI")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set instances.dupe_factor=10 (repeatable)")
+    p.add_argument("--parts", type=int, help="process the corpus in N parts to bound memory (same output)")
+    p.add_argument("--provenance", action="store_true", help="add doc_a/doc_b columns naming the source documents")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing finished dataset")
+
+
+def _tokenizer_parser(sub) -> None:
+    p = sub.add_parser("tokenizer", help="tokenizer tools")
+    tsub = p.add_subparsers(dest="tokenizer_command", required=True)
+    t = tsub.add_parser("train", help="train a SentencePiece vocabulary with the BERT special tokens")
+    t.add_argument("--input", nargs="*", default=[], metavar="URI",
+                   help="files, dirs or globs; names containing '.xml' are read as Wikipedia dumps, others as books")
+    t.add_argument("--wikipedia", nargs="*", default=[], metavar="URI")
+    t.add_argument("--books", nargs="*", default=[], metavar="URI")
+    t.add_argument("--vocab-size", type=int, required=True)
+    t.add_argument("--output", required=True, metavar="DIR")
+    t.add_argument("--lowercase", action="store_true")
+    t.add_argument("--max-sentences", type=int, default=2_000_000, help="sentences sampled for training")
+    t.add_argument("--seed", type=int, default=12345)
+    t.add_argument("--config", help="preprocess YAML whose 'sources' section controls cleaning")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m preprocess", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_parser(sub)
+    _tokenizer_parser(sub)
+    return parser
+
+
+def _summary_lines(manifest: dict, output: str) -> list[str]:
+    s, st = manifest["summary"], manifest["statistics"]
+    docs = st["documents"]
+    return [
+        f"documents: {docs['read']:,} read, {docs['used']:,} used, "
+        f"{sum(docs['skipped'].values()):,} skipped {docs['skipped']}, {sum(docs['failed'].values()):,} failed {docs['failed']}",
+        f"instances: {s['instances']:,} in {s['shards']} shard(s); {s['instance_tokens']:,} tokens; "
+        f"random next {st['next_sentence_random_fraction']:.3f}; masked {st['masked_fraction']:.4f} "
+        f"({st['mask_split']['mask_token']:.3f}/{st['mask_split']['random_token']:.3f}/{st['mask_split']['unchanged']:.3f})",
+        f"corpus: {s['corpus_tokens']:,} tokens in {s['wall_seconds']:.1f} s = {s['corpus_tokens_per_second']:,.0f} tokens/s",
+        f"output: {output} (manifest.json, dead_letters.jsonl, tokenizer/)",
+    ]
+
+
+def _command_run(args, beam_args: list[str]) -> int:
+    from preprocess import pipeline
+
+    overrides = list(args.overrides)
+    if args.parts is not None:
+        overrides.append(f"parts={args.parts}")
+    if args.provenance:
+        overrides.append("output.provenance=true")
+    cfg = config_module.load(args.config, overrides)
+    tokenizer = args.tokenizer or cfg.tokenizer.path
+    if not tokenizer:
+        raise InputError("no tokenizer: pass --tokenizer (a dir from 'tokenizer train', a SentencePiece .model "
+                         "or a WordPiece vocab.txt) or set tokenizer.path in the config")
+    manifest = pipeline.run(cfg, wikipedia=args.wikipedia, books=args.books, tokenizer=tokenizer,
+                            output=args.output, beam_args=beam_args, overwrite=args.overwrite)
+    print("\n".join(_summary_lines(manifest, args.output)))
+    return 0
+
+
+def _command_tokenizer_train(args) -> int:
+    from preprocess import sources
+    from preprocess.tokenizer import train_sentencepiece
+    from preprocess.vocab import sample_sentences
+
+    cfg = config_module.load(args.config) if args.config else config_module.PreprocessConfig()
+    wiki = list(args.wikipedia) + [u for u in args.input if ".xml" in u]
+    books = list(args.books) + [u for u in args.input if ".xml" not in u]
+    files = [("wiki", u) for u in sources.expand_inputs(wiki)] + [("book", u) for u in sources.expand_inputs(books)]
+    if not files:
+        raise InputError("no input: pass --input (or --wikipedia / --books)")
+    started = time.time()
+    sentences = sample_sentences(files, cfg.sources, args.max_sentences, args.seed)
+    tokenizer = train_sentencepiece(sentences, args.vocab_size, args.output, lowercase=args.lowercase)
+    identity = tokenizer.identity()
+    print(f"tokenizer: SentencePiece, {identity['vocab_size']:,} pieces, trained on {len(sentences):,} sentences "
+          f"from {len(files)} file(s) in {time.time() - started:.1f} s; vocab sha256 {identity['vocab_sha256'][:16]}…")
+    print(f"output: {args.output}")
+    return 0
+
+
+def _clear_message(exc: BaseException) -> str | None:
+    """The one-line message of an expected error, also when Beam wrapped it in a worker traceback."""
+    if isinstance(exc, (InputError, ConfigError)):
+        return str(exc).replace(InputError.MARKER, "").strip()
+    text = str(exc)
+    if InputError.MARKER in text:
+        tail = text.split(InputError.MARKER, 1)[1]
+        return tail.strip().splitlines()[0].strip().rstrip("'\"]")
+    from preprocess.schema import DatasetFormatError
+
+    if isinstance(exc, (DatasetFormatError, FileNotFoundError, PermissionError)):
+        return str(exc)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command != "run" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        if args.command == "run":
+            return _command_run(args, rest)
+        return _command_tokenizer_train(args)
+    except KeyboardInterrupt:
+        print("interrupted: nothing was published", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - turned into one clear line when it is an expected error
+        message = _clear_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2

@@ -1,0 +1,117 @@
+"""The tokenized document store: the pipeline's intermediate, between cleaning and instance creation.
+
+Documents are partitioned into hash-range *buckets* (the top bits of ``document_hash``). Each
+preprocessing part writes at most one Arrow file per bucket, sorted by hash; reading a bucket merges
+those files. A document's *global index* is its rank in hash order over the whole corpus, which
+does not depend on how many parts or buckets the run used, so the output does not either.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from preprocess import schema, storage
+
+
+def bucket_of(doc_hash: int, bucket_bits: int) -> int:
+    return doc_hash >> (64 - bucket_bits) if bucket_bits else 0
+
+
+def bucket_dir(work: str, bucket: int) -> str:
+    return storage.join(work, "docs", f"b{bucket:06d}")
+
+
+def write_table(uri: str, table: pa.Table, batch_rows: int = 4096) -> int:
+    """Write an Arrow IPC *file* (uncompressed, memory-mappable); returns its size in bytes."""
+    sink = io.BytesIO() if not storage.is_local(uri) else None
+    with storage.open_write(uri) as handle:
+        target = sink if sink is not None else handle
+        with ipc.new_file(target, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=batch_rows):
+                writer.write_batch(batch)
+        if sink is not None:
+            handle.write(sink.getvalue())
+        return handle.tell()
+
+
+def read_table(uri: str) -> pa.Table:
+    if storage.is_local(uri):
+        with pa.memory_map(storage.local_path(uri)) as source:
+            return ipc.open_file(source).read_all()
+    with storage.open_read(uri) as handle:
+        return ipc.open_file(pa.BufferReader(handle.read())).read_all()
+
+
+def documents_table(docs: list[tuple[int, str, str, bytes, bytes]], vocab_size: int) -> pa.Table:
+    """Build a bucket file's table from (doc_hash, doc_id, source, token bytes, sentence-length bytes)."""
+    docs = sorted(docs, key=lambda d: (d[0], d[1], d[2]))
+    tok_dtype = schema.token_numpy_dtype(vocab_size)
+    tokens = [np.frombuffer(d[3], dtype=tok_dtype) for d in docs]
+    lengths = [np.frombuffer(d[4], dtype=np.uint32) for d in docs]
+    return pa.table({
+        "doc_hash": pa.array([d[0] for d in docs], pa.uint64()),
+        "doc_id": pa.array([d[1] for d in docs], pa.string()),
+        "source": pa.array([d[2] for d in docs], pa.string()),
+        "tokens": _list_array(tokens, schema.token_type(vocab_size)),
+        "sentence_lengths": _list_array(lengths, pa.uint32()),
+    })
+
+
+def _list_array(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.Array:
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays) if arrays else np.zeros(0, dtype=value_type.to_pandas_dtype())
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type))
+
+
+@dataclass
+class Bucket:
+    """A bucket's documents in global order, with duplicate ids removed."""
+
+    doc_ids: list[str]
+    tokens: np.ndarray          # all documents' tokens, concatenated
+    token_starts: np.ndarray    # document i is tokens[token_starts[i]:token_starts[i + 1]]
+    sentence_lengths: list[np.ndarray]
+    duplicates: list[tuple[str, str]]  # (doc_id, source) of dropped copies
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+    def document(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """(flat tokens, sentence offsets) of the document at ``rank`` within the bucket."""
+        tokens = self.tokens[self.token_starts[rank]:self.token_starts[rank + 1]]
+        lengths = self.sentence_lengths[rank]
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return tokens, offsets
+
+
+def load_bucket(work: str, bucket: int) -> Bucket:
+    files = [u for u in storage.list_files(bucket_dir(work, bucket)) if u.endswith(".arrow")]
+    if not files:
+        return Bucket([], np.zeros(0, np.uint16), np.zeros(1, np.int64), [], [])
+    table = pa.concat_tables([read_table(u) for u in files])
+    table = table.take(pc.sort_indices(table, sort_keys=[("doc_hash", "ascending"), ("doc_id", "ascending"),
+                                                        ("source", "ascending")]))
+    doc_ids = table.column("doc_id").to_pylist()
+    sources = table.column("source").to_pylist()
+    keep = [i for i in range(len(doc_ids)) if i == 0 or doc_ids[i] != doc_ids[i - 1]]
+    duplicates = [(doc_ids[i], sources[i]) for i in range(len(doc_ids)) if i and doc_ids[i] == doc_ids[i - 1]]
+    if duplicates:
+        table = table.take(pa.array(keep, pa.int64()))
+        doc_ids = [doc_ids[i] for i in keep]
+    tokens_col = table.column("tokens").combine_chunks()
+    lengths_col = table.column("sentence_lengths").combine_chunks()
+    token_starts = np.asarray(tokens_col.offsets, dtype=np.int64) - tokens_col.offsets[0].as_py()
+    tokens = tokens_col.flatten().to_numpy(zero_copy_only=False)
+    length_offsets = np.asarray(lengths_col.offsets, dtype=np.int64)
+    length_values = lengths_col.flatten().to_numpy(zero_copy_only=False)
+    base = length_offsets[0]
+    sentence_lengths = [length_values[length_offsets[i] - base:length_offsets[i + 1] - base]
+                        for i in range(len(doc_ids))]
+    return Bucket(doc_ids, tokens, token_starts, sentence_lengths, duplicates)

@@ -1,0 +1,272 @@
+"""The preprocessing driver: runs the Beam stages in order and publishes the dataset atomically.
+
+Stages (each a Beam pipeline; the driver passes small run-wide facts between them):
+
+1. ``documents`` (once per part of the input files): read, clean, split, tokenize -> document store.
+2. ``index``: count each bucket's documents (duplicate ids dropped) -> global document indices.
+3. ``instances`` (once per part of the buckets): BERT instances; random next sentences come from
+   any document of the corpus through a keyed join -> sorted pieces.
+4. ``shards``: assemble equal-size, globally shuffled Arrow shards; then the manifest, written last.
+
+With ``parts > 1`` the DirectRunner holds only one part at a time, and since every random choice
+is keyed by (seed, document, duplicate, index) and documents are indexed by hash, the dataset is
+byte-identical whatever the number of parts, workers or runner.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+import uuid
+from dataclasses import asdict
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from preprocess import configlib, docstore, schema, shards, sources, storage, transforms
+from preprocess.config import PreprocessConfig
+from preprocess.records import InputError
+
+LOG = logging.getLogger("preprocess")
+FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRunner"
+BYTES_PER_BUCKET = 4 << 20     # input bytes per document-store bucket (bounds what one worker loads)
+ROWS_PER_GROUP = 16384         # instances per key-range group (bounds what one shard writer sorts)
+
+
+def beam_options(beam_args: list[str]) -> PipelineOptions:
+    """Pipeline options with the runner pinned: Beam's bare DirectRunner would try to fetch Prism."""
+    args = list(beam_args)
+    runner = None
+    for i, arg in enumerate(args):
+        if arg.startswith("--runner"):
+            runner = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+    if "multi_threading" in args or "--direct_running_mode=multi_threading" in args:
+        raise InputError("--direct_running_mode multi_threading is not supported: Beam's multi-threaded "
+                         "FnApiRunner was seen to drop elements of large groups; use multi_processing")
+    if runner is None:
+        args.append(f"--runner={FN_API_RUNNER}")
+    elif runner in ("DirectRunner", "direct"):
+        args = [a for a in args if not a.startswith("--runner") and a != runner] + [f"--runner={FN_API_RUNNER}"]
+    return PipelineOptions(args)
+
+
+def _bits_for(count: float) -> int:
+    return max(0, math.ceil(math.log2(max(count, 1))))
+
+
+def _split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tuple[str, str]]]:
+    """Greedy size-balanced grouping of the input files (largest first, ties by name)."""
+    loads = [[0, i, []] for i in range(parts)]
+    for kind, uri, size in sorted(files, key=lambda f: (-f[2], f[1])):
+        target = min(loads, key=lambda load: (load[0], load[1]))
+        target[0] += size
+        target[2].append((kind, uri))
+    return [sorted(load[2]) for load in loads if load[2]]
+
+
+def _run_beam(options: PipelineOptions, build) -> None:
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline)
+    pipeline.run().wait_until_finish()
+
+
+def _prepare_output(output: str, overwrite: bool) -> str:
+    """Return the staging location; refuse to clobber a finished dataset unless asked to."""
+    if storage.exists(storage.join(output, schema.MANIFEST_NAME)) and not overwrite:
+        raise InputError(f"{output} already holds a finished dataset; pass --overwrite or choose another --output")
+    if storage.is_local(output):
+        staging = storage.local_path(output).rstrip("/") + ".incomplete"
+        storage.remove_tree(staging)  # left over by an interrupted run
+        os.makedirs(staging)
+        return staging
+    storage.remove_tree(output)  # object stores: files without a manifest are an unfinished run
+    return output
+
+
+def _publish(staging: str, output: str) -> None:
+    if staging == output:
+        return
+    output = storage.local_path(output).rstrip("/")
+    trash = None
+    if os.path.exists(output):
+        trash = f"{output}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(output, trash)
+    os.rename(staging, output)
+    if trash:
+        storage.remove_tree(trash)
+
+
+def _read_metas(prefix: str) -> dict[str, dict]:
+    return {uri: storage.read_json(uri) for uri in storage.list_files(prefix) if uri.endswith(".json")}
+
+
+def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokenizer: str, output: str,
+        beam_args: list[str] = (), overwrite: bool = False, progress: bool | None = None) -> dict:
+    """Run the whole stage and return the manifest (its ``summary`` has the headline figures)."""
+    from tqdm import tqdm
+
+    from preprocess.tokenizer import load_tokenizer
+
+    started = time.time()
+    options = beam_options(list(beam_args))
+    files = [("wiki", u) for u in sources.expand_inputs(list(wikipedia))] + \
+            [("book", u) for u in sources.expand_inputs(list(books))]
+    if not files:
+        raise InputError("no input files: pass --wikipedia and/or --books")
+    sized = [(kind, uri, storage.size_of(uri)) for kind, uri in files]
+    input_bytes = sum(size for _, _, size in sized)
+    names = [sources.source_name(u) for _, u in files]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"input files share a name ({', '.join(dup)}): document ids come from file names, "
+                         "so rename one of them")
+
+    tok = load_tokenizer(tokenizer, lowercase=cfg.tokenizer.lowercase)
+    staging = _prepare_output(output, overwrite)
+    try:
+        tokenizer_uri = storage.join(staging, schema.TOKENIZER_DIR)
+        tok.save(tokenizer_uri)
+        work = storage.join(staging, "_work")
+        file_parts = _split_parts(sized, min(cfg.parts, len(files)))
+        bucket_bits = min(16, max(_bits_for(cfg.parts), _bits_for(input_bytes / BYTES_PER_BUCKET)))
+        num_buckets = 1 << bucket_bits
+        steps = len(file_parts) + 1 + cfg.parts + 1
+        bar = tqdm(total=steps, desc="preprocess", unit="stage", file=sys.stderr,
+                   disable=not (progress if progress is not None else sys.stderr.isatty()))
+
+        for part, part_files in enumerate(file_parts):
+            bar.set_postfix_str(f"documents part {part + 1}/{len(file_parts)}")
+            _run_beam(options, lambda p, part=part, part_files=part_files: (
+                p | "Files" >> beam.Create(part_files)
+                | transforms.BuildDocumentStore(cfg.sources, tokenizer_uri, bucket_bits, work, part, tok.vocab_size)))
+            bar.update()
+
+        bar.set_postfix_str("index")
+        index_uri = storage.join(work, "index.json")
+        _run_beam(options, lambda p: (
+            p | "Buckets" >> beam.Create(list(range(num_buckets)))
+            | "Count" >> beam.ParDo(transforms.CountBucket(work))
+            | "One" >> beam.Map(lambda row: (0, row)) | "All" >> beam.GroupByKey()
+            | "Write" >> beam.Map(lambda kv: storage.write_json(index_uri, sorted(kv[1])))))
+        bar.update()
+        counts = {bucket: (count, dups) for bucket, count, dups in storage.read_json(index_uri)}
+        bucket_offsets = [0]
+        for bucket in range(num_buckets):
+            bucket_offsets.append(bucket_offsets[-1] + counts.get(bucket, (0, []))[0])
+        num_docs = bucket_offsets[-1]
+        doc_metas = list(_read_metas(storage.join(work, "docs")).values())
+        corpus = {"sentences": sum(m["sentences"] for m in doc_metas), "tokens": sum(m["tokens"] for m in doc_metas)}
+        if num_docs < 2:
+            raise InputError(f"only {num_docs} usable document(s) in the input; next-sentence prediction needs "
+                             "at least 2 (check the inputs and sources.min_document_* settings)")
+
+        est_rows = corpus["tokens"] * cfg.instances.dupe_factor / max(1, cfg.instances.max_seq_length - 3)
+        group_bits = min(20, _bits_for(est_rows / ROWS_PER_GROUP))
+        mask_id = tok.mask_id
+        for part in range(cfg.parts):
+            bar.set_postfix_str(f"instances part {part + 1}/{cfg.parts}")
+            lo, hi = part * num_buckets // cfg.parts, (part + 1) * num_buckets // cfg.parts
+            part_buckets = [b for b in range(lo, hi) if counts.get(b, (0, []))[0]]
+            if part_buckets:
+                _run_beam(options, lambda p, part=part, part_buckets=part_buckets: (
+                    p | "Buckets" >> beam.Create(part_buckets)
+                    | transforms.CreateInstances(tokenizer_uri, work, cfg.instances, cfg.seed, bucket_offsets,
+                                                 group_bits, part, tok.vocab_size, mask_id)))
+            bar.update()
+
+        group_rows = [0] * (1 << group_bits)
+        stats: dict = {}
+        for uri, meta in _read_metas(storage.join(work, "pieces")).items():
+            group = int(uri.replace("\\", "/").split("/")[-2][1:])
+            group_rows[group] += meta["rows"]
+            stats = shards.merge_counts(stats, meta["stats"])
+        total_rows = sum(group_rows)
+        planned = sum(m["instances"] for m in _read_metas(storage.join(work, "planned")).values())
+        if planned != total_rows:
+            raise RuntimeError(f"{planned} instances were planned but {total_rows} written: the runner lost or "
+                               "duplicated elements, so nothing was published")
+        num_shards = cfg.output.num_shards or max(1, math.ceil(total_rows / cfg.output.target_rows_per_shard))
+        metadata = {"max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]}
+        out_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, metadata)
+        shard_meta_dir = storage.join(work, "shards")
+        parts = cfg.parts
+        bar.set_postfix_str(f"{num_shards} shards")
+        _run_beam(options, lambda p: (
+            p | "Shards" >> beam.Create(list(range(num_shards)))
+            | "Spread" >> beam.Reshuffle()
+            | "Assemble" >> beam.Map(lambda s: storage.write_json(
+                storage.join(shard_meta_dir, f"s{s:06d}.json"),
+                shards.assemble_shard(work, staging, s, num_shards, group_rows, parts, out_schema)))))
+        bar.update()
+        bar.close()
+        shard_entries = sorted(_read_metas(shard_meta_dir).values(), key=lambda e: e["name"])
+
+        dead_letters = sorted((dl for m in doc_metas for dl in m["dead_letters"]),
+                              key=lambda d: (d["source"], d["doc_id"]))
+        with storage.open_write(storage.join(staging, schema.DEAD_LETTERS_NAME), binary=False) as handle:
+            import json
+            for letter in dead_letters:
+                handle.write(json.dumps(letter, sort_keys=True) + "\n")
+        with storage.open_write(storage.join(staging, schema.CONFIG_NAME), binary=False) as handle:
+            handle.write(configlib.to_yaml(cfg))
+
+        manifest = _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard_entries,
+                             total_rows, bucket_bits, group_bits)
+        storage.remove_tree(work)
+        manifest["summary"]["wall_seconds"] = round(time.time() - started, 3)
+        manifest["summary"]["corpus_tokens_per_second"] = round(corpus["tokens"] / max(1e-9, time.time() - started), 1)
+        storage.write_json(storage.join(staging, schema.MANIFEST_NAME), manifest)  # written last: marks completion
+        _publish(staging, output)
+        return manifest
+    except BaseException:
+        if staging != output or not storage.exists(storage.join(output, schema.MANIFEST_NAME)):
+            storage.remove_tree(staging)
+        raise
+
+
+def _fraction(numerator: float, denominator: float) -> float:
+    return round(numerator / denominator, 6) if denominator else 0.0
+
+
+def _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard_entries, total_rows,
+              bucket_bits, group_bits) -> dict:
+    skipped, failed = {}, {}
+    for meta in doc_metas:
+        skipped = shards.merge_counts(skipped, meta["skipped"])
+        failed = shards.merge_counts(failed, meta["failed"])
+    duplicates = sum(len(dups) for _, dups in counts.values())
+    if duplicates:
+        skipped["duplicate_id"] = skipped.get("duplicate_id", 0) + duplicates
+    read = num_docs + sum(skipped.values()) + sum(failed.values())
+    masked = stats.get("masked", {})
+    nsp = stats.get("next_sentence", {})
+    positions = masked.get("positions", 0)
+    return {
+        "format": schema.FORMAT_NAME,
+        "format_version": schema.FORMAT_VERSION,
+        "tokenizer": {**tok.identity(), "dir": schema.TOKENIZER_DIR},
+        "token_dtype": schema.token_numpy_dtype(tok.vocab_size),
+        "max_seq_length": cfg.instances.max_seq_length,
+        "parameters": configlib.to_dict(cfg),
+        "inputs": [{"kind": kind, "name": sources.source_name(uri), "bytes": size} for kind, uri, size in sized],
+        "rows": total_rows,
+        "tokens": stats.get("tokens", 0),
+        "shards": shard_entries,
+        "layout": {"bucket_bits": bucket_bits, "group_bits": group_bits},
+        "statistics": {
+            "documents": {"read": read, "used": num_docs, "skipped": skipped, "failed": failed},
+            "corpus": corpus,
+            "instances": stats,
+            "next_sentence_random_fraction": _fraction(nsp.get("random", 0), total_rows),
+            "masked_fraction": _fraction(positions, stats.get("tokens", 0)),
+            "mask_split": {k: _fraction(masked.get(k, 0), positions) for k in ("mask_token", "random_token", "unchanged")},
+            "truncated_fraction": _fraction(stats.get("truncated", 0), total_rows),
+        },
+        "summary": {"documents": num_docs, "instances": total_rows, "corpus_tokens": corpus["tokens"],
+                    "instance_tokens": stats.get("tokens", 0), "shards": len(shard_entries)},
+    }
+
+
+__all__ = ["run", "beam_options", "asdict"]

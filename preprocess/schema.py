@@ -1,0 +1,73 @@
+"""The on-disk dataset format: Arrow IPC file shards plus ``manifest.json``. Writer and reader rules live here.
+
+Imports pyarrow only, so the pretraining stage can read datasets without Apache Beam.
+"""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+FORMAT_NAME = "bert-instances"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+TOKENIZER_DIR = "tokenizer"
+DEAD_LETTERS_NAME = "dead_letters.jsonl"
+CONFIG_NAME = "config.yaml"
+
+
+def token_type(vocab_size: int) -> pa.DataType:
+    """uint16 while every id fits (vocab_size <= 65,536), else uint32."""
+    return pa.uint16() if vocab_size <= 65536 else pa.uint32()
+
+
+def token_numpy_dtype(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 65536 else "uint32"
+
+
+def instance_schema(vocab_size: int, provenance: bool, metadata: dict | None = None) -> pa.Schema:
+    """Schema of a shard: one unpadded instance per row."""
+    tok = token_type(vocab_size)
+    fields = [
+        pa.field("input_ids", pa.list_(tok), nullable=False),            # [CLS] A [SEP] B [SEP]
+        pa.field("segment_a_len", pa.int32(), nullable=False),          # len([CLS] A [SEP])
+        pa.field("masked_positions", pa.list_(pa.uint16()), nullable=False),  # ascending
+        pa.field("masked_labels", pa.list_(tok), nullable=False),        # original ids
+        pa.field("next_sentence_label", pa.int8(), nullable=False),     # 0: actual next, 1: random
+    ]
+    if provenance:
+        fields += [pa.field("doc_a", pa.string(), nullable=False), pa.field("doc_b", pa.string(), nullable=False)]
+    meta = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)}
+    meta.update({k: (v if isinstance(v, str) else json.dumps(v, sort_keys=True)) for k, v in (metadata or {}).items()})
+    return pa.schema(fields, metadata=meta)
+
+
+def piece_schema(vocab_size: int) -> pa.Schema:
+    """Intermediate sorted runs: the instance columns plus the shuffle key, always with provenance."""
+    base = instance_schema(vocab_size, provenance=True)
+    return pa.schema([pa.field("order_key", pa.uint64(), nullable=False), *base])
+
+
+def document_schema(vocab_size: int) -> pa.Schema:
+    """The tokenized document store: one document per row, sorted by ``doc_hash`` within a file."""
+    tok = token_type(vocab_size)
+    return pa.schema([
+        pa.field("doc_hash", pa.uint64(), nullable=False),
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("tokens", pa.list_(tok), nullable=False),               # all sentences, concatenated
+        pa.field("sentence_lengths", pa.list_(pa.uint32()), nullable=False),
+    ])
+
+
+class DatasetFormatError(ValueError):
+    """A dataset directory that is incomplete, of another format version, or does not match the model."""
+
+
+def check_manifest(manifest: dict, where: str) -> None:
+    """Refuse a manifest of another format or version with a message naming the directory."""
+    if manifest.get("format") != FORMAT_NAME:
+        raise DatasetFormatError(f"{where}: not a {FORMAT_NAME} dataset (manifest format {manifest.get('format')!r})")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DatasetFormatError(
+            f"{where}: dataset format version {manifest.get('format_version')} but this code reads version "
+            f"{FORMAT_VERSION}; re-run preprocessing with this version of the code")

@@ -1,0 +1,149 @@
+"""Sorted runs ("pieces") of instances, the final shuffled shards, and their statistics.
+
+Every instance carries a 128-bit shuffle key derived from (seed, document, duplicate, index). The
+global order of the dataset is the key order, so shard ``s`` of ``S`` holds the rows ranked
+``[s*R//S, (s+1)*R//S)``: shards are equal to within one row, and every shard is a uniformly
+random sample of the corpus in random order. Pieces are key-range groups written sorted, so a
+shard is assembled from the few groups that overlap its rank range with bounded memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from preprocess import schema, storage
+from preprocess.docstore import _list_array, read_table, write_table
+
+HISTOGRAM_BIN = 16  # sequence-length histogram bin width, in tokens
+
+# (order_key, tiebreak, input_ids, segment_a_len, masked_positions, masked_labels, nsp, doc_a, doc_b, truncated)
+InstanceRecord = tuple
+
+
+def group_of(order_key: int, group_bits: int) -> int:
+    return order_key >> (64 - group_bits) if group_bits else 0
+
+
+def piece_uri(work: str, group: int, part: int) -> str:
+    return storage.join(work, "pieces", f"g{group:06d}", f"p{part:04d}.arrow")
+
+
+def pieces_table(records: list[InstanceRecord], vocab_size: int) -> pa.Table:
+    """Rows sorted by shuffle key, with the key columns kept for the final merge."""
+    records = sorted(records, key=lambda r: (r[0], r[1]))
+    tok = schema.token_numpy_dtype(vocab_size)
+    return pa.table({
+        "order_key": pa.array([r[0] for r in records], pa.uint64()),
+        "tiebreak": pa.array([r[1] for r in records], pa.uint64()),
+        "input_ids": _list_array([np.frombuffer(r[2], tok) for r in records], schema.token_type(vocab_size)),
+        "segment_a_len": pa.array([r[3] for r in records], pa.int32()),
+        "masked_positions": _list_array([np.frombuffer(r[4], np.uint16) for r in records], pa.uint16()),
+        "masked_labels": _list_array([np.frombuffer(r[5], tok) for r in records], schema.token_type(vocab_size)),
+        "next_sentence_label": pa.array([r[6] for r in records], pa.int8()),
+        "doc_a": pa.array([r[7] for r in records], pa.string()),
+        "doc_b": pa.array([r[8] for r in records], pa.string()),
+        "truncated": pa.array([r[9] for r in records], pa.bool_()),
+    })
+
+
+def instance_stats(table: pa.Table, mask_id: int) -> dict:
+    """Counts that let the manifest report NSP balance, masking split and lengths."""
+    rows = table.num_rows
+    input_ids = table.column("input_ids").combine_chunks()
+    lengths = pc.list_value_length(input_ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    positions = table.column("masked_positions").combine_chunks()
+    labels = table.column("masked_labels").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    row_starts = np.asarray(input_ids.offsets, dtype=np.int64)[:-1] - input_ids.offsets[0].as_py()
+    per_row = pc.list_value_length(positions).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat_positions = positions.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    values = input_ids.flatten().to_numpy(zero_copy_only=False)
+    shown = values[np.repeat(row_starts, per_row) + flat_positions] if len(flat_positions) else labels
+    is_mask = shown == mask_id
+    unchanged = (~is_mask) & (shown == labels)
+    nsp = table.column("next_sentence_label").to_numpy().astype(np.int64)
+    histogram = np.bincount(lengths // HISTOGRAM_BIN).tolist() if rows else []
+    return {
+        "instances": rows,
+        "tokens": int(lengths.sum()),
+        "next_sentence": {"actual": int((nsp == 0).sum()), "random": int((nsp == 1).sum())},
+        "masked": {"positions": int(len(labels)), "mask_token": int(is_mask.sum()),
+                   "unchanged": int(unchanged.sum()), "random_token": int(len(labels) - is_mask.sum() - unchanged.sum())},
+        "truncated": int(table.column("truncated").to_numpy(zero_copy_only=False).sum()) if "truncated" in table.column_names else 0,
+        "length_histogram": {str(i * HISTOGRAM_BIN): c for i, c in enumerate(histogram) if c},
+    }
+
+
+def merge_counts(a: dict, b: dict) -> dict:
+    """Add nested count dictionaries (missing keys count as zero)."""
+    out = dict(a)
+    for key, value in b.items():
+        if isinstance(value, dict):
+            out[key] = merge_counts(out.get(key, {}), value)
+        elif isinstance(value, (int, float)):
+            out[key] = out.get(key, 0) + value
+        elif isinstance(value, list):
+            out[key] = list(out.get(key, [])) + value
+        else:
+            out[key] = value
+    return out
+
+
+def shard_name(index: int, count: int) -> str:
+    return f"shard-{index:05d}-of-{count:05d}.arrow"
+
+
+def shard_bounds(shard: int, num_shards: int, num_rows: int) -> tuple[int, int]:
+    return shard * num_rows // num_shards, (shard + 1) * num_rows // num_shards
+
+
+def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, group_rows: list[int],
+                   parts: int, output_schema: pa.Schema, batch_rows: int = 4096) -> dict:
+    """Write shard ``shard`` from the key-range groups that overlap its rank range.
+
+    Args:
+        group_rows: rows per key-range group over all parts, in key order.
+        output_schema: the final schema (provenance columns present or not).
+    Returns:
+        The shard's manifest entry: name, rows, sha256, bytes.
+    """
+    total = sum(group_rows)
+    lo, hi = shard_bounds(shard, num_shards, total)
+    tables, start = [], 0
+    for group, rows in enumerate(group_rows):
+        end = start + rows
+        if rows and end > lo and start < hi:
+            uris = [piece_uri(work, group, p) for p in range(parts)]
+            present = [u for u in uris if storage.exists(u)]
+            table = pa.concat_tables([read_table(u) for u in present])
+            table = table.take(pc.sort_indices(table, [("order_key", "ascending"), ("tiebreak", "ascending")]))
+            tables.append(table.slice(max(lo - start, 0), min(hi, end) - max(lo, start)))
+        start = end
+    rows_table = pa.concat_tables(tables) if tables else None
+    columns = [rows_table.column(f.name).cast(f.type) if rows_table is not None else pa.array([], f.type)
+               for f in output_schema]
+    shard_table = pa.Table.from_arrays(columns, schema=output_schema)
+    name = shard_name(shard, num_shards)
+    # Write locally first so the checksum is of the exact bytes that are published.
+    with tempfile.TemporaryDirectory(prefix="shard-") as tmp:
+        local = os.path.join(tmp, name)
+        with pa.OSFile(local, "wb") as sink, ipc.new_file(sink, output_schema) as writer:
+            for batch in shard_table.to_batches(max_chunksize=batch_rows):
+                writer.write_batch(batch)
+        digest = hashlib.sha256()
+        with open(local, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+        size = os.path.getsize(local)
+        storage.upload_file(local, storage.join(output_dir, name))
+    return {"name": name, "rows": shard_table.num_rows, "sha256": digest.hexdigest(), "bytes": size,
+            "tokens": int(pc.sum(pc.list_value_length(shard_table.column("input_ids"))).as_py() or 0)}
+
+
+__all__ = ["assemble_shard", "instance_stats", "merge_counts", "pieces_table", "piece_uri", "shard_bounds",
+           "shard_name", "group_of", "write_table"]

@@ -1,0 +1,516 @@
+"""Streaming readers for the raw corpora: MediaWiki XML dumps and plain-text books.
+
+Readers never hold a whole file in memory: dumps are parsed incrementally with ``iterparse``
+and books are read line by line. File-level problems (unreadable URI, truncated or corrupt
+compression, malformed XML) raise ``InputError``; page- and book-level problems are yielded as
+``Rejected`` records so the run can go on and count them.
+"""
+from __future__ import annotations
+
+import codecs
+import fnmatch
+import glob
+import lzma
+import os
+import re
+import xml.etree.ElementTree as ET
+import zlib
+from typing import IO, Iterator
+
+import smart_open
+
+from preprocess.config import SourceConfig
+from preprocess.records import InputError, RawDocument, Rejected
+from preprocess.text import is_chapter_heading
+
+_READ_LINE_LIMIT = 1 << 20   # a "line" longer than this is cut, so a file without newlines streams
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+# Expat error codes (xml.parsers.expat.errors) that mean "the input stopped in the middle".
+_XML_ENDED_EARLY = {3, 5, 6}  # no element found, unclosed token, partial character
+_XML_INVALID_TOKEN = 4
+
+
+def source_name(uri: str) -> str:
+    """The base name of a local path or URI ("s3://b/dumps/x.xml.bz2" -> "x.xml.bz2")."""
+    return uri.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _is_remote(uri: str) -> bool:
+    return "://" in uri
+
+
+def _open_hint(uri: str, exc: BaseException) -> str:
+    if uri.startswith("s3://"):
+        return ("check that the bucket and key exist, that AWS credentials are configured "
+                "(AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an instance role) "
+                "and, for a non-AWS store, that AWS_ENDPOINT_URL is set")
+    if isinstance(exc, FileNotFoundError):
+        return "the file does not exist; check the path (relative paths are resolved from the working directory)"
+    if isinstance(exc, PermissionError):
+        return "the file is not readable; check its permissions"
+    if isinstance(exc, IsADirectoryError):
+        return "it is a directory; pass the files in it (or let expand_inputs list them)"
+    return "check that the path or URI is right and readable from this machine"
+
+
+def open_uri(uri: str, mode: str = "rb") -> IO:
+    """Open a local path or URI with smart_open, decompressing by extension (.bz2, .gz, .xz, ...).
+
+    Args:
+        uri: A local path or a URI smart_open understands (s3://, gs://, file://, ...).
+        mode: The open mode, "rb" by default.
+
+    Returns:
+        A file object; close it (use ``with``).
+
+    Raises:
+        InputError: The URI cannot be opened; the message keeps the original reason.
+    """
+    try:
+        return smart_open.open(uri, mode, compression="infer_from_extension")
+    except Exception as exc:  # FileNotFoundError, botocore ClientError, NoCredentialsError, ...
+        raise InputError(f"cannot open {uri}: {type(exc).__name__}: {exc}; "
+                         f"{_open_hint(uri, exc)}") from exc
+
+
+def _read_error(uri: str, exc: BaseException) -> InputError:
+    """Turn an exception raised while reading (decompressing) a stream into one clear InputError."""
+    if isinstance(exc, EOFError):
+        return InputError(
+            f"{uri}: the compressed stream ends early (truncated download?): {exc}; "
+            "re-download it and check its size and checksum")
+    if isinstance(exc, (zlib.error, lzma.LZMAError)) or (
+            isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, PermissionError))
+            and any(w in str(exc).lower() for w in ("invalid data", "not a gzip", "corrupt",
+                                                    "crc", "magic", "compressed"))):
+        return InputError(
+            f"{uri}: corrupt compressed data ({type(exc).__name__}: {exc}); "
+            "the file is damaged — re-download it and check its checksum")
+    return InputError(f"cannot read {uri}: {type(exc).__name__}: {exc}; {_open_hint(uri, exc)}")
+
+
+class _CheckedReader:
+    """A read-only byte stream wrapper that remembers what the XML parser was fed.
+
+    It counts bytes, notes whether anything but whitespace was seen and finds the first byte
+    that is not valid UTF-8, so a parser error can be explained ("empty file", "not UTF-8 at
+    byte N") instead of only "not well-formed".
+    """
+
+    def __init__(self, raw: IO[bytes]):
+        self._raw = raw
+        self.total = 0
+        self.eof = False
+        self.nonblank = False
+        self.bad_utf8_offset: int | None = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        if not data:
+            self.eof = True
+            return data
+        if not self.nonblank and data.strip():
+            self.nonblank = True
+        if self.bad_utf8_offset is None:
+            pending = len(self._decoder.getstate()[0])
+            try:
+                self._decoder.decode(data)
+            except UnicodeDecodeError as exc:
+                self.bad_utf8_offset = self.total - pending + exc.start
+        self.total += len(data)
+        return data
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _child_text(elem: ET.Element, name: str) -> str | None:
+    for child in elem:
+        if _local(child.tag) == name:
+            return child.text
+    return None
+
+
+def _parse_error(uri: str, exc: ET.ParseError, reader: _CheckedReader, root_seen: bool) -> InputError:
+    line, column = getattr(exc, "position", (0, 0))
+    code = getattr(exc, "code", None)
+    if reader.total == 0:
+        return InputError(f"{uri}: empty file (0 bytes after decompression); "
+                          "re-download it or remove it from the inputs")
+    if not reader.nonblank:
+        return InputError(f"{uri}: empty file (only whitespace); "
+                          "re-download it or remove it from the inputs")
+    if reader.bad_utf8_offset is not None and code == _XML_INVALID_TOKEN:
+        return InputError(
+            f"{uri}: not valid UTF-8 XML at line {line}, column {column} (first invalid UTF-8 "
+            f"byte at offset {reader.bad_utf8_offset} after decompression); MediaWiki dumps are "
+            "UTF-8, so the file is corrupt or was re-encoded — re-download it")
+    if not root_seen:
+        return InputError(f"{uri}: not a MediaWiki XML dump: not XML at all ({exc}); "
+                          "pass a pages-articles .xml or .xml.bz2 file")
+    if code in _XML_ENDED_EARLY and reader.eof:
+        return InputError(
+            f"{uri}: the XML ends before the dump is complete (line {line}, column {column}: "
+            f"{exc}); the file was cut short (truncated download, or a multistream .bz2 cut "
+            "at a stream boundary) — re-download it and check its size and checksum")
+    return InputError(f"{uri}: malformed XML at line {line}, column {column}: {exc}; "
+                      "the file is corrupt — re-download it or check how it was produced")
+
+
+def iter_wikipedia(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Rejected]:
+    """Stream the pages of a MediaWiki ``pages-articles`` XML dump.
+
+    Args:
+        uri: A .xml, .xml.bz2 (single or multistream) or otherwise compressed dump.
+        cfg: Size limits.
+
+    Yields:
+        A ``RawDocument`` (kind "wiki", wikitext) per main-namespace article, and a ``Rejected``
+        per other page: skipped "non_article_namespace", "redirect" or "empty", or failed
+        "too_large" (its text is not yielded).
+
+    Raises:
+        InputError: The file cannot be read, its compression is truncated or corrupt, it is not
+            well-formed UTF-8 XML, it is empty, or it is not a MediaWiki dump.
+    """
+    source = source_name(uri)
+    with open_uri(uri) as raw:
+        reader = _CheckedReader(raw)
+        state = {"root_seen": False}
+        try:
+            yield from _iter_pages(uri, source, cfg, reader, state)
+        except InputError:
+            raise
+        except ET.ParseError as exc:
+            raise _parse_error(uri, exc, reader, state["root_seen"]) from exc
+        except Exception as exc:  # decompression and transport errors surface from read()
+            raise _read_error(uri, exc) from exc
+
+
+def _iter_pages(uri: str, source: str, cfg: SourceConfig, reader: _CheckedReader,
+                state: dict) -> Iterator[RawDocument | Rejected]:
+    dbname = "wiki"
+    root: ET.Element | None = None
+    pages = 0
+    for event, elem in ET.iterparse(reader, events=("start", "end")):
+        if root is None:
+            root = elem
+            state["root_seen"] = True
+            if _local(elem.tag) != "mediawiki":
+                raise InputError(
+                    f"{uri}: not a MediaWiki XML dump: the root element is <{_local(elem.tag)}>, "
+                    "expected <mediawiki>; pass a pages-articles XML dump")
+            continue
+        if event != "end":
+            continue
+        name = _local(elem.tag)
+        if name == "siteinfo":
+            dbname = (_child_text(elem, "dbname") or "").strip() or dbname
+        elif name == "page":
+            pages += 1
+            yield _page_record(elem, source, dbname, cfg)
+        else:
+            continue
+        # Free the finished subtree and unlink it from the root, or the tree grows per page.
+        elem.clear()
+        try:
+            root.remove(elem)
+        except ValueError:
+            pass  # not a direct child of <mediawiki>; clearing it is enough
+    if pages == 0:
+        raise InputError(f"{uri}: not a MediaWiki XML dump: <mediawiki> holds no <page> "
+                         "elements; pass a pages-articles XML dump")
+
+
+def _page_record(page: ET.Element, source: str, dbname: str,
+                 cfg: SourceConfig) -> RawDocument | Rejected:
+    title = ns = page_id = text = None
+    redirect = False
+    for child in page:
+        name = _local(child.tag)
+        if name == "title":
+            title = child.text or ""
+        elif name == "ns":
+            ns = (child.text or "").strip()
+        elif name == "id":
+            page_id = (child.text or "").strip()
+        elif name == "redirect":
+            redirect = True
+        elif name == "revision":
+            # pages-articles has one revision; with full history the last one is current.
+            text = _child_text(child, "text")
+    doc_id = f"wiki:{dbname}:{page_id or 'unknown'}"
+
+    def reject(outcome: str, reason: str, detail: str = "") -> Rejected:
+        return Rejected(source=source, doc_id=doc_id, outcome=outcome, reason=reason,
+                        detail=detail)
+
+    if ns != "0":
+        return reject("skipped", "non_article_namespace", f"ns={ns} title={title!r}")
+    if redirect:
+        return reject("skipped", "redirect", f"title={title!r}")
+    if text is None or not text.strip():
+        return reject("skipped", "empty", f"title={title!r}")
+    if len(text) > cfg.max_document_chars:
+        return reject("failed", "too_large", f"{len(text)} characters > max_document_chars")
+    return RawDocument(doc_id=doc_id, source=source, kind="wiki", text=text)
+
+
+# Project Gutenberg boilerplate markers, matched on raw bytes (they are ASCII).
+_PG_START_RE = re.compile(
+    rb"^\s*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG E-?(?:BOOK|TEXT)", re.I)
+_PG_OLD_HEADER_END_RE = re.compile(rb"^\s*\*+\s*END\s*\*?\s*THE SMALL PRINT", re.I)
+_PG_END_RE = re.compile(
+    rb"^\s*(?:\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG|END OF (?:THE )?PROJECT GUTENBERG)",
+    re.I)
+
+
+def _iter_pieces(uri: str) -> Iterator[bytes]:
+    """Yield the lines of a file as bytes, cutting lines longer than ``_READ_LINE_LIMIT``."""
+    with open_uri(uri) as stream:
+        try:
+            while True:
+                piece = stream.readline(_READ_LINE_LIMIT)
+                if not piece:
+                    return
+                yield piece
+        except InputError:
+            raise
+        except Exception as exc:
+            raise _read_error(uri, exc) from exc
+
+
+def _scan_book(uri: str) -> tuple[int, int | None, int | None, int | None]:
+    """First pass over a book: size, first invalid UTF-8 byte, and the body's line range.
+
+    Returns:
+        (bytes, bad_utf8_offset, first body piece index, end piece index or None). The body
+        starts after the Gutenberg start marker (or after the old "*END*THE SMALL PRINT!" header
+        when there is no start marker) and ends before the first end marker after it.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    total, bad = 0, None
+    start = old_header_end = None
+    ends: list[int] = []
+    for index, piece in enumerate(_iter_pieces(uri)):
+        if bad is None:
+            pending = len(decoder.getstate()[0])
+            try:
+                decoder.decode(piece)
+            except UnicodeDecodeError as exc:
+                bad = total - pending + exc.start
+        total += len(piece)
+        if start is None and _PG_START_RE.match(piece):
+            start = index
+        elif old_header_end is None and _PG_OLD_HEADER_END_RE.match(piece):
+            old_header_end = index
+        elif _PG_END_RE.match(piece):
+            ends.append(index)
+    if bad is None:
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            bad = total - len(decoder.getstate()[0])
+    header_end = start if start is not None else old_header_end
+    body_start = 0 if header_end is None else header_end + 1
+    end = next((i for i in ends if i >= body_start), None)
+    return total, bad, body_start, end
+
+
+class _Chunker:
+    """Groups book lines into chunks: at chapter headings and at paragraph boundaries by size."""
+
+    def __init__(self, max_chars: int):
+        self.max_chars = max_chars
+        self.lines: list[str] = []
+        self.length = 0            # len("\n".join(self.lines))
+        self.last_blank = -1       # index of the last blank line (a paragraph boundary)
+        self.has_body = False      # any non-blank, non-heading line yet
+
+    def _take(self, count: int) -> str:
+        """Remove and return the first ``count`` lines as a chunk text."""
+        text = "\n".join(self.lines[:count])
+        rest = self.lines[count:]
+        self.lines = []
+        self.length, self.last_blank, self.has_body = 0, -1, False
+        for line in rest:
+            self._append(line)
+        return text
+
+    def _append(self, line: str) -> None:
+        self.length += len(line) + (1 if self.lines else 0)
+        if line.strip():
+            self.has_body = self.has_body or not is_chapter_heading(line)
+        else:
+            self.last_blank = len(self.lines)
+        self.lines.append(line)
+
+    def add(self, line: str) -> Iterator[str]:
+        """Add one line (at most ``max_chars`` long); yield the chunks it completes."""
+        if is_chapter_heading(line) and self.has_body:
+            yield self._take(len(self.lines))
+        while self.lines and self.length + 1 + len(line) > self.max_chars:
+            # Cut at the last paragraph boundary; a single over-long paragraph is cut at a line.
+            cut = self.last_blank if self.last_blank > 0 else len(self.lines)
+            yield self._take(cut)
+            if self.lines and not self.lines[0].strip():
+                self._take(1)  # the blank line that separated the paragraphs
+        self._append(line)
+
+    def finish(self) -> Iterator[str]:
+        if self.lines:
+            yield self._take(len(self.lines))
+
+
+def _split_long(line: str, limit: int) -> Iterator[str]:
+    """Cut a line longer than ``limit`` characters, preferably at whitespace."""
+    while len(line) > limit:
+        cut = line.rfind(" ", limit // 2, limit)
+        cut = limit if cut <= 0 else cut
+        yield line[:cut]
+        line = line[cut:].lstrip(" ")
+    yield line
+
+
+def iter_book(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Rejected]:
+    """Stream one plain-text book as chunks of raw text.
+
+    The file is read twice, line by line: a first pass checks that it is UTF-8 and finds the
+    Project Gutenberg boilerplate, so the encoding decision covers the whole book and is the
+    same on every run; the second pass decodes and chunks it.
+
+    Args:
+        uri: A local path or URI of one book (optionally compressed).
+        cfg: Chunk size, encoding fallback and boilerplate stripping.
+
+    Yields:
+        ``RawDocument`` chunks (kind "book", doc_id "book:{name}:{index:05d}", at most
+        ``cfg.book_document_max_chars`` characters, cut at chapter headings and paragraph
+        boundaries), or a single failed ``Rejected``: "not_utf8" (when the book is not UTF-8
+        and ``cfg.book_encoding_fallback`` is None) or "empty_file".
+
+    Raises:
+        InputError: The URI cannot be opened or read.
+    """
+    source = source_name(uri)
+
+    def reject(reason: str, detail: str) -> Rejected:
+        return Rejected(source=source, doc_id=f"book:{source}", outcome="failed", reason=reason,
+                        detail=detail)
+
+    total, bad_offset, body_start, body_end = _scan_book(uri)
+    if total == 0:
+        yield reject("empty_file", "0 bytes")
+        return
+    if bad_offset is not None and cfg.book_encoding_fallback is None:
+        yield reject("not_utf8", f"byte offset {bad_offset}")
+        return
+    if not cfg.strip_gutenberg_boilerplate:
+        body_start, body_end = 0, None
+    if bad_offset is None:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+    else:
+        # Fallbacks other than latin-1 can meet undefined bytes; replace them, do not fail.
+        decoder = codecs.getincrementaldecoder(cfg.book_encoding_fallback)(errors="replace")
+
+    chunker = _Chunker(cfg.book_document_max_chars)
+    index = 0
+
+    def emit(text: str) -> Iterator[RawDocument]:
+        nonlocal index
+        if text.strip():
+            yield RawDocument(doc_id=f"book:{source}:{index:05d}", source=source, kind="book",
+                              text=text)
+            index += 1
+
+    for number, piece in enumerate(_iter_pieces(uri)):
+        if number < body_start:
+            continue
+        if body_end is not None and number >= body_end:
+            break
+        if number == 0 and piece.startswith(_UTF8_BOM):
+            piece = piece[len(_UTF8_BOM):]
+        line = decoder.decode(piece).rstrip("\r\n")
+        for part in _split_long(line, cfg.book_document_max_chars):
+            for text in chunker.add(part):
+                yield from emit(text)
+    for text in chunker.finish():
+        yield from emit(text)
+    if index == 0:
+        yield reject("empty_file", "no text (only whitespace or Project Gutenberg boilerplate)")
+
+
+def _list_s3(uri: str) -> list[str]:
+    import boto3  # only needed for s3:// patterns; keeps the module light otherwise
+
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    match = _GLOB_CHARS.search(key)
+    prefix = key[:match.start()] if match else key
+    pattern = key if match else None
+    found = []
+    try:
+        paginator = boto3.client("s3").get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                name = obj["Key"]
+                if name.endswith("/"):
+                    continue  # a "folder" marker object
+                if pattern is None and source_name(name).startswith("."):
+                    continue
+                if pattern is None or fnmatch.fnmatchcase(name, pattern):
+                    found.append(f"s3://{bucket}/{name}")
+    except Exception as exc:  # NoSuchBucket, AccessDenied, NoCredentialsError, endpoint errors
+        raise InputError(f"cannot list {uri}: {type(exc).__name__}: {exc}; "
+                         f"{_open_hint(uri, exc)}") from exc
+    return found
+
+
+def _list_dir(path: str) -> list[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            if not name.startswith(".") and os.path.isfile(full):
+                found.append(full)
+    return found
+
+
+def expand_inputs(uris: list[str]) -> list[str]:
+    """Expand directories and glob patterns into a sorted, de-duplicated list of files.
+
+    A local directory gives all regular files under it (recursively, hidden files and
+    directories skipped); a local glob gives its matches; an s3:// URI ending in "/" or holding
+    glob characters is listed with boto3 (AWS_ENDPOINT_URL is honoured by boto3). Anything else
+    is passed through as is.
+
+    Args:
+        uris: Paths, URIs or patterns.
+
+    Returns:
+        The files, sorted by full URI, without duplicates.
+
+    Raises:
+        InputError: A directory or pattern matches no file, or an S3 listing fails.
+    """
+    result: set[str] = set()
+    for uri in uris:
+        if uri.startswith("s3://") and (uri.endswith("/") or _GLOB_CHARS.search(uri)):
+            found = _list_s3(uri)
+        elif not _is_remote(uri) and os.path.isdir(uri):
+            found = _list_dir(uri)
+        elif not _is_remote(uri) and glob.has_magic(uri):
+            found = []
+            for match in sorted(glob.glob(uri, recursive=True)):
+                found.extend(_list_dir(match) if os.path.isdir(match) else [match])
+        else:
+            result.add(uri)
+            continue
+        if not found:
+            raise InputError(f"{uri} matches no files; check the path or pattern")
+        result.update(found)
+    return sorted(result)

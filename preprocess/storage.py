@@ -1,0 +1,156 @@
+"""File I/O on local paths and object-store URIs (smart_open for reading and writing).
+
+Local writes go to a temporary name and are renamed into place, so a reader never sees half a file.
+Object stores make an object visible only when its upload completes, which gives the same guarantee.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlparse
+
+import smart_open
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def local_path(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def join(base: str, *parts: str) -> str:
+    if is_local(base):
+        return os.path.join(local_path(base), *parts)
+    return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+def _s3_client():
+    import boto3  # honours AWS_ENDPOINT_URL, so S3-compatible servers work without code changes
+
+    return boto3.client("s3")
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    parsed = urlparse(uri)
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def _fsspec(uri: str):
+    try:
+        import fsspec
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError(f"listing {uri} needs fsspec and its backend for this scheme") from exc
+    return fsspec.core.url_to_fs(uri)
+
+
+@contextmanager
+def open_write(uri: str, binary: bool = True):
+    """Open ``uri`` for writing; the file appears complete or not at all."""
+    mode = "wb" if binary else "w"
+    if is_local(uri):
+        path = local_path(uri)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path) or ".")
+        try:
+            with os.fdopen(fd, mode, **({} if binary else {"encoding": "utf-8"})) as handle:
+                yield handle
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    else:
+        with smart_open.open(uri, mode, compression="disable") as handle:
+            yield handle
+
+
+def open_read(uri: str, binary: bool = True):
+    return smart_open.open(uri, "rb" if binary else "r", compression="disable")
+
+
+def write_json(uri: str, data) -> None:
+    with open_write(uri, binary=False) as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+
+
+def read_json(uri: str):
+    with open_read(uri, binary=False) as handle:
+        return json.load(handle)
+
+
+def upload_file(local_file: str, uri: str) -> None:
+    """Copy a local file to ``uri`` (a local path or object-store URI)."""
+    with open(local_file, "rb") as src, open_write(uri) as dst:
+        shutil.copyfileobj(src, dst, 1 << 22)
+
+
+def exists(uri: str) -> bool:
+    if is_local(uri):
+        return os.path.exists(local_path(uri))
+    if uri.startswith("s3://"):
+        bucket, key = _split_s3(uri)
+        response = _s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        return any(obj["Key"] == key or obj["Key"].startswith(key.rstrip("/") + "/")
+                   for obj in response.get("Contents", []))
+    fs, path = _fsspec(uri)
+    return fs.exists(path)
+
+
+def list_files(prefix_uri: str) -> list[str]:
+    """Every file below ``prefix_uri`` (a directory), as full URIs, sorted."""
+    if is_local(prefix_uri):
+        root = Path(local_path(prefix_uri))
+        if not root.is_dir():
+            return []
+        return sorted(str(p) for p in root.rglob("*") if p.is_file())
+    if prefix_uri.startswith("s3://"):
+        bucket, key = _split_s3(prefix_uri)
+        key = key.rstrip("/") + "/" if key else ""
+        paginator = _s3_client().get_paginator("list_objects_v2")
+        return sorted(f"s3://{bucket}/{obj['Key']}" for page in paginator.paginate(Bucket=bucket, Prefix=key)
+                      for obj in page.get("Contents", []))
+    fs, path = _fsspec(prefix_uri)
+    scheme = prefix_uri.split("://", 1)[0]
+    return sorted(f"{scheme}://{p}" for p in fs.find(path))
+
+
+def remove_tree(uri: str) -> None:
+    """Delete a directory (or every object under a prefix); a missing one is fine."""
+    if is_local(uri):
+        shutil.rmtree(local_path(uri), ignore_errors=True)
+        return
+    if uri.startswith("s3://"):
+        bucket, _ = _split_s3(uri)
+        client = _s3_client()
+        keys = [_split_s3(u)[1] for u in list_files(uri)]
+        for start in range(0, len(keys), 1000):
+            client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]})
+        return
+    fs, path = _fsspec(uri)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def size_of(uri: str) -> int:
+    if is_local(uri):
+        return os.path.getsize(local_path(uri))
+    if uri.startswith("s3://"):
+        bucket, key = _split_s3(uri)
+        return int(_s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
+    fs, path = _fsspec(uri)
+    return int(fs.size(path))
+
+
+def copy_tree_to(local_dir: str, uri: str) -> None:
+    """Copy a local directory's files (flat) to a directory URI."""
+    for name in sorted(os.listdir(local_dir)):
+        source = os.path.join(local_dir, name)
+        if os.path.isfile(source):
+            upload_file(source, join(uri, name))

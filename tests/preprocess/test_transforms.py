@@ -1,0 +1,138 @@
+"""Each Beam transform on in-memory input with TestPipeline and assert_that."""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+TestPipeline.__test__ = False  # a Beam class whose name pytest would otherwise try to collect
+
+from preprocess import docstore, shards, storage, transforms
+from preprocess.config import InstanceConfig, SourceConfig
+from preprocess.hashing import document_hash
+from preprocess.pipeline import beam_options
+from preprocess.records import RawDocument, Rejected
+from preprocess.tokenizer import load_tokenizer
+
+SOURCES = SourceConfig(min_document_chars=20, min_document_sentences=2)
+PROSE = ("The river rises in the northern hills. It flows south through three towns. "
+         "Farmers along its banks grow wheat and barley. In spring the water runs high and fast.")
+
+
+def test_pipeline(**kwargs):
+    return TestPipeline(options=beam_options([]), **kwargs)
+
+
+test_pipeline.__test__ = False  # a helper, not a test
+
+
+def _doc(i: int) -> RawDocument:
+    return RawDocument(f"wiki:test:{i}", "test.xml", "wiki", f"'''Article {i}''' is about [[rivers|a river]]. {PROSE}")
+
+
+def test_clean_and_tokenize_keys_documents_and_rejections_by_bucket(bert_vocab):
+    tok = load_tokenizer(str(bert_vocab))
+    elements = [_doc(1), RawDocument("wiki:test:2", "test.xml", "wiki", "Too short."),
+                Rejected("test.xml", "wiki:test:3", "skipped", "redirect")]
+    bits = 2
+    with test_pipeline() as p:
+        out = (p | beam.Create(elements)
+               | beam.ParDo(transforms.CleanAndTokenize(SOURCES, str(bert_vocab), bits))
+               | beam.Map(lambda kv: (kv[0], kv[1][0], kv[1][1][1] if kv[1][0] == "doc" else kv[1][1][1:4])))
+        assert_that(out, equal_to([
+            (docstore.bucket_of(document_hash("wiki:test:1"), bits), "doc", "wiki:test:1"),
+            (docstore.bucket_of(document_hash("wiki:test:2"), bits), "rejected", ("wiki:test:2", "skipped", "too_short")),
+            (docstore.bucket_of(document_hash("wiki:test:3"), bits), "rejected", ("wiki:test:3", "skipped", "redirect")),
+        ]))
+    # The token payload is the tokenizer's encoding of each cleaned sentence.
+    row = _tokenize_one(bert_vocab, _doc(1))
+    lengths = np.frombuffer(row[4], dtype=np.uint32)
+    tokens = np.frombuffer(row[3], dtype=np.uint16)
+    assert len(lengths) >= 4 and lengths.sum() == len(tokens)
+    assert tok.decode(tokens[: lengths[0]].tolist()).startswith("article 1 is about a river")
+
+
+def _tokenize_one(vocab, raw):
+    dofn = transforms.CleanAndTokenize(SOURCES, str(vocab), 0)
+    dofn.setup()
+    [(_, (tag, row))] = list(dofn.process(raw))
+    assert tag == "doc"
+    return row
+
+
+def test_build_document_store_writes_sorted_buckets_and_counts(tmp_path, bert_vocab):
+    pages = "".join(f"<page><title>T{i}</title><ns>0</ns><id>{i}</id><revision><text>Page {i}. {PROSE}</text>"
+                    f"</revision></page>" for i in range(1, 21))
+    redirect = "<page><title>R</title><ns>0</ns><id>99</id><redirect title='T1'/><revision><text>#REDIRECT [[T1]]</text></revision></page>"
+    dump = tmp_path / "testwiki-pages-articles.xml"
+    dump.write_text(f"<mediawiki><siteinfo><dbname>testwiki</dbname></siteinfo>{pages}{redirect}</mediawiki>")
+    work = str(tmp_path / "work")
+    with test_pipeline() as p:
+        buckets = (p | beam.Create([("wiki", str(dump))])
+                   | transforms.BuildDocumentStore(SOURCES, str(bert_vocab), 2, work, 0, 30522))
+        assert_that(buckets, equal_to([0, 1, 2, 3]))
+    loaded = [docstore.load_bucket(work, b) for b in range(4)]
+    assert sum(len(b) for b in loaded) == 20
+    for bucket, docs in enumerate(loaded):
+        hashes = [document_hash(d) for d in docs.doc_ids]
+        assert hashes == sorted(hashes) and all(docstore.bucket_of(h, 2) == bucket for h in hashes)
+    metas = [storage.read_json(f"{work}/docs/b{b:06d}/p0000.json") for b in range(4)]
+    assert sum(m["documents"] for m in metas) == 20
+    assert sum(m["skipped"].get("redirect", 0) for m in metas) == 1
+
+
+def test_count_bucket_drops_duplicate_ids_across_parts(tmp_path):
+    work = str(tmp_path)
+    row = lambda doc_id, source: (document_hash(doc_id), doc_id, source, np.arange(5, 15, dtype=np.uint16).tobytes(),
+                                  np.asarray([4, 6], np.uint32).tobytes())
+    docstore.write_table(f"{work}/docs/b000000/p0000.arrow",
+                         docstore.documents_table([row("book:a.txt:00000", "a.txt"), row("book:b.txt:00000", "b.txt")], 100))
+    docstore.write_table(f"{work}/docs/b000000/p0001.arrow",
+                         docstore.documents_table([row("book:a.txt:00000", "a.txt")], 100))
+    with test_pipeline() as p:
+        counts = p | beam.Create([0]) | beam.ParDo(transforms.CountBucket(work))
+        assert_that(counts, equal_to([(0, 2, [("book:a.txt:00000", "a.txt")])]))
+
+
+@pytest.fixture()
+def small_store(tmp_path, bert_vocab):
+    """Six documents of the real vocabulary's ids in a 2-bucket store."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(6):
+        lengths = rng.integers(8, 30, size=12).astype(np.uint32)
+        tokens = rng.integers(1000, 30000, size=int(lengths.sum())).astype(np.uint16)
+        doc_id = f"book:doc{i}.txt:00000"
+        rows.append((document_hash(doc_id), doc_id, f"doc{i}.txt", tokens.tobytes(), lengths.tobytes()))
+    work = str(tmp_path / "work")
+    for bucket in (0, 1):
+        mine = [r for r in rows if docstore.bucket_of(r[0], 1) == bucket]
+        docstore.write_table(f"{work}/docs/b{bucket:06d}/p0000.arrow", docstore.documents_table(mine, 30522))
+    sizes = [len(docstore.load_bucket(work, b)) for b in (0, 1)]
+    return work, [0, sizes[0], sizes[0] + sizes[1]]
+
+
+def test_create_instances_resolves_random_next_across_buckets(small_store, bert_vocab):
+    work, offsets = small_store
+    cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
+    tok = load_tokenizer(str(bert_vocab))
+    with test_pipeline() as p:
+        groups = (p | beam.Create([0, 1])
+                  | transforms.CreateInstances(str(bert_vocab), work, cfg, 7, offsets, 1, 0, tok.vocab_size, tok.mask_id))
+        assert_that(groups | beam.Distinct(), equal_to([0, 1]))
+    tables = [docstore.read_table(shards.piece_uri(work, g, 0)) for g in (0, 1)]
+    planned = sum(storage.read_json(f"{work}/planned/b{b:06d}.json")["instances"] for b in (0, 1))
+    assert sum(t.num_rows for t in tables) == planned > 0
+    for group, table in enumerate(tables):
+        keys = table.column("order_key").to_pylist()
+        assert keys == sorted(keys) and {shards.group_of(k, 1) for k in keys} == {group}
+        for row in table.to_pylist():
+            assert len(row["input_ids"]) <= 64 and row["input_ids"][0] == tok.cls_id
+            if row["next_sentence_label"] == 1:
+                assert row["doc_b"] != row["doc_a"]
+            else:
+                assert row["doc_b"] == row["doc_a"]
+    random_sources = {(r["doc_a"], r["doc_b"]) for t in tables for r in t.to_pylist() if r["next_sentence_label"]}
+    assert len({b for _, b in random_sources}) >= 4  # B drawn from many documents, in both buckets

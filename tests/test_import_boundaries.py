@@ -1,0 +1,19 @@
+"""The layout's promises: data code imports no torch; the format module imports no Beam."""
+import subprocess
+import sys
+
+
+def _modules_after(import_line: str) -> set[str]:
+    code = f"import sys; {import_line}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_preprocess_never_imports_torch_or_deepspeed():
+    loaded = _modules_after("import preprocess.pipeline, preprocess.transforms, preprocess.cli")
+    assert "torch" not in loaded and "deepspeed" not in loaded
+
+
+def test_format_and_tokenizer_modules_need_no_beam():
+    loaded = _modules_after("import preprocess.schema, preprocess.tokenizer, preprocess.instances")
+    assert "apache_beam" not in loaded

@@ -81,7 +81,8 @@ def _command_run(args, beam_args: list[str]) -> int:
         raise InputError("no tokenizer: pass --tokenizer (a dir from 'tokenizer train', a SentencePiece .model "
                          "or a WordPiece vocab.txt) or set tokenizer.path in the config")
     manifest = pipeline.run(cfg, wikipedia=args.wikipedia, books=args.books, tokenizer=tokenizer,
-                            output=args.output, beam_args=beam_args, overwrite=args.overwrite)
+                            output=args.output, beam_args=beam_args, overwrite=args.overwrite,
+                            verbose=args.verbose)
     print("\n".join(_summary_lines(manifest, args.output)))
     return 0
 

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict
@@ -35,9 +36,11 @@ BYTES_PER_BUCKET = 4 << 20     # input bytes per document-store bucket (bounds w
 ROWS_PER_GROUP = 16384         # instances per key-range group (bounds what one shard writer sorts)
 
 
-def beam_options(beam_args: list[str]) -> PipelineOptions:
+def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions:
     """Pipeline options with the runner pinned: Beam's bare DirectRunner would try to fetch Prism."""
     args = list(beam_args)
+    if not verbose and not any(a.startswith("--default_sdk_harness_log_level") for a in args):
+        args.append("--default_sdk_harness_log_level=WARNING")  # worker processes otherwise log every bundle
     runner = None
     for i, arg in enumerate(args):
         if arg.startswith("--runner"):
@@ -74,10 +77,40 @@ def _input_size(uri: str) -> int:
                          "this machine's credentials may read it") from None
 
 
-def _run_beam(options: PipelineOptions, build) -> None:
+class _WorkerLog:
+    """Sends file descriptor 2 to a log file while Beam runs, unless verbose.
+
+    Beam's multi-processing workers are subprocesses that inherit our stderr and log every start and stop at
+    INFO before any option could quiet them. The log is kept only when the run fails.
+    """
+
+    def __init__(self, verbose: bool):
+        self.path = None
+        if not verbose:
+            handle, self.path = tempfile.mkstemp(prefix="preprocess-beam-", suffix=".log")
+            os.close(handle)
+
+    def __enter__(self):
+        if self.path:
+            sys.stderr.flush()
+            self._saved = os.dup(2)
+            with open(self.path, "ab") as log:
+                os.dup2(log.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        if self.path:
+            sys.stderr.flush()
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+        return False
+
+
+def _run_beam(options: PipelineOptions, log: _WorkerLog, build) -> None:
     pipeline = beam.Pipeline(options=options)
     build(pipeline)
-    pipeline.run().wait_until_finish()
+    with log:
+        pipeline.run().wait_until_finish()
 
 
 def _prepare_output(output: str, overwrite: bool) -> str:
@@ -111,14 +144,16 @@ def _read_metas(prefix: str) -> dict[str, dict]:
 
 
 def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokenizer: str, output: str,
-        beam_args: list[str] = (), overwrite: bool = False, progress: bool | None = None) -> dict:
+        beam_args: list[str] = (), overwrite: bool = False, progress: bool | None = None,
+        verbose: bool = False) -> dict:
     """Run the whole stage and return the manifest (its ``summary`` has the headline figures)."""
     from tqdm import tqdm
 
     from preprocess.tokenizer import load_tokenizer
 
     started = time.time()
-    options = beam_options(list(beam_args))
+    options = beam_options(list(beam_args), verbose)
+    log = _WorkerLog(verbose)
     files = [("wiki", u) for u in sources.expand_inputs(list(wikipedia))] + \
             [("book", u) for u in sources.expand_inputs(list(books))]
     if not files:
@@ -146,14 +181,14 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
 
         for part, part_files in enumerate(file_parts):
             bar.set_postfix_str(f"documents part {part + 1}/{len(file_parts)}")
-            _run_beam(options, lambda p, part=part, part_files=part_files: (
+            _run_beam(options, log, lambda p, part=part, part_files=part_files: (
                 p | "Files" >> beam.Create(part_files)
                 | transforms.BuildDocumentStore(cfg.sources, tokenizer_uri, bucket_bits, work, part, tok.vocab_size)))
             bar.update()
 
         bar.set_postfix_str("index")
         index_uri = storage.join(work, "index.json")
-        _run_beam(options, lambda p: (
+        _run_beam(options, log, lambda p: (
             p | "Buckets" >> beam.Create(list(range(num_buckets)))
             | "Count" >> beam.ParDo(transforms.CountBucket(work))
             | "One" >> beam.Map(lambda row: (0, row)) | "All" >> beam.GroupByKey()
@@ -178,7 +213,7 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
             lo, hi = part * num_buckets // cfg.parts, (part + 1) * num_buckets // cfg.parts
             part_buckets = [b for b in range(lo, hi) if counts.get(b, (0, []))[0]]
             if part_buckets:
-                _run_beam(options, lambda p, part=part, part_buckets=part_buckets: (
+                _run_beam(options, log, lambda p, part=part, part_buckets=part_buckets: (
                     p | "Buckets" >> beam.Create(part_buckets)
                     | transforms.CreateInstances(tokenizer_uri, work, cfg.instances, cfg.seed, bucket_offsets,
                                                  group_bits, part, tok.vocab_size, mask_id)))
@@ -201,7 +236,7 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
         shard_meta_dir = storage.join(work, "shards")
         parts = cfg.parts
         bar.set_postfix_str(f"{num_shards} shards")
-        _run_beam(options, lambda p: (
+        _run_beam(options, log, lambda p: (
             p | "Shards" >> beam.Create(list(range(num_shards)))
             | "Spread" >> beam.Reshuffle()
             | "Assemble" >> beam.Map(lambda s: storage.write_json(
@@ -227,10 +262,14 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
         manifest["summary"]["corpus_tokens_per_second"] = round(corpus["tokens"] / max(1e-9, time.time() - started), 1)
         storage.write_json(storage.join(staging, schema.MANIFEST_NAME), manifest)  # written last: marks completion
         _publish(staging, output)
+        if log.path:
+            os.unlink(log.path)
         return manifest
     except BaseException:
         if staging != output or not storage.exists(storage.join(output, schema.MANIFEST_NAME)):
             storage.remove_tree(staging)
+        if log.path and os.path.getsize(log.path):
+            LOG.warning("Apache Beam's log of this run: %s", log.path)
         raise
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import fnmatch
 import glob
+import itertools
 import lzma
 import os
 import re
@@ -21,7 +22,7 @@ import smart_open
 
 from preprocess.config import SourceConfig
 from preprocess.records import InputError, RawDocument, Rejected
-from preprocess.text import is_chapter_heading
+from preprocess.text import BookChunker, split_long_line
 
 _READ_LINE_LIMIT = 1 << 20   # a "line" longer than this is cut, so a file without newlines streams
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -39,6 +40,11 @@ def source_name(uri: str) -> str:
 
 def _is_remote(uri: str) -> bool:
     return "://" in uri
+
+
+def _is_empty_local(uri: str) -> bool:
+    # A 0-byte .bz2 raises EOFError like a truncated one; it is an empty file, not a truncated one.
+    return not _is_remote(uri) and os.path.isfile(uri) and os.path.getsize(uri) == 0
 
 
 def _open_hint(uri: str, exc: BaseException) -> str:
@@ -75,8 +81,10 @@ def open_uri(uri: str, mode: str = "rb") -> IO:
                          f"{_open_hint(uri, exc)}") from exc
 
 
-def _read_error(uri: str, exc: BaseException) -> InputError:
+def _read_error(uri: str, exc: BaseException, decoded: int | None = None) -> InputError:
     """Turn an exception raised while reading (decompressing) a stream into one clear InputError."""
+    if isinstance(exc, EOFError) and decoded == 0 and _is_empty_local(uri):
+        return InputError(f"{uri}: empty file (0 bytes); re-download it or remove it from the inputs")
     if isinstance(exc, EOFError):
         return InputError(
             f"{uri}: the compressed stream ends early (truncated download?): {exc}; "
@@ -91,8 +99,26 @@ def _read_error(uri: str, exc: BaseException) -> InputError:
     return InputError(f"cannot read {uri}: {type(exc).__name__}: {exc}; {_open_hint(uri, exc)}")
 
 
+class _Utf8Check:
+    """Finds the offset of the first byte that is not valid UTF-8 in a stream fed piece by piece."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self.seen = 0
+        self.bad_offset: int | None = None
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        if self.bad_offset is None:
+            pending = len(self._decoder.getstate()[0])  # bytes of a character cut between pieces
+            try:
+                self._decoder.decode(data, final)
+            except UnicodeDecodeError as exc:
+                self.bad_offset = self.seen - pending + exc.start
+        self.seen += len(data)
+
+
 class _CheckedReader:
-    """A read-only byte stream wrapper that remembers what the XML parser was fed.
+    """A byte stream wrapper that remembers what the XML parser was fed.
 
     It counts bytes, notes whether anything but whitespace was seen and finds the first byte
     that is not valid UTF-8, so a parser error can be explained ("empty file", "not UTF-8 at
@@ -101,27 +127,28 @@ class _CheckedReader:
 
     def __init__(self, raw: IO[bytes]):
         self._raw = raw
-        self.total = 0
-        self.eof = False
-        self.nonblank = False
-        self.bad_utf8_offset: int | None = None
-        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self.utf8 = _Utf8Check()
+        self.eof = self.nonblank = self.root_seen = False
 
     def read(self, size: int = -1) -> bytes:
         data = self._raw.read(size)
-        if not data:
-            self.eof = True
-            return data
-        if not self.nonblank and data.strip():
-            self.nonblank = True
-        if self.bad_utf8_offset is None:
-            pending = len(self._decoder.getstate()[0])
-            try:
-                self._decoder.decode(data)
-            except UnicodeDecodeError as exc:
-                self.bad_utf8_offset = self.total - pending + exc.start
-        self.total += len(data)
+        self.eof = self.eof or not data
+        self.nonblank = self.nonblank or bool(data.strip())
+        self.utf8.feed(data)
         return data
+
+    def probe(self, limit: int = 8 << 20) -> Exception | None:
+        """Read on a little after a parse error; return the decompression error found, if any.
+
+        A bz2 block's CRC is checked only at the end of the block, after its (corrupt) bytes were
+        handed out, so the XML parser may fail first. The real cause is the compression error.
+        """
+        try:
+            while limit > 0 and self._raw.read(min(limit, 1 << 20)):
+                limit -= 1 << 20
+        except Exception as exc:  # the decompressor's verdict on the bytes already parsed
+            return exc
+        return None
 
 
 def _local(tag: str) -> str:
@@ -135,21 +162,21 @@ def _child_text(elem: ET.Element, name: str) -> str | None:
     return None
 
 
-def _parse_error(uri: str, exc: ET.ParseError, reader: _CheckedReader, root_seen: bool) -> InputError:
+def _parse_error(uri: str, exc: ET.ParseError, reader: _CheckedReader) -> InputError:
     line, column = getattr(exc, "position", (0, 0))
     code = getattr(exc, "code", None)
-    if reader.total == 0:
+    if reader.utf8.seen == 0:
         return InputError(f"{uri}: empty file (0 bytes after decompression); "
                           "re-download it or remove it from the inputs")
     if not reader.nonblank:
         return InputError(f"{uri}: empty file (only whitespace); "
                           "re-download it or remove it from the inputs")
-    if reader.bad_utf8_offset is not None and code == _XML_INVALID_TOKEN:
+    if reader.utf8.bad_offset is not None and code == _XML_INVALID_TOKEN:
         return InputError(
             f"{uri}: not valid UTF-8 XML at line {line}, column {column} (first invalid UTF-8 "
-            f"byte at offset {reader.bad_utf8_offset} after decompression); MediaWiki dumps are "
+            f"byte at offset {reader.utf8.bad_offset} after decompression); MediaWiki dumps are "
             "UTF-8, so the file is corrupt or was re-encoded — re-download it")
-    if not root_seen:
+    if not reader.root_seen:
         return InputError(f"{uri}: not a MediaWiki XML dump: not XML at all ({exc}); "
                           "pass a pages-articles .xml or .xml.bz2 file")
     if code in _XML_ENDED_EARLY and reader.eof:
@@ -180,26 +207,27 @@ def iter_wikipedia(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Reject
     source = source_name(uri)
     with open_uri(uri) as raw:
         reader = _CheckedReader(raw)
-        state = {"root_seen": False}
         try:
-            yield from _iter_pages(uri, source, cfg, reader, state)
+            yield from _iter_pages(uri, source, cfg, reader)
         except InputError:
             raise
         except ET.ParseError as exc:
-            raise _parse_error(uri, exc, reader, state["root_seen"]) from exc
+            cause = reader.probe()
+            if cause is not None:
+                raise _read_error(uri, cause, reader.utf8.seen) from exc
+            raise _parse_error(uri, exc, reader) from exc
         except Exception as exc:  # decompression and transport errors surface from read()
-            raise _read_error(uri, exc) from exc
+            raise _read_error(uri, exc, reader.utf8.seen) from exc
 
 
-def _iter_pages(uri: str, source: str, cfg: SourceConfig, reader: _CheckedReader,
-                state: dict) -> Iterator[RawDocument | Rejected]:
+def _iter_pages(uri: str, source: str, cfg: SourceConfig,
+                reader: _CheckedReader) -> Iterator[RawDocument | Rejected]:
     dbname = "wiki"
     root: ET.Element | None = None
     pages = 0
     for event, elem in ET.iterparse(reader, events=("start", "end")):
         if root is None:
-            root = elem
-            state["root_seen"] = True
+            root, reader.root_seen = elem, True
             if _local(elem.tag) != "mediawiki":
                 raise InputError(
                     f"{uri}: not a MediaWiki XML dump: the root element is <{_local(elem.tag)}>, "
@@ -244,20 +272,17 @@ def _page_record(page: ET.Element, source: str, dbname: str,
             # pages-articles has one revision; with full history the last one is current.
             text = _child_text(child, "text")
     doc_id = f"wiki:{dbname}:{page_id or 'unknown'}"
-
-    def reject(outcome: str, reason: str, detail: str = "") -> Rejected:
-        return Rejected(source=source, doc_id=doc_id, outcome=outcome, reason=reason,
-                        detail=detail)
-
     if ns != "0":
-        return reject("skipped", "non_article_namespace", f"ns={ns} title={title!r}")
-    if redirect:
-        return reject("skipped", "redirect", f"title={title!r}")
-    if text is None or not text.strip():
-        return reject("skipped", "empty", f"title={title!r}")
-    if len(text) > cfg.max_document_chars:
-        return reject("failed", "too_large", f"{len(text)} characters > max_document_chars")
-    return RawDocument(doc_id=doc_id, source=source, kind="wiki", text=text)
+        outcome, reason, detail = "skipped", "non_article_namespace", f"ns={ns} title={title!r}"
+    elif redirect:
+        outcome, reason, detail = "skipped", "redirect", f"title={title!r}"
+    elif text is None or not text.strip():
+        outcome, reason, detail = "skipped", "empty", f"title={title!r}"
+    elif len(text) > cfg.max_document_chars:
+        outcome, reason, detail = "failed", "too_large", f"{len(text)} characters > max_document_chars"
+    else:
+        return RawDocument(doc_id=doc_id, source=source, kind="wiki", text=text)
+    return Rejected(source=source, doc_id=doc_id, outcome=outcome, reason=reason, detail=detail)
 
 
 # Project Gutenberg boilerplate markers, matched on raw bytes (they are ASCII).
@@ -272,16 +297,18 @@ _PG_END_RE = re.compile(
 def _iter_pieces(uri: str) -> Iterator[bytes]:
     """Yield the lines of a file as bytes, cutting lines longer than ``_READ_LINE_LIMIT``."""
     with open_uri(uri) as stream:
+        seen = 0
         try:
             while True:
                 piece = stream.readline(_READ_LINE_LIMIT)
                 if not piece:
                     return
+                seen += len(piece)
                 yield piece
-        except InputError:
-            raise
         except Exception as exc:
-            raise _read_error(uri, exc) from exc
+            if isinstance(exc, EOFError) and seen == 0 and _is_empty_local(uri):
+                return
+            raise _read_error(uri, exc, seen) from exc
 
 
 def _scan_book(uri: str) -> tuple[int, int | None, int | None, int | None]:
@@ -292,88 +319,45 @@ def _scan_book(uri: str) -> tuple[int, int | None, int | None, int | None]:
         starts after the Gutenberg start marker (or after the old "*END*THE SMALL PRINT!" header
         when there is no start marker) and ends before the first end marker after it.
     """
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    total, bad = 0, None
+    utf8 = _Utf8Check()
     start = old_header_end = None
     ends: list[int] = []
     for index, piece in enumerate(_iter_pieces(uri)):
-        if bad is None:
-            pending = len(decoder.getstate()[0])
-            try:
-                decoder.decode(piece)
-            except UnicodeDecodeError as exc:
-                bad = total - pending + exc.start
-        total += len(piece)
+        utf8.feed(piece)
         if start is None and _PG_START_RE.match(piece):
             start = index
         elif old_header_end is None and _PG_OLD_HEADER_END_RE.match(piece):
             old_header_end = index
         elif _PG_END_RE.match(piece):
             ends.append(index)
-    if bad is None:
-        try:
-            decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            bad = total - len(decoder.getstate()[0])
+    utf8.feed(b"", final=True)  # a file that ends inside a multi-byte character
     header_end = start if start is not None else old_header_end
     body_start = 0 if header_end is None else header_end + 1
     end = next((i for i in ends if i >= body_start), None)
-    return total, bad, body_start, end
+    return utf8.seen, utf8.bad_offset, body_start, end
 
 
-class _Chunker:
-    """Groups book lines into chunks: at chapter headings and at paragraph boundaries by size."""
-
-    def __init__(self, max_chars: int):
-        self.max_chars = max_chars
-        self.lines: list[str] = []
-        self.length = 0            # len("\n".join(self.lines))
-        self.last_blank = -1       # index of the last blank line (a paragraph boundary)
-        self.has_body = False      # any non-blank, non-heading line yet
-
-    def _take(self, count: int) -> str:
-        """Remove and return the first ``count`` lines as a chunk text."""
-        text = "\n".join(self.lines[:count])
-        rest = self.lines[count:]
-        self.lines = []
-        self.length, self.last_blank, self.has_body = 0, -1, False
-        for line in rest:
-            self._append(line)
-        return text
-
-    def _append(self, line: str) -> None:
-        self.length += len(line) + (1 if self.lines else 0)
-        if line.strip():
-            self.has_body = self.has_body or not is_chapter_heading(line)
-        else:
-            self.last_blank = len(self.lines)
-        self.lines.append(line)
-
-    def add(self, line: str) -> Iterator[str]:
-        """Add one line (at most ``max_chars`` long); yield the chunks it completes."""
-        if is_chapter_heading(line) and self.has_body:
-            yield self._take(len(self.lines))
-        while self.lines and self.length + 1 + len(line) > self.max_chars:
-            # Cut at the last paragraph boundary; a single over-long paragraph is cut at a line.
-            cut = self.last_blank if self.last_blank > 0 else len(self.lines)
-            yield self._take(cut)
-            if self.lines and not self.lines[0].strip():
-                self._take(1)  # the blank line that separated the paragraphs
-        self._append(line)
-
-    def finish(self) -> Iterator[str]:
-        if self.lines:
-            yield self._take(len(self.lines))
-
-
-def _split_long(line: str, limit: int) -> Iterator[str]:
-    """Cut a line longer than ``limit`` characters, preferably at whitespace."""
-    while len(line) > limit:
-        cut = line.rfind(" ", limit // 2, limit)
-        cut = limit if cut <= 0 else cut
-        yield line[:cut]
-        line = line[cut:].lstrip(" ")
-    yield line
+def _decoded_lines(uri: str, decoder, start: int, end: int | None) -> Iterator[str]:
+    """Second pass: the decoded lines of pieces ``start`` to ``end`` (exclusive)."""
+    carry = ""
+    for number, piece in enumerate(_iter_pieces(uri)):
+        if number < start:
+            continue
+        if end is not None and number >= end:
+            break
+        if number == 0 and piece.startswith(_UTF8_BOM):
+            piece = piece[len(_UTF8_BOM):]
+        line, carry = carry + decoder.decode(piece), ""
+        if len(piece) < _READ_LINE_LIMIT or piece.endswith(b"\n"):
+            yield line.rstrip("\r\n")
+            continue
+        # Cut by the line-length limit: keep a cut word whole.
+        space = line.rfind(" ")
+        if space > 0:
+            line, carry = line[:space], line[space + 1:]
+        yield line
+    if carry:
+        yield carry
 
 
 def iter_book(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Rejected]:
@@ -417,29 +401,14 @@ def iter_book(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Rejected]:
         # Fallbacks other than latin-1 can meet undefined bytes; replace them, do not fail.
         decoder = codecs.getincrementaldecoder(cfg.book_encoding_fallback)(errors="replace")
 
-    chunker = _Chunker(cfg.book_document_max_chars)
-    index = 0
-
-    def emit(text: str) -> Iterator[RawDocument]:
-        nonlocal index
+    chunker, index = BookChunker(cfg.book_document_max_chars), 0
+    lines = _decoded_lines(uri, decoder, body_start, body_end)
+    parts = (p for line in lines for p in split_long_line(line, cfg.book_document_max_chars))
+    for text in itertools.chain((t for p in parts for t in chunker.add(p)), chunker.finish()):
         if text.strip():
             yield RawDocument(doc_id=f"book:{source}:{index:05d}", source=source, kind="book",
                               text=text)
             index += 1
-
-    for number, piece in enumerate(_iter_pieces(uri)):
-        if number < body_start:
-            continue
-        if body_end is not None and number >= body_end:
-            break
-        if number == 0 and piece.startswith(_UTF8_BOM):
-            piece = piece[len(_UTF8_BOM):]
-        line = decoder.decode(piece).rstrip("\r\n")
-        for part in _split_long(line, cfg.book_document_max_chars):
-            for text in chunker.add(part):
-                yield from emit(text)
-    for text in chunker.finish():
-        yield from emit(text)
     if index == 0:
         yield reject("empty_file", "no text (only whitespace or Project Gutenberg boilerplate)")
 

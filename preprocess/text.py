@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Iterator
 
 import blingfire
 import mwparserfromhell
@@ -76,6 +77,9 @@ _CHAPTER_RE = re.compile(
     r"\s*(?:[.:\]\-—]|$)",
     re.I,
 )
+# "IX. THE STRANGE LADY": a Roman numeral and an upper-case title (the contents list that
+# repeats the titles in mixed case does not match).
+_ROMAN_TITLE_RE = re.compile(r"^[IVXLC]+\.\s+[^a-z]*[A-Z][^a-z]*$")
 _MAX_HEADING_LEN = 80
 
 
@@ -90,7 +94,8 @@ def is_chapter_heading(line: str) -> bool:
         punctuation or the end of the line; "Part on the plain, ..." does not count.
     """
     stripped = line.strip()
-    return 0 < len(stripped) <= _MAX_HEADING_LEN and _CHAPTER_RE.match(stripped) is not None
+    return 0 < len(stripped) <= _MAX_HEADING_LEN and (
+        _CHAPTER_RE.match(stripped) is not None or _ROMAN_TITLE_RE.match(stripped) is not None)
 
 
 def _norm_heading(title: str) -> str:
@@ -185,6 +190,47 @@ def _tidy_line(line: str) -> str:
     return line
 
 
+# mwparserfromhell's tokenizer is quadratic in the number of unclosed constructs ("{{a|" * 5000,
+# 20 KB, takes 7 s; 20,000 take minutes). Real articles have a handful; a section with more is
+# stripped with linear regexes instead of being parsed.
+_MAX_UNCLOSED_BRACKETS = 50
+_MAX_UNCLOSED_TAGS = 200
+_FALLBACK_TEMPLATE_RE = re.compile(r"\{\{[^{}]*\}\}|\{\|.*?\|\}", re.S)
+_FALLBACK_LINK_RE = re.compile(r"\[\[([^\[\]]*)\]\]")
+_FALLBACK_EXTERNAL_RE = re.compile(r"\[[a-z]+://[^\s\]]*\s*([^\[\]]*)\]", re.I)
+_FALLBACK_DROPPED_RE = re.compile(
+    r"<(math|gallery|code|pre|score|timeline|source|syntaxhighlight|table)\b[^>]*>.*?</\1\s*>",
+    re.S | re.I)
+_FALLBACK_MARKUP_RE = re.compile(r"<[^<>\n]{0,300}>|\{\{|\}\}|\[\[|\]\]|\{\||\|\}")
+
+
+def _is_pathological(body: str) -> bool:
+    brackets = (abs(body.count("{{") - body.count("}}")) + abs(body.count("[") - body.count("]"))
+                + abs(body.count("{|") - body.count("|}")))
+    tags = body.count("<") - 2 * body.count("</") - body.count("/>")
+    return brackets > _MAX_UNCLOSED_BRACKETS or tags > _MAX_UNCLOSED_TAGS
+
+
+def _fallback_link(match: re.Match) -> str:
+    title, _, shown = match.group(1).partition("|")
+    if ":" in title and title.split(":", 1)[0].strip().lower() in _HIDDEN_LINK_NAMESPACES:
+        return ""
+    return shown.rsplit("|", 1)[-1] if shown else title
+
+
+def _strip_markup_linear(body: str) -> str:
+    """A rough but linear-time version of ``_render`` for sections the parser would choke on."""
+    for _ in range(8):  # innermost templates first; nesting deeper than this is rare
+        body, count = _FALLBACK_TEMPLATE_RE.subn("", body)
+        if not count:
+            break
+    body = _FALLBACK_DROPPED_RE.sub("", body)
+    for _ in range(2):  # links inside file captions
+        body = _FALLBACK_LINK_RE.sub(_fallback_link, body)
+    body = _FALLBACK_EXTERNAL_RE.sub(r"\1", body)
+    return _FALLBACK_MARKUP_RE.sub(" ", body)
+
+
 def clean_wikitext(wikitext: str) -> str:
     """Turn an article's wikitext into plain prose paragraphs.
 
@@ -194,7 +240,8 @@ def clean_wikitext(wikitext: str) -> str:
 
     The text is parsed section by section (sections are split on heading lines before parsing):
     headings are dropped anyway, and a pathological construct can only slow the parser down
-    within its own section, not across the whole article.
+    within its own section. A section with many unclosed constructs (where the parser's time
+    grows quadratically) is cleaned with linear regexes instead.
 
     Args:
         wikitext: The raw wikitext of one page.
@@ -206,9 +253,13 @@ def clean_wikitext(wikitext: str) -> str:
     text = _REF_RE.sub("", text)
     out: list[str] = []
     for body in _strip_sections(text):
-        if body.strip():
+        if not body.strip():
+            continue
+        if _is_pathological(body):
+            out.append(_strip_markup_linear(body))
+        else:
             _render(mwparserfromhell.parse(body), out)
-            out.append("\n")
+        out.append("\n")
     rendered = _QUOTES_RE.sub("", _MAGIC_WORD_RE.sub("", "".join(out)))
     lines = (_tidy_line(line) for line in rendered.split("\n"))
     return "\n".join(line for line in lines if line)
@@ -235,6 +286,7 @@ def split_sentences(text: str) -> list[str]:
 
 
 _ILLUSTRATION_RE = re.compile(r"^\[illustration[^\]]*\]+$", re.I)
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # e.g. a DOS end-of-file ^Z
 
 
 def clean_book_text(text: str) -> str:
@@ -260,7 +312,7 @@ def clean_book_text(text: str) -> str:
             if paragraph and not _ILLUSTRATION_RE.match(paragraph):
                 paragraphs.append(paragraph)
 
-    for line in text.splitlines():
+    for line in _CONTROL_RE.sub("", text).splitlines():
         if not line.strip():
             flush()
         elif is_chapter_heading(line):
@@ -269,6 +321,67 @@ def clean_book_text(text: str) -> str:
             current.append(line)
     flush()
     return "\n".join(paragraphs)
+
+
+class BookChunker:
+    """Groups the lines of a book into chunks of at most ``max_chars`` characters.
+
+    A new chunk starts at a chapter heading (unless the chunk so far holds only headings, as in
+    "VOLUME I" / "CHAPTER I") and before a line that would make the chunk too long: the cut
+    falls at the last blank line, or at a line when a single paragraph is longer than the limit.
+    Lines must already be at most ``max_chars`` long (see ``split_long_line``).
+    """
+
+    def __init__(self, max_chars: int):
+        self.max_chars = max_chars
+        self.lines: list[str] = []
+        self.length = 0            # len("\n".join(self.lines))
+        self.last_blank = -1       # index of the last blank line (a paragraph boundary)
+        self.has_body = False      # any non-blank, non-heading line yet
+
+    def _take(self, count: int) -> str:
+        """Remove and return the first ``count`` lines as a chunk text."""
+        text = "\n".join(self.lines[:count])
+        rest = self.lines[count:]
+        self.lines = []
+        self.length, self.last_blank, self.has_body = 0, -1, False
+        for line in rest:
+            self._append(line)
+        return text
+
+    def _append(self, line: str) -> None:
+        self.length += len(line) + (1 if self.lines else 0)
+        if line.strip():
+            self.has_body = self.has_body or not is_chapter_heading(line)
+        else:
+            self.last_blank = len(self.lines)
+        self.lines.append(line)
+
+    def add(self, line: str) -> Iterator[str]:
+        """Add one line (at most ``max_chars`` long); yield the chunks it completes."""
+        if is_chapter_heading(line) and self.has_body:
+            yield self._take(len(self.lines))
+        while self.lines and self.length + 1 + len(line) > self.max_chars:
+            # Cut at the last paragraph boundary; a single over-long paragraph is cut at a line.
+            cut = self.last_blank if self.last_blank > 0 else len(self.lines)
+            yield self._take(cut)
+            if self.lines and not self.lines[0].strip():
+                self._take(1)  # the blank line that separated the paragraphs
+        self._append(line)
+
+    def finish(self) -> Iterator[str]:
+        if self.lines:
+            yield self._take(len(self.lines))
+
+
+def split_long_line(line: str, limit: int) -> Iterator[str]:
+    """Cut a line longer than ``limit`` characters, preferably at whitespace."""
+    while len(line) > limit:
+        cut = line.rfind(" ", limit // 2, limit)
+        cut = limit if cut <= 0 else cut
+        yield line[:cut]
+        line = line[cut:].lstrip(" ")
+    yield line
 
 
 def _short_repr(exc: BaseException, limit: int = 200) -> str:

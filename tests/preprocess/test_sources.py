@@ -1,0 +1,315 @@
+"""Tests for preprocess.sources on the real data slice and on broken inputs made from it."""
+from __future__ import annotations
+
+import bz2
+import collections
+import gzip
+import io
+import pathlib
+
+import pytest
+
+from preprocess import sources
+from preprocess.config import SourceConfig
+from preprocess.records import InputError, RawDocument, Rejected
+from preprocess.text import clean_wikitext
+
+WIKI_NAME = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+CFG = SourceConfig()
+
+
+@pytest.fixture(scope="module")
+def wiki_dump(shared_data) -> pathlib.Path:
+    return shared_data / "wikipedia" / WIKI_NAME
+
+
+@pytest.fixture(scope="module")
+def wiki_bytes(wiki_dump) -> bytes:
+    return wiki_dump.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def books(shared_data) -> pathlib.Path:
+    return shared_data / "books"
+
+
+def _expect_input_error(path: pathlib.Path, *needles: str, reader=sources.iter_wikipedia) -> str:
+    with pytest.raises(InputError) as info:
+        list(reader(str(path), CFG))
+    message = str(info.value)
+    assert message.startswith(InputError.MARKER) and str(path) in message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+# --- the real Wikipedia slice ------------------------------------------------------------------
+
+def test_real_dump_counts_and_ids(wiki_dump):
+    records = list(sources.iter_wikipedia(str(wiki_dump), CFG))
+    assert len(records) == 206
+    articles = [r for r in records if isinstance(r, RawDocument)]
+    reasons = collections.Counter(r.reason for r in records if isinstance(r, Rejected))
+    assert len(articles) == 106
+    assert reasons == {"redirect": 99, "non_article_namespace": 1}
+    assert len(articles) + sum(reasons.values()) == 206
+    assert all(r.outcome == "skipped" for r in records if isinstance(r, Rejected))
+    assert records[0].doc_id == "wiki:enwiki:10" and records[0].reason == "redirect"
+
+    first = articles[0]
+    assert (first.doc_id, first.source, first.kind) == ("wiki:enwiki:12", WIKI_NAME, "wiki")
+    assert first.text.startswith("{{Redirect2|Anarchist")
+    prose = clean_wikitext(first.text)
+    assert prose.startswith("Anarchism is a political philosophy that advocates self-governed "
+                            "societies based on voluntary institutions.")
+    assert len({a.doc_id for a in articles}) == 106
+
+
+def test_plain_xml_and_gzip_and_missing_dbname(tmp_path, wiki_bytes):
+    xml = bz2.decompress(wiki_bytes)
+    plain = tmp_path / "dump.xml"
+    plain.write_bytes(xml.replace(b"<dbname>enwiki</dbname>", b""))
+    gz = tmp_path / "dump.xml.gz"
+    gz.write_bytes(gzip.compress(xml, compresslevel=1))
+    ids_plain = [r.doc_id for r in sources.iter_wikipedia(str(plain), CFG)]
+    ids_gz = [r.doc_id for r in sources.iter_wikipedia(str(gz), CFG)]
+    assert len(ids_plain) == len(ids_gz) == 206
+    assert ids_plain[1] == "wiki:wiki:12" and ids_gz[1] == "wiki:enwiki:12"
+
+
+def test_other_export_namespace_and_page_level_rejects(tmp_path):
+    dump = tmp_path / "tiny.xml"
+    dump.write_text(
+        '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/"><siteinfo><dbname>xxwiki'
+        "</dbname></siteinfo>"
+        "<page><title>Empty</title><ns>0</ns><id>1</id><revision><id>9</id><text /></revision></page>"
+        "<page><title>Big</title><ns>0</ns><id>2</id><revision><text>" + "y" * 3000 +
+        "</text></revision></page>"
+        "<page><title>Ok</title><ns>0</ns><id>3</id><revision><text>Fine.</text></revision></page>"
+        "</mediawiki>", encoding="utf-8")
+    cfg = SourceConfig(max_document_chars=2000, book_document_max_chars=1000)
+    empty, big, ok = sources.iter_wikipedia(str(dump), cfg)
+    assert (empty.doc_id, empty.outcome, empty.reason) == ("wiki:xxwiki:1", "skipped", "empty")
+    assert (big.doc_id, big.outcome, big.reason) == ("wiki:xxwiki:2", "failed", "too_large")
+    assert big.detail == "3000 characters > max_document_chars" and "y" * 10 not in repr(big)
+    assert ok == RawDocument("wiki:xxwiki:3", "tiny.xml", "wiki", "Fine.")
+
+
+# --- broken dumps ------------------------------------------------------------------------------
+
+def test_truncated_bz2_half_the_real_file(tmp_path, wiki_bytes):
+    cut = tmp_path / WIKI_NAME
+    cut.write_bytes(wiki_bytes[: len(wiki_bytes) // 2])
+    _expect_input_error(cut, "ends early", "truncated", "re-download")
+
+
+def _bz2_block_offsets(data: bytes) -> list[int]:
+    """Bit offsets of the bz2 block headers (the 48-bit magic 0x314159265359, not byte-aligned)."""
+    magic, number, found = b"\x31\x41\x59\x26\x53\x59", int.from_bytes(data, "big"), []
+    for shift in range(8):
+        shifted = (number << shift).to_bytes(len(data) + 1, "big")
+        at = shifted.find(magic)
+        while at != -1:
+            found.append(at * 8 + 8 - shift)
+            at = shifted.find(magic, at + 1)
+    return sorted(found)
+
+
+def test_truncated_bz2_at_a_block_boundary(tmp_path, wiki_bytes):
+    # bz2 blocks are bit-aligned; cutting at the byte holding the second block's header leaves
+    # exactly one complete block. Python's bz2 still raises EOFError (no end-of-stream marker).
+    block = _bz2_block_offsets(wiki_bytes)[1]
+    cut = tmp_path / "cut-at-block.xml.bz2"
+    cut.write_bytes(wiki_bytes[: block // 8])
+    _expect_input_error(cut, "ends early")
+
+
+def test_multistream_cut_at_a_stream_boundary_is_caught_by_the_xml(tmp_path, wiki_bytes):
+    # A multistream dump cut exactly between two streams decompresses without any error;
+    # the unfinished XML is what gives the truncation away.
+    xml = bz2.decompress(wiki_bytes)
+    middle = xml.index(b"  <page>", len(xml) // 2)
+    first_stream = bz2.compress(xml[:middle], 1)
+    whole = tmp_path / "multistream.xml.bz2"
+    whole.write_bytes(first_stream + bz2.compress(xml[middle:], 1))
+    assert len(list(sources.iter_wikipedia(str(whole), CFG))) == 206
+    cut = tmp_path / "multistream-cut.xml.bz2"
+    cut.write_bytes(first_stream)
+    _expect_input_error(cut, "XML ends before the dump is complete", "truncated")
+
+
+def test_corrupt_bz2(tmp_path, wiki_bytes):
+    data = bytearray(wiki_bytes)
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    bad = tmp_path / "corrupt.xml.bz2"
+    bad.write_bytes(bytes(data))
+    _expect_input_error(bad, "corrupt compressed data", "Invalid data stream")
+
+
+def test_corrupt_gzip(tmp_path):
+    bad = tmp_path / "corrupt.xml.gz"
+    bad.write_bytes(b"this is not gzip at all")
+    _expect_input_error(bad, "corrupt compressed data")
+
+
+HEADER = '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/"><siteinfo></siteinfo>'
+PAGE = "<page><title>T</title><ns>0</ns><id>{id}</id><revision><text>{text}</text></revision></page>"
+
+
+def test_malformed_xml(tmp_path):
+    bad = tmp_path / "unclosed.xml"
+    bad.write_text(HEADER + "\n<page><title>T</title>\n<ns>0</ns></mediawiki>\n")
+    _expect_input_error(bad, "malformed XML at line 3", "mismatched tag")
+
+
+def test_xml_ending_early(tmp_path):
+    bad = tmp_path / "short.xml"
+    bad.write_text(HEADER + PAGE.format(id=1, text="Hello.") + "<page><title>Cut")
+    _expect_input_error(bad, "XML ends before the dump is complete")
+
+
+def test_non_utf8_bytes_inside_xml_text(tmp_path):
+    bad = tmp_path / "latin1.xml"
+    bad.write_bytes((HEADER + "\n" + PAGE.format(id=1, text="Caf\xe9 au lait") + "</mediawiki>")
+                    .encode("latin-1"))
+    message = _expect_input_error(bad, "not valid UTF-8 XML at line 2")
+    assert "offset" in message
+
+
+@pytest.mark.parametrize("name,content", [
+    ("empty.xml", b""), ("empty.xml.bz2", bz2.compress(b"")), ("zero.xml.bz2", b""),
+    ("blank.xml", b"  \n\n "),
+])
+def test_empty_dumps(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content)
+    _expect_input_error(path, "empty file")
+
+
+def test_not_a_mediawiki_dump(tmp_path):
+    other = tmp_path / "feed.xml"
+    other.write_text("<rss><channel><title>News</title></channel></rss>")
+    _expect_input_error(other, "not a MediaWiki XML dump", "<rss>")
+    no_pages = tmp_path / "no-pages.xml"
+    no_pages.write_text(HEADER + "</mediawiki>")
+    _expect_input_error(no_pages, "not a MediaWiki XML dump", "no <page>")
+    text = tmp_path / "notes.xml"
+    text.write_text("just some text, not XML")
+    _expect_input_error(text, "not a MediaWiki XML dump")
+
+
+def test_missing_path(tmp_path):
+    missing = tmp_path / "nope" / "dump.xml.bz2"
+    _expect_input_error(missing, "cannot open", "FileNotFoundError", "does not exist")
+    _expect_input_error(missing, "cannot open", reader=sources.iter_book)
+    with pytest.raises(InputError, match="cannot open"):
+        sources.open_uri(str(missing))
+
+
+# --- books -------------------------------------------------------------------------------------
+
+def test_real_utf8_book_is_chunked_by_chapter(books):
+    chunks = list(sources.iter_book(str(books / "pg1342-pride-and-prejudice.txt"), CFG))
+    assert all(isinstance(c, RawDocument) and c.kind == "book" for c in chunks)
+    assert [c.doc_id for c in chunks[:2]] == ["book:pg1342-pride-and-prejudice.txt:00000",
+                                               "book:pg1342-pride-and-prejudice.txt:00001"]
+    assert len(chunks) == 62  # front matter + 61 chapters
+    assert chunks[1].text.startswith("Chapter I.]")
+    assert "It is a truth universally acknowledged" in chunks[1].text
+    assert chunks[2].text.startswith("CHAPTER II.") and chunks[-1].text.startswith("CHAPTER LXI.")
+    assert "“" in chunks[1].text  # curly quotes decoded as UTF-8
+    assert all(len(c.text) <= CFG.book_document_max_chars for c in chunks)
+
+
+def test_gutenberg_boilerplate_is_stripped(books):
+    emma = list(sources.iter_book(str(books / "austen-emma.txt"), CFG))
+    assert emma[0].text.lstrip().startswith("VOLUME I")
+    assert not any("SMALL PRINT" in c.text or "Project Gutenberg" in c.text for c in emma)
+    kept = list(sources.iter_book(str(books / "austen-emma.txt"),
+                                  SourceConfig(strip_gutenberg_boilerplate=False)))
+    assert "SMALL PRINT" in kept[0].text
+
+
+def test_latin1_book_uses_the_fallback(books):
+    chunks = list(sources.iter_book(str(books / "chesterton-ball.txt"), CFG))
+    assert chunks and all(isinstance(c, RawDocument) for c in chunks)
+    joined = "".join(c.text for c in chunks)
+    assert "Brunetière, Coppée" in joined and "café" in joined
+    assert "END OF THE PROJECT GUTENBERG" not in joined and "SMALL PRINT" not in joined
+    assert chunks[1].text.startswith("I. A DISCUSSION SOMEWHAT IN THE AIR")
+
+
+def test_latin1_book_without_fallback_is_one_dead_letter(books):
+    cfg = SourceConfig(book_encoding_fallback=None)
+    records = list(sources.iter_book(str(books / "chesterton-ball.txt"), cfg))
+    assert records == [Rejected("chesterton-ball.txt", "book:chesterton-ball.txt", "failed",
+                                "not_utf8", "byte offset 229333")]
+
+
+def test_book_with_one_huge_line_streams(tmp_path):
+    huge = tmp_path / "huge.txt"
+    huge.write_bytes(("lorem ipsum dolor é " * 160_000).encode())  # ~3.4 MB, no newline
+    cfg = SourceConfig(book_document_max_chars=50_000)
+    chunks = list(sources.iter_book(str(huge), cfg))
+    assert all(isinstance(c, RawDocument) for c in chunks)
+    assert all(0 < len(c.text) <= 50_000 for c in chunks)
+    assert sum(len(c.text.split()) for c in chunks) == 4 * 160_000
+    assert "\ufffd" not in "".join(c.text for c in chunks)  # é cut by the 1 MiB line limit survives
+
+
+def test_bom_crlf_and_size_cuts(tmp_path):
+    book = tmp_path / "bom.txt.gz"
+    paragraph = "A sentence that goes on. " * 20 + "\r\n"
+    book.write_bytes(gzip.compress(("\ufeffTitle\r\n\r\n" + (paragraph + "\r\n") * 200).encode()))
+    chunks = list(sources.iter_book(str(book), SourceConfig(book_document_max_chars=2000)))
+    assert chunks[0].text.startswith("Title\n\nA sentence") and chunks[0].source == "bom.txt.gz"
+    assert all(len(c.text) <= 2000 and "\r" not in c.text for c in chunks)
+    assert all(c.text.rstrip().endswith("goes on.") for c in chunks)  # cut at paragraphs
+
+
+@pytest.mark.parametrize("content", [
+    b"", b"  \n\n\t\n",
+    b"header\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n\n*** END OF THE PROJECT GUTENBERG "
+    b"EBOOK X ***\nlicense\n",
+])
+def test_empty_book(tmp_path, content):
+    book = tmp_path / "empty.txt"
+    book.write_bytes(content)
+    (record,) = sources.iter_book(str(book), CFG)
+    assert (record.source, record.outcome, record.reason) == ("empty.txt", "failed", "empty_file")
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+def test_expand_inputs_dir_and_glob(tmp_path):
+    (tmp_path / "a" / "deep").mkdir(parents=True)
+    (tmp_path / ".hidden").mkdir()
+    for name in ("a/2.txt", "a/1.txt", "a/deep/3.txt", "a/.skip.txt", ".hidden/4.txt", "b.xml"):
+        (tmp_path / name).write_text("x")
+    base = str(tmp_path)
+    assert sources.expand_inputs([base]) == [f"{base}/a/1.txt", f"{base}/a/2.txt",
+                                             f"{base}/a/deep/3.txt", f"{base}/b.xml"]
+    assert sources.expand_inputs([f"{base}/a/*.txt", f"{base}/a/1.txt", "s3://b/k.xml.bz2"]) == [
+        f"{base}/a/1.txt", f"{base}/a/2.txt", "s3://b/k.xml.bz2"]
+    assert sources.expand_inputs([f"{base}/**/*.txt"])[-1] == f"{base}/a/deep/3.txt"
+    with pytest.raises(InputError, match=r"\*\.nothing matches no files"):
+        sources.expand_inputs([f"{base}/*.nothing"])
+    (tmp_path / "void").mkdir()
+    with pytest.raises(InputError, match="void matches no files"):
+        sources.expand_inputs([f"{base}/void"])
+
+
+def test_expand_inputs_real_books(books):
+    found = sources.expand_inputs([str(books)])
+    assert len(found) == 12 and found == sorted(found)
+    assert sources.source_name(found[0]) == "austen-emma.txt"
+    assert sources.source_name("s3://bucket/dumps/x.xml.bz2") == "x.xml.bz2"
+
+
+def test_open_uri_decompresses_by_extension(tmp_path):
+    path = tmp_path / "t.txt.bz2"
+    path.write_bytes(bz2.compress(b"hello"))
+    with sources.open_uri(str(path)) as handle:
+        assert handle.read() == b"hello"
+    assert isinstance(io.BytesIO(), io.IOBase)

@@ -1,0 +1,194 @@
+"""Tests for preprocess.text: wikitext and book cleaning, sentence splitting, to_document."""
+from __future__ import annotations
+
+import pytest
+
+from preprocess import text
+from preprocess.config import SourceConfig
+from preprocess.records import Document, RawDocument, Rejected
+from preprocess.text import (
+    BookChunker, clean_book_text, clean_wikitext, is_chapter_heading, split_long_line,
+    split_sentences, to_document,
+)
+
+ARTICLE = """{{Infobox country
+| name = Freedonia
+| capital = [[Fredville]]
+}}
+{{Use dmy dates|date=May 2016}}
+'''Freedonia''' is a [[country|fictional country]] in [[Europe]].<ref>{{cite web|url=http://x.org|title=Source}}</ref> It was founded in 1933.<ref name="a"/>
+[[File:Flag of Freedonia.svg|thumb|The [[flag]] of Freedonia]]
+[[Image:Map.png|left|200px|A map]]
+__TOC__
+== History ==
+The country was ruled by [[Rufus T. Firefly]]&nbsp;for many years.<!-- hidden comment --> Its ''army'' was small.
+{| class="wikitable"
+! Year !! Event
+|-
+| 1933 || Founded
+|}
+* First item with [[link target|shown text]]
+* Second item with [http://example.com an external title] and a bare http://example.com/x link
+<gallery>
+File:A.jpg|Caption
+</gallery>
+Water is H<sub>2</sub>O and <b>bold</b> <math>x^2</math> text.
+=== Economy ===
+Trade is &quot;important&quot;.
+[[Category:Fictional countries]]
+[[de:Freedonien]]
+
+== References ==
+{{reflist}}
+Text after the references heading is dropped.
+== External links ==
+* [http://freedonia.example Official site]
+"""
+
+
+@pytest.fixture()
+def cleaned() -> str:
+    return clean_wikitext(ARTICLE)
+
+
+def test_templates_refs_and_files_are_removed(cleaned):
+    assert "Infobox" not in cleaned and "Fredville" not in cleaned and "dmy" not in cleaned
+    assert "cite" not in cleaned and "Source" not in cleaned and "<ref" not in cleaned
+    assert "Flag of Freedonia" not in cleaned and "thumb" not in cleaned and "A map" not in cleaned
+    assert "Caption" not in cleaned and "x^2" not in cleaned and "__TOC__" not in cleaned
+    assert "hidden comment" not in cleaned
+
+
+def test_tables_categories_interlanguage_and_headings_are_removed(cleaned):
+    assert "wikitable" not in cleaned and "Founded" not in cleaned and "Event" not in cleaned
+    assert "Fictional countries" not in cleaned and "Freedonien" not in cleaned
+    assert "History" not in cleaned and "Economy" not in cleaned
+
+
+def test_links_formatting_entities_and_lists_keep_their_text(cleaned):
+    lines = cleaned.split("\n")
+    assert lines[0] == "Freedonia is a fictional country in Europe. It was founded in 1933."
+    assert "ruled by Rufus T. Firefly for many years. Its army was small." in cleaned
+    assert "First item with shown text" in lines
+    assert "Second item with an external title and a bare link" in lines
+    assert "Water is H2O and bold text." in lines
+    assert 'Trade is "important".' in lines
+    assert "'" not in cleaned and "[[" not in cleaned and "{{" not in cleaned
+
+
+def test_article_is_cut_at_the_references_section(cleaned):
+    assert "after the references" not in cleaned and "Official site" not in cleaned
+    assert cleaned.split("\n")[-1] == 'Trade is "important".'
+
+
+@pytest.mark.parametrize("heading", ["See also", "External links", "Further reading", "Notes",
+                                     "Bibliography", "Sources", " references "])
+def test_each_non_prose_section_cuts(heading):
+    wikitext = f"Kept prose here.\n\n=={heading}==\n* [[Something else]]\nDropped prose.\n"
+    assert clean_wikitext(wikitext) == "Kept prose here."
+
+
+def test_namespace_checks_are_case_insensitive_and_localized():
+    wikitext = ("A [[file:x.png|thumb|cap]] B [[IMAGE:y.jpg]] C [[Datei:z.png|mini|Bild]] "
+                "D [[category:Foo]] E [[:Category:Shown category]] F [[fr:Bonjour]] G "
+                "[[wikt:word|a word]] H [[Pipe trick (film)|]] I [[Target#Section]]")
+    assert clean_wikitext(wikitext) == ("A B C D E Category:Shown category F G a word "
+                                        "H Pipe trick I Target")
+
+
+def test_empty_paragraphs_and_leftover_punctuation_are_dropped():
+    wikitext = "{{Infobox}}\n\n\nAlabama ({{IPAc-en|ˌ|æ|l}}) is a state.\n\n{{Navbox}}\n( , )\n"
+    assert clean_wikitext(wikitext) == "Alabama is a state."
+
+
+@pytest.mark.parametrize("weird", [
+    "{{unclosed template [[and link", "<ref>never closed", "{| broken table\n| cell",
+    "[[File:x.png|thumb|[[nested [[deeper]]]]]]", "''' '' ''' ''", "<div><span>text</div>",
+    "[[" * 500 + "x", "{{" * 300, "<!-- unclosed comment", "&bogus; &#xZZ; &#99999999;",
+])
+def test_weird_markup_never_raises(weird):
+    assert isinstance(clean_wikitext(weird), str)
+
+
+def test_split_sentences_per_paragraph():
+    assert split_sentences("Hello Mr. Smith. How are you?\n\n  \nI am fine.  ") == [
+        "Hello Mr. Smith.", "How are you?", "I am fine."]
+    assert split_sentences("") == []
+
+
+def test_clean_book_text_joins_wrapped_lines():
+    raw = ("CHAPTER I\n\n\nIt is a truth universally acknowledged, that a single man\n"
+           "in possession   of a good fortune\r\nmust be in want of a wife.\n\n"
+           "[Illustration]\n\n  Second   paragraph.\x1a\n")
+    assert clean_book_text(raw) == (
+        "It is a truth universally acknowledged, that a single man in possession of a good "
+        "fortune must be in want of a wife.\nSecond paragraph.")
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("CHAPTER I", True), ("Chapter 12.", True), ("BOOK II", True), ("ACT III", True),
+    ("PART ONE", True), ("VOLUME I", True), ("[BOOK I.  INSCRIPTIONS]", True),
+    ("Actus Primus. Scoena Prima.", True), ("IX. THE STRANGE LADY", True),
+    ("Part on the plain, or in the air sublime,", False), ("Book of old travels", False),
+    ("Act to doe and to performe", False), ("CHAPTER I " + "x" * 100, False), ("", False),
+])
+def test_chapter_headings(line, expected):
+    assert is_chapter_heading(line) is expected
+
+
+def test_book_chunker_cuts_at_headings_and_paragraphs():
+    chunker = BookChunker(1000)
+    lines = ["VOLUME I", "", "CHAPTER I", ""] + [f"line {i} " + "x" * 90 for i in range(8)] + \
+            [""] + ["y" * 95] * 4 + ["", "CHAPTER II", "", "short"]
+    chunks = [c for line in lines for c in chunker.add(line)] + list(chunker.finish())
+    assert chunks[0].startswith("VOLUME I\n\nCHAPTER I")      # headings alone do not make a chunk
+    assert chunks[0].endswith("x" * 90)                         # cut at the blank line
+    assert chunks[1].startswith("y" * 95) and chunks[2].startswith("CHAPTER II")
+    assert all(len(c) <= 1000 for c in chunks)
+    pieces = list(split_long_line("ab " * 10, 8))
+    assert all(len(p) <= 8 for p in pieces) and " ".join(pieces).split() == ["ab"] * 10
+    assert list(split_long_line("x" * 20, 8)) == ["x" * 8, "x" * 8, "x" * 4]
+
+
+CFG = SourceConfig(min_document_chars=40, min_document_sentences=2, max_document_chars=5000,
+                   book_document_max_chars=2000)
+
+
+def _raw(body: str, kind: str = "wiki") -> RawDocument:
+    return RawDocument(doc_id="wiki:test:1", source="test.xml", kind=kind, text=body)
+
+
+def test_to_document_ok_for_wiki_and_book():
+    doc = to_document(_raw("'''X''' is a [[thing]]. It is very well known indeed."), CFG)
+    assert doc == Document("wiki:test:1", "test.xml", ("X is a thing.", "It is very well known indeed."))
+    book = to_document(_raw("It was a dark\nand stormy night.\n\nThe rain fell in torrents.", "book"), CFG)
+    assert isinstance(book, Document)
+    assert book.sentences == ("It was a dark and stormy night.", "The rain fell in torrents.")
+
+
+def test_to_document_too_short():
+    few_chars = to_document(_raw("Short. Text."), CFG)
+    assert (few_chars.outcome, few_chars.reason) == ("skipped", "too_short")
+    one_sentence = to_document(_raw("A single sentence that is long enough to pass the characters"), CFG)
+    assert isinstance(one_sentence, Rejected) and one_sentence.reason == "too_short"
+    only_markup = to_document(_raw("{{Infobox|a=" + "b" * 500 + "}}"), CFG)
+    assert only_markup.reason == "too_short"
+
+
+def test_to_document_too_large_is_a_dead_letter():
+    rejected = to_document(_raw("word " * 2000), CFG)
+    assert (rejected.outcome, rejected.reason) == ("failed", "too_large")
+    assert rejected.detail == "10000 characters > max_document_chars"
+    assert rejected.doc_id == "wiki:test:1" and rejected.source == "test.xml"
+
+
+def test_to_document_clean_error_never_raises(monkeypatch):
+    def boom(_):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(text, "clean_wikitext", boom)
+    rejected = to_document(_raw("Some text. More text here, long enough."), CFG)
+    assert (rejected.outcome, rejected.reason) == ("failed", "clean_error")
+    assert rejected.detail.startswith("RecursionError: maximum recursion")
+    unknown = to_document(_raw("Some text.", kind="pdf"), CFG)
+    assert unknown.reason == "clean_error" and "pdf" in unknown.detail

@@ -195,11 +195,12 @@ def _tidy_line(line: str) -> str:
 # stripped with linear regexes instead of being parsed.
 _MAX_UNCLOSED_BRACKETS = 50
 _MAX_UNCLOSED_TAGS = 200
-_FALLBACK_TEMPLATE_RE = re.compile(r"\{\{[^{}]*\}\}|\{\|.*?\|\}", re.S)
+_FALLBACK_TEMPLATE_RE = re.compile(r"\{\{[^{}]*\}\}|\{\|(?:(?!\{\||\|\}).)*\|\}", re.S)
 _FALLBACK_LINK_RE = re.compile(r"\[\[([^\[\]]*)\]\]")
 _FALLBACK_EXTERNAL_RE = re.compile(r"\[[a-z]+://[^\s\]]*\s*([^\[\]]*)\]", re.I)
 _FALLBACK_DROPPED_RE = re.compile(
-    r"<(math|gallery|code|pre|score|timeline|source|syntaxhighlight|table)\b[^>]*>.*?</\1\s*>",
+    r"<(math|gallery|code|pre|score|timeline|source|syntaxhighlight|table)\b[^>]*>"
+    r"[^<]*(?:<(?!/?\1\b)[^<]*)*</\1\s*>",
     re.S | re.I)
 _FALLBACK_MARKUP_RE = re.compile(r"<[^<>\n]{0,300}>|\{\{|\}\}|\[\[|\]\]|\{\||\|\}")
 

@@ -1,6 +1,8 @@
 """Tests for preprocess.text: wikitext and book cleaning, sentence splitting, to_document."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from preprocess import text
@@ -108,6 +110,22 @@ def test_empty_paragraphs_and_leftover_punctuation_are_dropped():
 ])
 def test_weird_markup_never_raises(weird):
     assert isinstance(clean_wikitext(weird), str)
+
+
+@pytest.mark.parametrize("unit", ["{{a|", "[[a|{{b|", "[http://x.org [[a]]", "<span>a", "{|\n|a\n"])
+def test_pathological_markup_stays_fast(unit):
+    # mwparserfromhell takes seconds to minutes on thousands of unclosed constructs; such a
+    # section goes through the linear fallback instead.
+    start = time.process_time()
+    cleaned = clean_wikitext("Prose before. " + unit * 20_000 + " prose after.")
+    assert time.process_time() - start < 2.0
+    assert "Prose before." in cleaned and "{{" not in cleaned and "[[" not in cleaned
+
+
+def test_linear_fallback_keeps_link_text():
+    wikitext = ("'''Foo''' is a [[bar|baz]] [[File:x.png|thumb|cap]] <b>bold</b> {{cite|x}}."
+                + "{{" * 60)
+    assert clean_wikitext(wikitext) == "Foo is a baz bold."
 
 
 def test_split_sentences_per_paragraph():

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Benchmark of the preprocessing stage (the Apache Beam job) on the real shared data.
 
-    python bench/preprocess.py [--quick] [--work DIR] [--data DIR] [--profile | --no-profile]
+    python bench/preprocess.py [--quick] [--work DIR] [--data DIR] [--diagnose | --no-diagnose]
 
-Measures, on this machine:
+Measures, on this machine (about 5 minutes on 2 cores; --quick: one repetition, about 1.5 minutes):
 
 1. Irreducible work: decompress + XML parse + wikitext/book cleaning + sentence split + tokenize of
    the inputs, in this process, without Beam (``time.process_time``).
@@ -14,8 +14,12 @@ Measures, on this machine:
    over the tree, and the shard checksums of both runs (they must agree).
 3. Memory: the inputs copied four times under distinct names, run with ``--parts 4`` (and, unless
    ``--quick``, ``--parts 1``); peak tree RSS against the 1x run.
-4. Optionally (by default when the CPU ratio misses its target) a cProfile of the in-memory run,
-   summarised by package and by function.
+4. Diagnostics (by default in full mode when a CPU or scaling target is missed): CPU and wall per
+   Beam pipeline (documents, index, instances, shards) in both modes, the speed-up on the 4x input,
+   and a cProfile of the in-memory run summarised by package and by function.
+
+Before each timed run it waits (briefly) for the rest of the machine to go quiet, and it records the
+CPU other processes used during each run: on a shared machine, contended runs are flagged.
 
 Writes ``bench/results/preprocess-<machine>.json`` and prints a summary and a README table row.
 Only the standard library, psutil and the project's modules are used.
@@ -56,8 +60,10 @@ TARGETS = {
     "scaling_speedup_min": 1.6,    # wall(1 worker) / wall(2 workers)
     "memory_ratio_max": 1.25,      # peak tree RSS, 4x input with --parts 4 / 1x input with --parts 1
 }
-SAMPLE_INTERVAL = 0.05             # seconds between process-tree samples
-QUIET_WAIT = 20.0                  # seconds to wait for other processes to calm down before a timed run
+SAMPLE_INTERVAL = 0.1              # seconds between process-tree samples
+QUIET_WAIT = 10.0                  # seconds to wait for other processes to calm down before a timed run
+QUIET_BUDGET = [90.0]              # seconds of such waiting in all (keeps the whole benchmark bounded)
+CONTENDED_LOAD = 0.25              # other processes using more cores than this during a run: flagged
 RUN_TIMEOUT = 420                  # seconds; one pipeline run that takes longer is killed
 WIKI_DBNAME = b"<dbname>enwiki</dbname>"
 
@@ -110,6 +116,14 @@ def versions() -> dict:
     return out
 
 
+def source_digest() -> str:
+    """sha256 over the measured code (preprocess/*.py) and configs: tells whether the code changed mid-run."""
+    digest = hashlib.sha256()
+    for path in sorted([*REPO.glob("preprocess/**/*.py"), *REPO.glob("configs/preprocess/*.yaml")]):
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def real_inputs(data: Path) -> dict:
     wiki = sorted(glob.glob(str(data / "wikipedia" / "*.bz2")))
     books = sorted(glob.glob(str(data / "books" / "*.txt")))
@@ -160,7 +174,6 @@ def make_x4(inputs: dict, work: Path) -> dict:
 def child_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env.setdefault("PYTHONHASHSEED", "0")
     return env
 
 
@@ -256,8 +269,13 @@ def run_measured(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT, env: d
         "rusage_children_delta_cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 3),
         "sampled_tree_cpu_s": round(sampled_cpu, 3),
         "processes_seen": len(sampler.cpu),
+        # Per process, in start order (last sampled CPU): shows how the work spread over Beam's workers.
+        "process_cpu_s": [{"cmd": sampler.names[key], "cpu_s": round(cpu, 2)}
+                          for key, cpu in sorted(sampler.cpu.items(), key=lambda kv: kv[0][1]) if cpu >= 0.05],
         "peak_concurrent_processes": sampler.peak_processes,
-        "peak_tree_rss_bytes": sampler.peak_rss,
+        # The tree's sum is at least its largest process's high-water mark, which sampling can miss.
+        "peak_tree_rss_bytes": max(sampler.peak_rss, usage.ru_maxrss * 1024),
+        "sampled_peak_tree_rss_bytes": sampler.peak_rss,
         "ru_maxrss_bytes": usage.ru_maxrss * 1024,   # Linux reports KiB: the largest single process
         "samples": sampler.samples,
         "sampler_cpu_s": round(sampler.own_cpu, 3),
@@ -265,7 +283,7 @@ def run_measured(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT, env: d
         # CPU that other processes of the machine used meanwhile (contention skews the wall times).
         "foreign_cpu_s": round(max(0.0, busy_after - busy_before - wait4_cpu - sampler.own_cpu), 3),
         "foreign_load_cores": round(max(0.0, busy_after - busy_before - wait4_cpu - sampler.own_cpu) / wall, 3),
-        "log": str(log),
+        "log": str(log.relative_to(REPO)) if log.is_relative_to(REPO) else str(log),
     }
 
 
@@ -305,9 +323,12 @@ def pipeline_cmd(inputs: dict, tokenizer: Path, output: Path, parts: int, beam: 
 def run_pipeline(inputs: dict, tokenizer: Path, output: Path, parts: int, beam: list[str], log: Path,
                  launcher: list[str] | None = None, env: dict | None = None) -> dict:
     shutil.rmtree(output, ignore_errors=True)   # not part of the measured run
-    load_before = wait_for_quiet(QUIET_WAIT)
+    waited = time.monotonic()
+    load_before = wait_for_quiet(min(QUIET_WAIT, QUIET_BUDGET[0]))
+    QUIET_BUDGET[0] = max(0.0, QUIET_BUDGET[0] - (time.monotonic() - waited))
     result = run_measured(pipeline_cmd(inputs, tokenizer, output, parts, beam, launcher), log, env=env)
     result["foreign_load_before_cores"] = load_before
+    result["contended"] = result["foreign_load_cores"] > CONTENDED_LOAD
     manifest = json.loads((output / "manifest.json").read_text())
     summary, docs = manifest["summary"], manifest["statistics"]["documents"]
     result.update({
@@ -434,15 +455,17 @@ def kind(labels):
     return joined
 
 
-def timed(options, build):
+def timed(*args, **kwargs):
+    # The signature changes between versions; the pipeline builder is the last positional argument.
     labels = []
+    build = args[-1]
 
     def build_and_note(p):
         build(p)
         labels.extend(t.full_label for t in p.transforms_stack[0].parts)
 
     ru0, c0, w0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time(), time.perf_counter()
-    original(options, build_and_note)
+    original(*args[:-1], build_and_note, **kwargs)
     w1, c1, ru1 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     stages.append({"stage": kind(labels), "wall_s": w1 - w0, "driver_cpu_s": c1 - c0,
                    "workers_cpu_s": ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime})
@@ -479,7 +502,8 @@ def stage_breakdown(inputs: dict, tokenizer: Path, work: Path, mode: str, beam: 
     in_stages_workers = sum(st["workers_cpu_s"] for st in raw["stages"])
     in_stages_wall = sum(st["wall_s"] for st in raw["stages"])
     return {
-        "run": {k: run[k] for k in ("wall_s", "cpu_s", "peak_tree_rss_bytes", "processes_seen", "foreign_cpu_s")},
+        "run": {k: run[k] for k in ("wall_s", "cpu_s", "peak_tree_rss_bytes", "processes_seen", "foreign_load_cores",
+                                    "process_cpu_s")},
         "by_stage": by_stage,
         "driver_interpreter_start_cpu_s": round(raw["cpu_at_start_s"], 3),
         "driver_outside_beam_cpu_s": round(raw["cpu_at_exit_s"] - in_stages_driver, 3),
@@ -496,7 +520,7 @@ def stage_breakdown(inputs: dict, tokenizer: Path, work: Path, mode: str, beam: 
 
 def _package_of(filename: str) -> str:
     if filename == "~":
-        return "builtins (C functions, attributed to their callers' packages below only by name)"
+        return "builtins"
     path = filename.replace("\\", "/")
     repo = str(REPO).replace("\\", "/") + "/"
     if path.startswith(repo):
@@ -507,6 +531,25 @@ def _package_of(filename: str) -> str:
     if "/lib/python" in path:
         return "stdlib." + path.split("/lib/python", 1)[1].split("/", 1)[1].split("/", 1)[0].replace(".py", "")
     return path.rsplit("/", 1)[-1]
+
+
+_CLASS_LINES: dict[str, list[tuple[int, int, str]]] = {}
+
+
+def _qualname(filename: str, line: int, name: str) -> str:
+    """'preprocess.transforms:CleanAndTokenize.process' for a function defined in the project."""
+    import ast
+
+    if filename not in _CLASS_LINES:
+        try:
+            tree = ast.parse(Path(filename).read_text())
+            _CLASS_LINES[filename] = [(n.lineno, n.end_lineno, n.name) for n in ast.walk(tree)
+                                      if isinstance(n, ast.ClassDef)]
+        except (OSError, SyntaxError):
+            _CLASS_LINES[filename] = []
+    owners = [c for c in _CLASS_LINES[filename] if c[0] <= line <= c[1]]
+    owner = max(owners)[2] + "." if owners else ""
+    return f"{_package_of(filename)}:{owner}{name}"
 
 
 def profile_in_memory(inputs: dict, tokenizer: Path, work: Path) -> dict:
@@ -524,10 +567,15 @@ def profile_in_memory(inputs: dict, tokenizer: Path, work: Path) -> dict:
     builtins: dict[str, float] = {}
     rows = []
     for (filename, line, name), (cc, nc, tt, ct, callers) in st.stats.items():
-        package = _package_of(filename)
-        by_package[package] = by_package.get(package, 0.0) + tt
         if filename == "~":
             builtins[name] = builtins.get(name, 0.0) + tt
+            # A C function's time goes to the package that called it (bz2 decompress -> sources' caller...).
+            for (caller_file, _, _), caller_stats in callers.items():
+                package = _package_of(caller_file) if caller_file != "~" else "builtins"
+                by_package[package] = by_package.get(package, 0.0) + caller_stats[2]
+        else:
+            package = _package_of(filename)
+            by_package[package] = by_package.get(package, 0.0) + tt
         rows.append((tt, ct, nc, f"{_package_of(filename) if filename != '~' else ''}:{name}:{line}".lstrip(":")))
 
     def cum(package_prefix: str, func: str) -> float:
@@ -540,21 +588,20 @@ def profile_in_memory(inputs: dict, tokenizer: Path, work: Path) -> dict:
         "text.to_document": cum("preprocess.text", "to_document"),
         "tokenizer.encode_batch": cum("preprocess.tokenizer", "encode_batch"),
     }
-    stages = {name: cum("preprocess." + name.split(".")[0], name.split(".", 1)[1]) for name in (
-        "pipeline._run_beam", "transforms.process", "docstore.load_bucket", "docstore.write_table",
-        "docstore.documents_table", "instances.plan_instances", "instances.finalize_instance",
-        "shards.assemble_shard", "shards.pieces_table", "shards.instance_stats", "tokenizer.load_tokenizer",
-        "hashing.rng_for", "hashing.stable_hash64")}
+    ours = sorted(((ct, tt, nc, _qualname(f, line, name)) for (f, line, name), (_, nc, tt, ct, _) in st.stats.items()
+                   if _package_of(f).startswith("preprocess.") and name != "<module>"), reverse=True)
     rows.sort(reverse=True)
     return {
         "run": run,
-        "pstats": str(stats_file),
+        "pstats": str(stats_file.relative_to(REPO)) if stats_file.is_relative_to(REPO) else str(stats_file),
         "profiled_seconds": round(total, 3),
         "note": "cProfile inflates pure-Python call overhead (Beam's per-element machinery) relative to C "
                 "code, so read the shares, not the absolute seconds",
         "irreducible_entry_points_cumulative_s": irreducible_entry,
-        "stage_functions_cumulative_s": stages,
-        "by_package_tottime_s": dict(sorted(((k, round(v, 3)) for k, v in by_package.items() if v >= 0.05),
+        "top_project_functions_cumulative": [
+            {"function": q, "cumtime_s": round(ct, 3), "tottime_s": round(tt, 3), "calls": nc}
+            for ct, tt, nc, q in ours[:30]],
+        "by_package_self_time_s": dict(sorted(((k, round(v, 3)) for k, v in by_package.items() if v >= 0.05),
                                             key=lambda kv: -kv[1])),
         "top_builtins_tottime_s": dict(sorted(((k, round(v, 3)) for k, v in builtins.items() if v >= 0.05),
                                               key=lambda kv: -kv[1])[:20]),
@@ -566,6 +613,46 @@ def profile_in_memory(inputs: dict, tokenizer: Path, work: Path) -> dict:
 # --------------------------------------------------------------------------------------------------
 # Main
 
+def diagnose(inputs, x4, tokenizer, work, modes, mem_runs, irr, say) -> dict:
+    """Where the CPU and the wall time go: per-stage breakdown, 4x-input scaling, cProfile."""
+    logs = work / "logs"
+    diagnostics: dict = {}
+    for mode, beam in modes.items():
+        diagnostics[f"stages_{mode}"] = d = stage_breakdown(inputs, tokenizer, work, mode, beam)
+        say(f"stages {mode}: " + ", ".join(f"{k} {v['cpu_s']:.1f} CPU-s/{v['wall_s']:.1f} s"
+                                           for k, v in d["by_stage"].items())
+            + f", outside Beam {d['driver_outside_beam_cpu_s']:.1f} CPU-s")
+    st1 = diagnostics["stages_workers_1"]
+    non_instance = sum(v["cpu_s"] for k, v in st1["by_stage"].items() if k != "instances") \
+        + st1["driver_outside_beam_cpu_s"]
+    diagnostics["derived"] = {
+        "documents_stage_cpu_over_irreducible_workers_1": round(
+            st1["by_stage"].get("documents", {}).get("cpu_s", 0.0) / irr["cpu_s"], 3),
+        "instances_stage_cpu_over_irreducible_workers_1": round(
+            st1["by_stage"].get("instances", {}).get("cpu_s", 0.0) / irr["cpu_s"], 3),
+        "cpu_ratio_workers_1_if_instances_were_free": round(non_instance / irr["cpu_s"], 3),
+        "note": "the irreducible work excludes building the BERT instances (masking, NSP pairs), which the "
+                "pipeline must do; these ratios separate that from the overhead on the same work",
+    }
+    if "x4_parts_1" in mem_runs:
+        say("scaling on the 4x input (--parts 1, 2 workers)")
+        r = run_pipeline(x4, tokenizer, work / "out" / "x4-parts1-w2", 1, modes["workers_2"],
+                         logs / "x4-parts1-workers_2.log")
+        diagnostics["scaling_x4_parts_1"] = {
+            "wall_1_worker_s": mem_runs["x4_parts_1"]["wall_s"], "wall_2_workers_s": r["wall_s"],
+            "speedup": round(mem_runs["x4_parts_1"]["wall_s"] / r["wall_s"], 3),
+            "cpu_1_worker_s": mem_runs["x4_parts_1"]["cpu_s"], "cpu_2_workers_s": r["cpu_s"],
+            "shards_identical": r["shard_sha256"] == mem_runs["x4_parts_1"]["shard_sha256"],
+            "run_2_workers": r,
+        }
+        say(f"4x scaling: {diagnostics['scaling_x4_parts_1']['speedup']:.2f} "
+            f"({mem_runs['x4_parts_1']['wall_s']:.1f} s -> {r['wall_s']:.1f} s)")
+    say("profiling the in-memory run with cProfile")
+    diagnostics["profile_workers_1"] = profile_in_memory(inputs, tokenizer, work)
+    say(f"profile written: {diagnostics['profile_workers_1']['pstats']}")
+    return diagnostics
+
+
 def _median(runs: list[dict], key: str) -> float:
     return round(statistics.median(r[key] for r in runs), 3)
 
@@ -575,22 +662,25 @@ def _mib(n: float) -> float:
 
 
 def main(argv=None) -> int:
-    global QUIET_WAIT
+    global QUIET_WAIT, QUIET_BUDGET
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one repetition of everything; skip the 4x --parts 1 run")
     parser.add_argument("--work", type=Path, default=REPO / "bench" / "work", help="scratch dir (default bench/work)")
     parser.add_argument("--data", type=Path, default=(REPO / ".." / "shared" / "data").resolve(),
                         help="real data dir with wikipedia/ and books/ (default ../shared/data)")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--note", help="free text recorded in the results (e.g. what tree was measured)")
     parser.add_argument("--quiet-wait", type=float, default=QUIET_WAIT,
-                        help="seconds to wait, before each timed run, for other processes to go quiet (default 20)")
-    diagnose = parser.add_mutually_exclusive_group()
-    diagnose.add_argument("--diagnose", dest="diagnose", action="store_true", default=None,
+                        help="seconds to wait, before each timed run, for other processes to go quiet (default 10; "
+                             "at most 9 times that in all)")
+    diagnose_group = parser.add_mutually_exclusive_group()
+    diagnose_group.add_argument("--diagnose", dest="diagnose", action="store_true", default=None,
                           help="always add a per-stage breakdown of both modes and a cProfile of the in-memory run "
                                "(default: in full mode when a CPU or scaling target is missed)")
-    diagnose.add_argument("--no-diagnose", dest="diagnose", action="store_false")
+    diagnose_group.add_argument("--no-diagnose", dest="diagnose", action="store_false")
     args = parser.parse_args(argv)
     QUIET_WAIT = args.quiet_wait
+    QUIET_BUDGET = [args.quiet_wait * 9]
     reps = 1 if args.quick else 3
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -601,6 +691,7 @@ def main(argv=None) -> int:
         print(f"[{time.perf_counter() - begun:6.1f}s] {message}", flush=True)
 
     machine = machine_info()
+    source_at_start = source_digest()
     inputs = real_inputs(args.data)
     say(f"machine {machine['slug']}: {machine['cpu_model']}, {machine['logical_cores']} cores, "
         f"{_mib(machine['memory_bytes']):,.0f} MiB; {len(inputs['wiki']) + len(inputs['books'])} input files")
@@ -609,11 +700,21 @@ def main(argv=None) -> int:
     say(f"tokenizer {'reused' if tok_info['reused'] else 'trained'}: {tokenizer}")
 
     # 1. Irreducible work (before any sampler thread exists in this process).
-    irr_runs = [irreducible(inputs, tokenizer) for _ in range(reps)]
+    irr_runs = []
+    for _ in range(reps):
+        load_before = wait_for_quiet(min(QUIET_WAIT, QUIET_BUDGET[0]))
+        busy0 = _busy_cpu()
+        r = irreducible(inputs, tokenizer)
+        r["foreign_load_cores"] = round(max(0.0, _busy_cpu() - busy0 - r["cpu_s"]) / r["wall_s"], 3)
+        r["foreign_load_before_cores"] = load_before
+        irr_runs.append(r)
     irr = dict(irr_runs[0])
     for key in ("cpu_s", "wall_s", "read_cpu_s", "clean_split_cpu_s", "tokenize_cpu_s"):
         irr[key] = _median(irr_runs, key)
     irr["cpu_s_runs"] = [r["cpu_s"] for r in irr_runs]
+    irr["foreign_load_cores_runs"] = [r["foreign_load_cores"] for r in irr_runs]
+    irr.pop("foreign_load_cores")
+    irr.pop("foreign_load_before_cores")
     say(f"irreducible: {irr['cpu_s']:.2f} CPU-s (read {irr['read_cpu_s']:.2f}, clean+split "
         f"{irr['clean_split_cpu_s']:.2f}, tokenize {irr['tokenize_cpu_s']:.2f}), {irr['corpus_tokens']:,} tokens")
 
@@ -631,7 +732,8 @@ def main(argv=None) -> int:
             runs[mode].append(r)
             say(f"{mode} #{rep + 1}: wall {r['wall_s']:.2f} s, CPU {r['cpu_s']:.2f} s "
                 f"(sampled {r['sampled_tree_cpu_s']:.2f}, {r['processes_seen']} processes), "
-                f"peak tree RSS {_mib(r['peak_tree_rss_bytes'])} MiB; cpu check {r['cpu_accounting_check']}")
+                f"peak tree RSS {_mib(r['peak_tree_rss_bytes'])} MiB; cpu check {r['cpu_accounting_check']}; "
+                f"other load {r['foreign_load_cores']:.2f} cores")
     e2e = {}
     for mode, rs in runs.items():
         cpu, wall = _median(rs, "cpu_s"), _median(rs, "wall_s")
@@ -647,6 +749,7 @@ def main(argv=None) -> int:
                 (cpu - startup["driver_import_cpu_s"]) / irr["cpu_s"], 3),
             "peak_tree_rss_bytes": int(statistics.median(r["peak_tree_rss_bytes"] for r in rs)),
             "ru_maxrss_bytes": max(r["ru_maxrss_bytes"] for r in rs),
+            "foreign_load_cores_runs": [r["foreign_load_cores"] for r in rs],
             "runs": rs,
         }
     sha = {mode: rs[0]["shard_sha256"] for mode, rs in runs.items()}
@@ -687,6 +790,11 @@ def main(argv=None) -> int:
         "x4_shards_identical_parts_4_vs_parts_1": x4_same,
         "cpu_accounting": sorted({r["cpu_accounting_check"] for rs in runs.values() for r in rs}
                                  | {r["cpu_accounting_check"] for r in mem_runs.values()}),
+        # Other processes on the machine during the timed runs (a shared machine skews wall times).
+        "contended_runs": [f"{mode} #{i + 1}" for mode, rs in runs.items() for i, r in enumerate(rs) if r["contended"]]
+                          + [name for name, r in mem_runs.items() if r["contended"]],
+        "max_foreign_load_cores": max(r["foreign_load_cores"] for r in [*runs["workers_1"], *runs["workers_2"],
+                                                                        *mem_runs.values()]),
     }
     ratio_1 = e2e["workers_1"]["cpu_ratio_vs_irreducible"]
     ratio_2 = e2e["workers_2"]["cpu_ratio_vs_irreducible"]
@@ -696,7 +804,8 @@ def main(argv=None) -> int:
         "cpu_ratio_workers_2": {"value": ratio_2, "target": f"<= {TARGETS['cpu_ratio_max']}",
                                 "pass": ratio_2 <= TARGETS["cpu_ratio_max"]},
         "scaling_speedup_2_workers": {"value": speedup, "target": f">= {TARGETS['scaling_speedup_min']}",
-                                      "pass": speedup >= TARGETS["scaling_speedup_min"]},
+                                      "pass": speedup >= TARGETS["scaling_speedup_min"],
+                                      "contended": any(r["contended"] for rs in runs.values() for r in rs)},
         "memory_ratio_x4_parts_4": {"value": memory_ratio, "target": f"<= {TARGETS['memory_ratio_max']}",
                                     "pass": memory_ratio <= TARGETS["memory_ratio_max"]},
         "shards_identical_1_vs_2_workers": {"value": checks["shards_identical_1_vs_2_workers"], "target": "true",
@@ -708,15 +817,11 @@ def main(argv=None) -> int:
                                                   "scaling_speedup_2_workers"))
     diagnostics = None
     if args.diagnose if args.diagnose is not None else (not args.quick and missed):
-        diagnostics = {}
-        for mode, beam in modes.items():
-            diagnostics[f"stages_{mode}"] = d = stage_breakdown(inputs, tokenizer, work, mode, beam)
-            say(f"stages {mode}: " + ", ".join(f"{k} {v['cpu_s']:.1f} CPU-s/{v['wall_s']:.1f} s"
-                                               for k, v in d["by_stage"].items())
-                + f", outside Beam {d['driver_outside_beam_cpu_s']:.1f} CPU-s")
-        say("profiling the in-memory run with cProfile")
-        diagnostics["profile_workers_1"] = profile_in_memory(inputs, tokenizer, work)
-        say(f"profile written: {diagnostics['profile_workers_1']['pstats']}")
+        try:
+            diagnostics = diagnose(inputs, x4, tokenizer, work, modes, mem_runs, irr, say)
+        except Exception as exc:  # noqa: BLE001 - the measurements above are worth keeping anyway
+            diagnostics = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            say(f"diagnostics failed: {diagnostics['error'][:300]}")
 
     results = {
         "benchmark": "preprocess",
@@ -725,6 +830,9 @@ def main(argv=None) -> int:
         "repetitions": reps,
         "machine": machine,
         "versions": versions(),
+        "source_sha256": source_at_start,
+        "source_changed_during_run": source_digest() != source_at_start,
+        "note": args.note,
         "config": CONFIG,
         "tokenizer": {"kind": "sentencepiece", "vocab_size": VOCAB_SIZE, "lowercase": True, **tok_info},
         "input": describe_inputs(inputs) | {
@@ -778,14 +886,27 @@ def main(argv=None) -> int:
              f"({memory['x4_parts_1']['rss_ratio_vs_x1']:.2f}x)") if "x4_parts_1" in memory else ""
     print(f"  memory: 1x {_mib(base_rss)} MiB, 4x --parts 4 {_mib(memory['x4_parts_4']['peak_tree_rss_bytes'])} MiB, "
           f"ratio {memory_ratio:.2f} [{ok('memory_ratio_x4_parts_4')} <= 1.25]{extra}")
-    if diagnostics:
+    if diagnostics and "error" not in diagnostics:
         for mode in modes:
             d = diagnostics[f"stages_{mode}"]
             print(f"  stages {mode}: " + ", ".join(f"{k} {v['cpu_s']:.1f} CPU-s / {v['wall_s']:.1f} s wall"
                                                   for k, v in d["by_stage"].items())
                   + f", driver outside Beam {d['driver_outside_beam_cpu_s']:.1f} CPU-s")
-        top = list(diagnostics["profile_workers_1"]["by_package_tottime_s"].items())[:6]
-        print("  profile (tottime by package, cProfile-inflated): " + ", ".join(f"{k} {v:.1f}s" for k, v in top))
+        dv = diagnostics["derived"]
+        print(f"  documents stage / irreducible {dv['documents_stage_cpu_over_irreducible_workers_1']:.2f}, "
+              f"instances stage / irreducible {dv['instances_stage_cpu_over_irreducible_workers_1']:.2f}, "
+              f"ratio if instances were free {dv['cpu_ratio_workers_1_if_instances_were_free']:.2f}")
+        if "scaling_x4_parts_1" in diagnostics:
+            sx = diagnostics["scaling_x4_parts_1"]
+            print(f"  4x input scaling: {sx['wall_1_worker_s']:.1f} s -> {sx['wall_2_workers_s']:.1f} s = "
+                  f"{sx['speedup']:.2f}x")
+        top = list(diagnostics["profile_workers_1"]["by_package_self_time_s"].items())[:8]
+        print("  profile (self time by package, C calls counted to their caller; cProfile-inflated): " + ", ".join(f"{k} {v:.1f}s" for k, v in top))
+    if results["source_changed_during_run"]:
+        print("  WARNING: preprocess/ or configs/ changed while the benchmark ran: the figures mix code versions")
+    if checks["contended_runs"]:
+        print(f"  WARNING: other processes used up to {checks['max_foreign_load_cores']:.2f} cores during "
+              f"{', '.join(checks['contended_runs'])}: wall times and the speed-up are skewed")
     print(f"  results: {out_file.relative_to(REPO) if out_file.is_relative_to(REPO) else out_file}")
     print()
     print("| Machine | Corpus tokens | Tokens/CPU-s | CPU / irreducible | Wall 1 w | Wall 2 w | Speed-up | "

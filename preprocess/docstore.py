@@ -78,17 +78,17 @@ class Bucket:
     token_starts: np.ndarray    # document i is tokens[token_starts[i]:token_starts[i + 1]]
     sentence_lengths: list[np.ndarray]
     duplicates: list[tuple[str, str]]  # (doc_id, source) of dropped copies
+    _offsets: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.doc_ids)
 
     def document(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """(flat tokens, sentence offsets) of the document at ``rank`` within the bucket."""
-        tokens = self.tokens[self.token_starts[rank]:self.token_starts[rank + 1]]
-        lengths = self.sentence_lengths[rank]
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        return tokens, offsets
+        if self._offsets is None:
+            self._offsets = [np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+                             for lengths in self.sentence_lengths]
+        return self.tokens[self.token_starts[rank]:self.token_starts[rank + 1]], self._offsets[rank]
 
 
 def load_bucket(work: str, bucket: int) -> Bucket:

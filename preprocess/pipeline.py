@@ -26,14 +26,13 @@ from dataclasses import asdict
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from preprocess import configlib, docstore, schema, shards, sources, storage, transforms
+from preprocess import configlib, schema, shards, sources, stages, storage, transforms
 from preprocess.config import PreprocessConfig
 from preprocess.records import InputError
 
 LOG = logging.getLogger("preprocess")
 FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRunner"
-BYTES_PER_BUCKET = 4 << 20     # input bytes per document-store bucket (bounds what one worker loads)
-ROWS_PER_GROUP = 16384         # instances per key-range group (bounds what one shard writer sorts)
+BYTES_PER_BUCKET = 256 << 10   # input bytes per document-store bucket: small units balance workers
 
 
 def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions:
@@ -139,10 +138,6 @@ def _publish(staging: str, output: str) -> None:
         storage.remove_tree(trash)
 
 
-def _read_metas(prefix: str) -> dict[str, dict]:
-    return {uri: storage.read_json(uri) for uri in storage.list_files(prefix) if uri.endswith(".json")}
-
-
 def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokenizer: str, output: str,
         beam_args: list[str] = (), overwrite: bool = False, progress: bool | None = None,
         verbose: bool = False) -> dict:
@@ -179,72 +174,55 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
         bar = tqdm(total=steps, desc="preprocess", unit="stage", file=sys.stderr,
                    disable=not (progress if progress is not None else sys.stderr.isatty()))
 
-        for part, part_files in enumerate(file_parts):
-            bar.set_postfix_str(f"documents part {part + 1}/{len(file_parts)}")
-            _run_beam(options, log, lambda p, part=part, part_files=part_files: (
-                p | "Files" >> beam.Create(part_files)
-                | transforms.BuildDocumentStore(cfg.sources, tokenizer_uri, bucket_bits, work, part, tok.vocab_size)))
+        out_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, {
+            "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]})
+        documents = lambda part, part_files: transforms.BuildDocumentStore(  # noqa: E731
+            cfg.sources, tokenizer_uri, bucket_bits, work, part, tok.vocab_size)
+        index = stages.IndexCorpus(work, num_buckets, cfg.instances)
+        instances = lambda part: transforms.CreateInstances(  # noqa: E731
+            tokenizer_uri, work, cfg.instances, cfg.seed, part, tok.vocab_size, tok.mask_id)
+        write_shards = stages.WriteShards(work, staging, cfg.output, cfg.parts, out_schema)
+        if cfg.parts == 1:
+            # One pipeline: worker processes start once, and stages overlap where the runner allows.
+            bar.set_postfix_str("one pipeline")
+            _run_beam(options, log, lambda p: (
+                p | "Files" >> beam.Create(file_parts[0]) | documents(0, file_parts[0]) | index | instances(0)
+                | write_shards))
+            bar.update(steps)
+        else:
+            for part, part_files in enumerate(file_parts):
+                bar.set_postfix_str(f"documents part {part + 1}/{len(file_parts)}")
+                _run_beam(options, log, lambda p, part=part, part_files=part_files: (
+                    p | "Files" >> beam.Create(part_files) | documents(part, part_files)))
+                bar.update()
+            bar.set_postfix_str("index")
+            _run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | index)
             bar.update()
-
-        bar.set_postfix_str("index")
-        index_uri = storage.join(work, "index.json")
-        _run_beam(options, log, lambda p: (
-            p | "Buckets" >> beam.Create(list(range(num_buckets)))
-            | "Count" >> beam.ParDo(transforms.CountBucket(work))
-            | "One" >> beam.Map(lambda row: (0, row)) | "All" >> beam.GroupByKey()
-            | "Write" >> beam.Map(lambda kv: storage.write_json(index_uri, sorted(kv[1])))))
-        bar.update()
-        counts = {bucket: (count, dups) for bucket, count, dups in storage.read_json(index_uri)}
-        bucket_offsets = [0]
-        for bucket in range(num_buckets):
-            bucket_offsets.append(bucket_offsets[-1] + counts.get(bucket, (0, []))[0])
-        num_docs = bucket_offsets[-1]
-        doc_metas = list(_read_metas(storage.join(work, "docs")).values())
-        corpus = {"sentences": sum(m["sentences"] for m in doc_metas), "tokens": sum(m["tokens"] for m in doc_metas)}
-        if num_docs < 2:
-            raise InputError(f"only {num_docs} usable document(s) in the input; next-sentence prediction needs "
-                             "at least 2 (check the inputs and sources.min_document_* settings)")
-
-        est_rows = corpus["tokens"] * cfg.instances.dupe_factor / max(1, cfg.instances.max_seq_length - 3)
-        group_bits = min(20, _bits_for(est_rows / ROWS_PER_GROUP))
-        mask_id = tok.mask_id
-        for part in range(cfg.parts):
-            bar.set_postfix_str(f"instances part {part + 1}/{cfg.parts}")
-            lo, hi = part * num_buckets // cfg.parts, (part + 1) * num_buckets // cfg.parts
-            part_buckets = [b for b in range(lo, hi) if counts.get(b, (0, []))[0]]
-            if part_buckets:
-                _run_beam(options, log, lambda p, part=part, part_buckets=part_buckets: (
-                    p | "Buckets" >> beam.Create(part_buckets)
-                    | transforms.CreateInstances(tokenizer_uri, work, cfg.instances, cfg.seed, bucket_offsets,
-                                                 group_bits, part, tok.vocab_size, mask_id)))
+            non_empty = {b for b, count, _ in storage.read_json(storage.join(work, transforms.INDEX_NAME))["counts"]
+                         if count}
+            for part in range(cfg.parts):
+                bar.set_postfix_str(f"instances part {part + 1}/{cfg.parts}")
+                lo, hi = part * num_buckets // cfg.parts, (part + 1) * num_buckets // cfg.parts
+                part_buckets = [b for b in range(lo, hi) if b in non_empty]
+                if part_buckets:
+                    _run_beam(options, log, lambda p, part=part, part_buckets=part_buckets: (
+                        p | "Buckets" >> beam.Create(part_buckets) | instances(part)))
+                bar.update()
+            bar.set_postfix_str("shards")
+            _run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | write_shards)
             bar.update()
-
-        group_rows = [0] * (1 << group_bits)
-        stats: dict = {}
-        for uri, meta in _read_metas(storage.join(work, "pieces")).items():
-            group = int(uri.replace("\\", "/").split("/")[-2][1:])
-            group_rows[group] += meta["rows"]
-            stats = shards.merge_counts(stats, meta["stats"])
-        total_rows = sum(group_rows)
-        planned = sum(m["instances"] for m in _read_metas(storage.join(work, "planned")).values())
-        if planned != total_rows:
-            raise RuntimeError(f"{planned} instances were planned but {total_rows} written: the runner lost or "
-                               "duplicated elements, so nothing was published")
-        num_shards = cfg.output.num_shards or max(1, math.ceil(total_rows / cfg.output.target_rows_per_shard))
-        metadata = {"max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]}
-        out_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, metadata)
-        shard_meta_dir = storage.join(work, "shards")
-        parts = cfg.parts
-        bar.set_postfix_str(f"{num_shards} shards")
-        _run_beam(options, log, lambda p: (
-            p | "Shards" >> beam.Create(list(range(num_shards)))
-            | "Spread" >> beam.Reshuffle()
-            | "Assemble" >> beam.Map(lambda s: storage.write_json(
-                storage.join(shard_meta_dir, f"s{s:06d}.json"),
-                shards.assemble_shard(work, staging, s, num_shards, group_rows, parts, out_schema)))))
-        bar.update()
         bar.close()
-        shard_entries = sorted(_read_metas(shard_meta_dir).values(), key=lambda e: e["name"])
+
+        index_data = storage.read_json(storage.join(work, transforms.INDEX_NAME))
+        counts = {b: (c, d) for b, c, d in index_data["counts"]}
+        num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
+        doc_metas = list(stages.read_metas(storage.join(work, "docs")).values())
+        stats: dict = {}
+        for meta in stages.read_metas(storage.join(work, "pieces")).values():
+            stats = shards.merge_counts(stats, meta["stats"])
+        total_rows = sum(storage.read_json(storage.join(work, stages.SHARD_PLAN_NAME))["group_rows"])
+        shard_meta_dir = storage.join(work, "shards")
+        shard_entries = sorted(stages.read_metas(shard_meta_dir).values(), key=lambda e: e["name"])
 
         dead_letters = sorted((dl for m in doc_metas for dl in m["dead_letters"]),
                               key=lambda d: (d["source"], d["doc_id"]))

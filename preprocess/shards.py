@@ -18,38 +18,58 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from preprocess import schema, storage
-from preprocess.docstore import _list_array, read_table, write_table
+from preprocess.docstore import read_table, write_table
 
 HISTOGRAM_BIN = 16  # sequence-length histogram bin width, in tokens
-
-# (order_key, tiebreak, input_ids, segment_a_len, masked_positions, masked_labels, nsp, doc_a, doc_b, truncated)
-InstanceRecord = tuple
-
-
-def group_of(order_key: int, group_bits: int) -> int:
-    return order_key >> (64 - group_bits) if group_bits else 0
-
 
 def piece_uri(work: str, group: int, part: int) -> str:
     return storage.join(work, "pieces", f"g{group:06d}", f"p{part:04d}.arrow")
 
 
-def pieces_table(records: list[InstanceRecord], vocab_size: int) -> pa.Table:
-    """Rows sorted by shuffle key, with the key columns kept for the final merge."""
-    records = sorted(records, key=lambda r: (r[0], r[1]))
-    tok = schema.token_numpy_dtype(vocab_size)
+def _ragged(flat: np.ndarray, lengths: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, value_type))
+
+
+def batch_table(finalized, keys, next_label: np.ndarray, doc_a, doc_b: list[str], vocab_size: int) -> pa.Table:
+    """A finished batch (preprocess.batch.FinalizedBatch) as rows of the piece schema."""
+    n = len(finalized.lengths)
+    tok = schema.token_type(vocab_size)
+    doc_a = pa.array([doc_a] * n if isinstance(doc_a, str) else doc_a, pa.string())
     return pa.table({
-        "order_key": pa.array([r[0] for r in records], pa.uint64()),
-        "tiebreak": pa.array([r[1] for r in records], pa.uint64()),
-        "input_ids": _list_array([np.frombuffer(r[2], tok) for r in records], schema.token_type(vocab_size)),
-        "segment_a_len": pa.array([r[3] for r in records], pa.int32()),
-        "masked_positions": _list_array([np.frombuffer(r[4], np.uint16) for r in records], pa.uint16()),
-        "masked_labels": _list_array([np.frombuffer(r[5], tok) for r in records], schema.token_type(vocab_size)),
-        "next_sentence_label": pa.array([r[6] for r in records], pa.int8()),
-        "doc_a": pa.array([r[7] for r in records], pa.string()),
-        "doc_b": pa.array([r[8] for r in records], pa.string()),
-        "truncated": pa.array([r[9] for r in records], pa.bool_()),
+        "order_key": pa.array(keys.order, pa.uint64()),
+        "tiebreak": pa.array(keys.tiebreak, pa.uint64()),
+        "input_ids": _ragged(finalized.input_ids, finalized.lengths, tok),
+        "segment_a_len": pa.array(finalized.segment_a_len.astype(np.int32), pa.int32()),
+        "masked_positions": _ragged(finalized.masked_positions.astype(np.uint16), finalized.masked_counts, pa.uint16()),
+        "masked_labels": _ragged(finalized.masked_labels, finalized.masked_counts, tok),
+        "next_sentence_label": pa.array(next_label, pa.int8()),
+        "doc_a": doc_a,
+        "doc_b": pa.array(doc_b, pa.string()),
+        "truncated": pa.array(finalized.truncated, pa.bool_()),
     })
+
+
+def group_of_keys(order_keys: np.ndarray, group_bits: int) -> np.ndarray:
+    if not group_bits:
+        return np.zeros(len(order_keys), np.int64)
+    return (np.asarray(order_keys, np.uint64) >> np.uint64(64 - group_bits)).astype(np.int64)
+
+
+def sort_by_key(table: pa.Table) -> pa.Table:
+    return table.take(pc.sort_indices(table, [("order_key", "ascending"), ("tiebreak", "ascending")]))
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    return ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 def instance_stats(table: pa.Table, mask_id: int) -> dict:
@@ -120,8 +140,7 @@ def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, grou
         if rows and end > lo and start < hi:
             uris = [piece_uri(work, group, p) for p in range(parts)]
             present = [u for u in uris if storage.exists(u)]
-            table = pa.concat_tables([read_table(u) for u in present])
-            table = table.take(pc.sort_indices(table, [("order_key", "ascending"), ("tiebreak", "ascending")]))
+            table = sort_by_key(pa.concat_tables([read_table(u) for u in present]))
             tables.append(table.slice(max(lo - start, 0), min(hi, end) - max(lo, start)))
         start = end
     rows_table = pa.concat_tables(tables) if tables else None
@@ -145,5 +164,5 @@ def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, grou
             "tokens": int(pc.sum(pc.list_value_length(shard_table.column("input_ids"))).as_py() or 0)}
 
 
-__all__ = ["assemble_shard", "instance_stats", "merge_counts", "pieces_table", "piece_uri", "shard_bounds",
-           "shard_name", "group_of", "write_table"]
+__all__ = ["assemble_shard", "batch_table", "from_ipc", "group_of_keys", "instance_stats", "merge_counts",
+           "piece_uri", "shard_bounds", "shard_name", "sort_by_key", "to_ipc", "write_table"]

@@ -6,17 +6,21 @@ size) are constructor arguments computed by the driver between stages, not side 
 """
 from __future__ import annotations
 
-import bisect
-
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from preprocess import docstore, shards, sources, storage, text
 from preprocess.config import InstanceConfig, SourceConfig
-from preprocess.hashing import document_hash, rng_for, stable_hash64
-from preprocess.instances import InstancePlan, MaskingVocab, finalize_instance, plan_instances
+from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
+from preprocess.hashing import document_hash, rng_for
+from preprocess.instances import MaskingVocab, plan_instances
 from preprocess.records import RawDocument, Rejected
+
+
+INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts
+CHUNK_ROWS = 8192  # instances finalised at once (bounds the masking matrices)
 
 
 def _rejected_tuple(rejected: Rejected) -> tuple:
@@ -117,86 +121,147 @@ class CountBucket(beam.DoFn):
 
 
 class _BuildsInstances(_UsesTokenizer):
-    def __init__(self, tokenizer_uri: str, work: str, cfg: InstanceConfig, seed: int,
-                 bucket_offsets: list[int], group_bits: int):
+    """Reads the corpus index (written by the index stage) on first use, when it is sure to exist."""
+
+    def __init__(self, tokenizer_uri: str, work: str, cfg: InstanceConfig, seed: int):
         super().__init__(tokenizer_uri)
         self._work, self._cfg, self._seed = work, cfg, seed
-        self._offsets = bucket_offsets       # global index of each bucket's first document, plus the total
-        self._group_bits = group_bits
+        self._index = None
         self._instances = Metrics.counter("preprocess", "instances")
 
     def setup(self):
         super().setup()
         self.vocab = MaskingVocab.from_tokenizer(self.tokenizer)
 
-    def _locate(self, global_index: int) -> tuple[int, int]:
-        bucket = bisect.bisect_right(self._offsets, global_index) - 1
-        return bucket, global_index - self._offsets[bucket]
+    def _load_index(self):
+        if self._index is None:
+            self._index = storage.read_json(storage.join(self._work, INDEX_NAME))
 
-    def _record(self, instance, doc_id: str, dupe: int, index: int, doc_b: str):
-        key = stable_hash64(self._seed, "order", doc_id, dupe, index)
-        tiebreak = stable_hash64(self._seed, "tiebreak", doc_id, dupe, index)
-        self._instances.inc()
-        record = (key, tiebreak, instance.input_ids.tobytes(), instance.segment_a_len,
-                  instance.masked_positions.astype(np.uint16).tobytes(), instance.masked_labels.tobytes(),
-                  instance.next_sentence_label, doc_id, doc_b, instance.truncated)
-        return shards.group_of(key, self._group_bits), record
+    def _offsets(self) -> list[int]:
+        """Global index of each bucket's first document, plus the corpus size."""
+        self._load_index()
+        return self._index["bucket_offsets"]
+
+    def _group_bits(self) -> int:
+        self._load_index()
+        return self._index["group_bits"]
+
+    def _locate(self, global_index):
+        bucket = np.searchsorted(np.asarray(self._offsets()), global_index, side="right") - 1
+        return bucket, global_index - np.asarray(self._offsets())[bucket]
+
+    def _emit(self, finalized, keys, next_label, doc_a, doc_b):
+        """Split a finished batch into one Arrow record batch per key-range group."""
+        table = shards.batch_table(finalized, keys, next_label, doc_a, doc_b, self.tokenizer.vocab_size)
+        groups = shards.group_of_keys(keys.order, self._group_bits())
+        self._instances.inc(table.num_rows)
+        for group in np.unique(groups):
+            yield int(group), shards.to_ipc(table.filter(pa.array(groups == group)))
 
 
 class PlanAndBuildInstances(_BuildsInstances):
-    """bucket -> ("done", (group, record)) for actual-next pairs, ("request", (bucket, request)) for random."""
+    """bucket -> ("done", (group, batch)) for actual-next pairs, ("request", (bucket, requests)) for random.
+
+    Work is batched per bucket: one vectorised finalisation for all its actual-next instances and one
+    request payload per target bucket, which keeps Beam's per-element cost out of the hot path.
+    """
 
     def process(self, bucket):
         loaded = docstore.load_bucket(self._work, bucket)
-        num_docs = self._offsets[-1]
-        planned = 0
+        num_docs = self._offsets()[-1]
+        actual, random_next = [], []   # (rank, keys, plans)
         for rank, doc_id in enumerate(loaded.doc_ids):
-            tokens, offsets = loaded.document(rank)
-            for dupe in range(self._cfg.dupe_factor):
-                plans = plan_instances(offsets, self._offsets[bucket] + rank, num_docs,
-                                       rng_for(self._seed, "plan", doc_id, dupe), self._cfg)
-                planned += len(plans)
-                for plan in plans:
-                    if plan.is_random_next:
-                        target_bucket, _ = self._locate(plan.random_doc)
-                        request = (doc_id, dupe, plan.index, tokens[plan.a_start:plan.a_end].tobytes(),
-                                   plan.target_b_length, plan.random_doc)
-                        yield "request", (target_bucket, request)
-                        continue
-                    rng = rng_for(self._seed, "instance", doc_id, dupe, plan.index)
-                    instance = finalize_instance(plan, tokens, tokens, None, rng, self._cfg, self.vocab)
-                    yield "done", self._record(instance, doc_id, dupe, plan.index, doc_id)
+            offsets = loaded.document(rank)[1]
+            plans = [(dupe, plan) for dupe in range(self._cfg.dupe_factor)
+                     for plan in plan_instances(offsets, self._offsets()[bucket] + rank, num_docs,
+                                                rng_for(self._seed, "plan", doc_id, dupe), self._cfg)]
+            keys = instance_keys(self._seed, doc_id, plans)
+            is_random = np.asarray([p.is_random_next for _, p in plans], bool)
+            for selected, bucket_list in ((~is_random, actual), (is_random, random_next)):
+                rows = np.flatnonzero(selected)
+                if len(rows):
+                    bucket_list.append((rank, keys.take(rows), [plans[r][1] for r in rows]))
+        planned = sum(len(p) for _, _, p in actual) + sum(len(p) for _, _, p in random_next)
+        if actual:
+            yield from (("done", item) for item in self._finish_actual(loaded, actual))
+        if random_next:
+            yield from self._requests(loaded, random_next)
         # The driver checks that every planned instance reached a piece before it publishes anything.
         storage.write_json(storage.join(self._work, "planned", f"b{bucket:06d}.json"), {"instances": planned})
 
+    def _finish_actual(self, loaded, actual):
+        keys = InstanceKeys.concat([k for _, k, _ in actual])
+        base = np.concatenate([np.full(len(p), loaded.token_starts[rank]) for rank, _, p in actual])
+        ranges = np.asarray([(p.a_start, p.a_end, p.b_start, p.b_end) for _, _, plans in actual for p in plans],
+                            np.int64) + base[:, None]
+        doc_a = [loaded.doc_ids[rank] for rank, _, plans in actual for _ in plans]
+        for start in range(0, len(ranges), CHUNK_ROWS):
+            rows = slice(start, start + CHUNK_ROWS)
+            finalized = finalize_batch(loaded.tokens, ranges[rows, :2], ranges[rows, 2:], keys.random[rows],
+                                       self._cfg, self.vocab)
+            chunk_keys = keys.take(np.arange(len(ranges))[rows])
+            yield from self._emit(finalized, chunk_keys, np.zeros(len(chunk_keys.order), np.int8), doc_a[rows],
+                                  doc_a[rows])
+
+    def _requests(self, loaded, random_next):
+        keys = InstanceKeys.concat([k for _, k, _ in random_next])
+        plans = [(rank, p) for rank, _, ps in random_next for p in ps]
+        targets = np.asarray([p.random_doc for _, p in plans], np.int64)
+        a_ranges = np.asarray([(p.a_start, p.a_end) for _, p in plans], np.int64) + \
+            loaded.token_starts[np.asarray([rank for rank, _ in plans])][:, None]
+        target_buckets, _ = self._locate(targets)
+        for bucket in np.unique(target_buckets):
+            rows = np.flatnonzero(target_buckets == bucket)
+            lengths = a_ranges[rows, 1] - a_ranges[rows, 0]
+            yield "request", (int(bucket), {
+                "doc_a": [loaded.doc_ids[plans[r][0]] for r in rows], "keys": keys.take(rows),
+                "targets": targets[rows],
+                "target_b_length": np.asarray([plans[r][1].target_b_length for r in rows], np.int64),
+                "a_tokens": loaded.tokens[ragged_arange(a_ranges[rows, 0], lengths)], "a_lengths": lengths})
+
 
 class ResolveRandomNext(_BuildsInstances):
-    """(bucket, [requests]) -> (group, record): B drawn from the requested document of this bucket."""
+    """(bucket, [requests]) -> (group, batch): B drawn from the requested documents of this bucket."""
 
     def process(self, element):
         bucket, requests = element
         loaded = docstore.load_bucket(self._work, bucket)
-        dtype = loaded.tokens.dtype
-        for doc_id, dupe, index, tokens_a, target_b_length, random_doc in sorted(requests):
-            _, rank = self._locate(random_doc)
-            b_tokens, b_offsets = loaded.document(rank)
-            a_tokens = np.frombuffer(tokens_a, dtype=dtype)
-            plan = InstancePlan(index=index, a_start=0, a_end=len(a_tokens), b_start=0, b_end=0, is_random_next=True,
-                                target_b_length=target_b_length, random_doc=random_doc)
-            rng = rng_for(self._seed, "instance", doc_id, dupe, index)
-            instance = finalize_instance(plan, a_tokens, b_tokens, b_offsets, rng, self._cfg, self.vocab)
-            yield self._record(instance, doc_id, dupe, index, loaded.doc_ids[rank])
+        chunk, rows = [], 0
+        for request in requests:
+            chunk.append(request)
+            rows += len(request["targets"])
+            if rows >= CHUNK_ROWS:
+                yield from self._resolve(loaded, bucket, chunk)
+                chunk, rows = [], 0
+        if chunk:
+            yield from self._resolve(loaded, bucket, chunk)
+
+    def _resolve(self, loaded, bucket, requests):
+        keys = InstanceKeys.concat([r["keys"] for r in requests])
+        doc_a = [doc for r in requests for doc in r["doc_a"]]
+        ranks = np.concatenate([r["targets"] for r in requests]) - self._offsets()[bucket]
+        a_lengths = np.concatenate([r["a_lengths"] for r in requests])
+        a_tokens = np.concatenate([r["a_tokens"] for r in requests]).astype(loaded.tokens.dtype)
+        a_end = np.cumsum(a_lengths)
+        b_local = random_segments([loaded.document(int(rank))[1] for rank in ranks],
+                                  np.concatenate([r["target_b_length"] for r in requests]), keys.random)
+        b_ranges = b_local + (loaded.token_starts[ranks] + len(a_tokens))[:, None]
+        pool = np.concatenate([a_tokens, loaded.tokens])
+        finalized = finalize_batch(pool, np.stack([a_end - a_lengths, a_end], axis=1), b_ranges, keys.random,
+                                   self._cfg, self.vocab)
+        yield from self._emit(finalized, keys, np.ones(len(ranks), np.int8), doc_a,
+                              [loaded.doc_ids[int(rank)] for rank in ranks])
 
 
 class WritePieceGroup(beam.DoFn):
-    """(group, [records]) -> pieces/gNNNNNN/pPPPP.arrow (sorted by key) + .json (rows, statistics)."""
+    """(group, [record batches]) -> pieces/gNNNNNN/pPPPP.arrow (sorted by key) + .json (rows, statistics)."""
 
     def __init__(self, work: str, part: int, vocab_size: int, mask_id: int):
         self._work, self._part, self._vocab_size, self._mask_id = work, part, vocab_size, mask_id
 
     def process(self, element):
-        group, records = element
-        table = shards.pieces_table(list(records), self._vocab_size)
+        group, batches = element
+        table = shards.sort_by_key(pa.concat_tables([shards.from_ipc(b) for b in batches]))
         uri = shards.piece_uri(self._work, group, self._part)
         docstore.write_table(uri, table)
         storage.write_json(uri[:-len(".arrow")] + ".json",
@@ -207,10 +272,9 @@ class WritePieceGroup(beam.DoFn):
 class CreateInstances(beam.PTransform):
     """Buckets of this part -> instances written as sorted pieces, random next resolved by a keyed join."""
 
-    def __init__(self, tokenizer_uri, work, cfg: InstanceConfig, seed, bucket_offsets, group_bits, part,
-                 vocab_size, mask_id):
+    def __init__(self, tokenizer_uri, work, cfg: InstanceConfig, seed, part, vocab_size, mask_id):
         super().__init__()
-        self._args = (tokenizer_uri, work, cfg, seed, bucket_offsets, group_bits)
+        self._args = (tokenizer_uri, work, cfg, seed)
         self._part, self._vocab_size, self._mask_id, self._work = part, vocab_size, mask_id, work
 
     def expand(self, buckets):
@@ -235,6 +299,7 @@ class BuildDocumentStore(beam.PTransform):
 
     def expand(self, files):
         return (files
+                | "SpreadFiles" >> beam.Reshuffle()  # files to different workers, not all read by one
                 | "Read" >> beam.ParDo(ReadSourceFile(self._cfg))
                 | "Spread" >> beam.Reshuffle()
                 | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bz2
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -137,12 +138,11 @@ def test_interrupted_run_publishes_nothing_and_a_rerun_succeeds(tmp_path, real_w
     proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     staging = out.with_name(out.name + ".incomplete")
+    # Kill it mid-run: once the corpus index exists, instances and shards are still to come.
     deadline = time.time() + 120
-    while not (staging / "_work").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+    while not (staging / "_work" / "index.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
     assert proc.poll() is None, "the run finished before it could be interrupted"
-    time.sleep(1.0)
-    import os
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert not out.exists(), "a killed run must not leave a dataset under the output name"

@@ -1,14 +1,13 @@
-"""Properties of the pure BERT instance recipe, with fixed RNGs."""
+"""Properties of the BERT instance recipe: planning (pure, explicit RNG) and vectorised finalisation."""
 import random
 
 import numpy as np
 import pytest
 
+from preprocess.batch import (finalize_batch, random_bits, random_segments, ragged_arange, truncation_counts)
 from preprocess.config import InstanceConfig
-from preprocess.hashing import rng_for, stable_hash64
-from preprocess.instances import (MaskingVocab, create_masked_lm_predictions, draw_other_document,
-                                  finalize_instance, plan_instances, sentence_offsets, take_random_segment,
-                                  truncate_seq_pair)
+from preprocess.hashing import stable_hash64
+from preprocess.instances import MaskingVocab, draw_other_document, plan_instances, sentence_offsets
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB_SIZE = 1000
@@ -27,37 +26,159 @@ def make_document(rng: random.Random, num_sentences: int, lo=5, hi=30):
     return tokens, sentence_offsets(lengths)
 
 
-def build_all(tokens, offsets, cfg, vocab, seed=1, doc_index=0, num_docs=10, other=None):
-    """Plan and finalize every instance of one document; random B comes from ``other``."""
-    instances = []
-    plans = plan_instances(offsets, doc_index, num_docs, rng_for(seed, "plan"), cfg)
-    for plan in plans:
-        rng = rng_for(seed, "instance", plan.index)
-        if plan.is_random_next:
-            o_tokens, o_offsets = other
-            instances.append((plan, finalize_instance(plan, tokens, o_tokens, o_offsets, rng, cfg, vocab)))
+def keys_for(n, salt=0):
+    return random_bits(np.full(n, 12345 + salt, np.uint64), 0, np.arange(n, dtype=np.uint64))
+
+
+def rows(batch):
+    """Split a FinalizedBatch into per-row tuples for assertions."""
+    starts = np.concatenate([[0], np.cumsum(batch.lengths)])
+    m_starts = np.concatenate([[0], np.cumsum(batch.masked_counts)])
+    for i in range(len(batch.lengths)):
+        yield (batch.input_ids[starts[i]:starts[i + 1]], int(batch.segment_a_len[i]),
+               batch.masked_positions[m_starts[i]:m_starts[i + 1]], batch.masked_labels[m_starts[i]:m_starts[i + 1]],
+               bool(batch.truncated[i]))
+
+
+def reference_truncate(la, lb, max_tokens):
+    """google-research/bert's truncate_seq_pair, counting removals instead of flipping coins."""
+    ta = tb = 0
+    while la + lb > max_tokens:
+        if la > lb:
+            la, ta = la - 1, ta + 1
         else:
-            instances.append((plan, finalize_instance(plan, tokens, tokens, None, rng, cfg, vocab)))
-    return instances
+            lb, tb = lb - 1, tb + 1
+    return ta, tb
 
 
-def test_instances_are_well_formed_and_within_max_length():
+def test_truncation_counts_match_the_reference_loop():
+    lengths = [(a, b) for a in range(0, 60, 3) for b in range(0, 60, 4)]
+    la, lb = np.asarray(lengths).T
+    ta, tb = truncation_counts(la, lb, 40)
+    assert [tuple(x) for x in zip(ta, tb)] == [reference_truncate(a, b, 40) for a, b in lengths]
+
+
+def test_planned_instances_finalize_well_formed():
     cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
-    vocab = make_vocab()
-    rng = random.Random(0)
-    doc, other = make_document(rng, 40), make_document(rng, 30)
-    built = build_all(*doc, cfg, vocab, other=other)
-    assert len(built) > 5
-    for plan, inst in built:
-        ids = inst.input_ids
+    tokens, offsets = make_document(random.Random(0), 40)
+    plans = [p for p in plan_instances(offsets, 0, 10, random.Random(1), cfg) if not p.is_random_next]
+    ranges = np.asarray([(p.a_start, p.a_end, p.b_start, p.b_end) for p in plans])
+    batch = finalize_batch(tokens, ranges[:, :2], ranges[:, 2:], keys_for(len(plans)), cfg, make_vocab())
+    assert len(plans) > 3
+    for ids, a_len, positions, labels, _ in rows(batch):
         assert len(ids) <= cfg.max_seq_length
-        assert ids[0] == CLS and ids[inst.segment_a_len - 1] == SEP and ids[-1] == SEP
-        assert inst.segment_a_len >= 3 and len(ids) - inst.segment_a_len >= 2  # A and B non-empty
-        assert list(inst.masked_positions) == sorted(set(inst.masked_positions.tolist()))
-        assert 1 <= len(inst.masked_positions) <= cfg.max_predictions_per_seq
-        special_positions = {0, inst.segment_a_len - 1, len(ids) - 1}
-        assert not special_positions & set(inst.masked_positions.tolist())
-        assert inst.next_sentence_label == int(plan.is_random_next)
+        assert ids[0] == CLS and ids[a_len - 1] == SEP and ids[-1] == SEP
+        assert a_len >= 3 and len(ids) - a_len >= 2
+        assert list(positions) == sorted(set(positions.tolist()))
+        assert 1 <= len(positions) <= cfg.max_predictions_per_seq
+        assert not {0, a_len - 1, len(ids) - 1} & set(positions.tolist())
+
+
+def test_segment_longer_than_max_length_is_truncated_from_both_ends():
+    cfg = InstanceConfig(max_seq_length=32, masked_lm_prob=0.0)
+    tokens = np.arange(5, 505, dtype=np.uint16)
+    a_ranges = np.asarray([[0, 400]] * 200)
+    b_ranges = np.asarray([[400, 500]] * 200)
+    batch = finalize_batch(tokens, a_ranges, b_ranges, keys_for(200), cfg, make_vocab())
+    firsts = set()
+    for ids, a_len, positions, labels, truncated in rows(batch):
+        assert truncated and len(ids) == 32 and a_len - 2 + len(ids) - a_len - 1 == 29
+        restored = ids.copy()
+        restored[positions] = labels
+        a = restored[1:a_len - 1]
+        assert np.all(np.diff(a.astype(int)) == 1)  # a contiguous slice of the original segment
+        firsts.add(int(a[0]))
+    assert min(firsts) > 5 and len(firsts) > 10  # trimmed from the front by varying amounts
+
+
+def test_masking_proportions_80_10_10_over_many_rows():
+    cfg = InstanceConfig(max_seq_length=128, masked_lm_prob=0.15, max_predictions_per_seq=20)
+    rng = np.random.default_rng(7)
+    n = 4000
+    tokens = rng.integers(5, VOCAB_SIZE, size=n * 100).astype(np.uint16)
+    starts = np.arange(n) * 100
+    batch = finalize_batch(tokens, np.stack([starts, starts + 50], 1), np.stack([starts + 50, starts + 100], 1),
+                           keys_for(n), cfg, make_vocab())
+    counts = {"mask": 0, "same": 0, "random": 0}
+    for ids, a_len, positions, labels, _ in rows(batch):
+        assert len(positions) == min(20, round(len(ids) * 0.15))
+        shown = ids[positions]
+        counts["mask"] += int((shown == MASK).sum())
+        counts["same"] += int((shown == labels).sum())
+        counts["random"] += int(((shown != MASK) & (shown != labels)).sum())
+        assert (shown[(shown != MASK)] >= 5).all()  # random replacements are never special tokens
+    total = sum(counts.values())
+    assert abs(counts["mask"] / total - 0.8) < 0.01
+    assert abs(counts["same"] / total - 0.1) < 0.01 and abs(counts["random"] / total - 0.1) < 0.01
+
+
+def test_masked_positions_are_uniform_over_candidates():
+    cfg = InstanceConfig(max_seq_length=64, masked_lm_prob=0.15, max_predictions_per_seq=5)
+    n = 20000
+    tokens = np.full(60, 7, np.uint16)
+    batch = finalize_batch(tokens, np.asarray([[0, 30]] * n), np.asarray([[30, 60]] * n), keys_for(n, 3), cfg,
+                           make_vocab())
+    hits = np.bincount(batch.masked_positions, minlength=64)[:63]
+    candidates = [p for p in range(63) if p not in (0, 31, 62)]
+    expected = len(batch.masked_positions) / len(candidates)
+    assert hits[[0, 31, 62]].sum() == 0
+    assert np.abs(hits[candidates] - expected).max() < 5 * np.sqrt(expected)
+
+
+def test_max_predictions_caps_the_number_of_masks():
+    cfg = InstanceConfig(max_seq_length=512, masked_lm_prob=0.5, max_predictions_per_seq=7)
+    tokens = np.arange(5, 205, dtype=np.uint16)
+    batch = finalize_batch(tokens, np.asarray([[0, 100]]), np.asarray([[100, 200]]), keys_for(1), cfg, make_vocab())
+    assert batch.masked_counts.tolist() == [7]
+
+
+def test_whole_word_masking_masks_all_pieces_of_a_word():
+    cont = range(500, VOCAB_SIZE)  # ids >= 500 continue a word ("##x")
+    cfg = InstanceConfig(max_seq_length=256, whole_word_mask=True, masked_lm_prob=0.15, max_predictions_per_seq=30)
+    rng = random.Random(11)
+    words = [[rng.randrange(5, 500)] + [rng.randrange(500, VOCAB_SIZE) for _ in range(rng.randint(0, 3))]
+             for _ in range(80)]
+    tokens = np.asarray([t for w in words for t in w], np.uint16)
+    half = sum(len(w) for w in words[:40])
+    batch = finalize_batch(tokens, np.asarray([[0, half]] * 200), np.asarray([[half, len(tokens)]] * 200),
+                           keys_for(200), cfg, make_vocab(cont))
+    for ids, a_len, positions, labels, _ in rows(batch):
+        chosen = set(positions.tolist())
+        assert 0 < len(chosen) <= cfg.max_predictions_per_seq
+        pos = 1
+        for i, word in enumerate(words):
+            pos += 1 if i == 40 else 0  # the [SEP] between A and B
+            span = set(range(pos, pos + len(word)))
+            assert span <= chosen or not (span & chosen), "a word is masked entirely or not at all"
+            pos += len(word)
+
+
+def test_results_do_not_depend_on_batching():
+    """Each instance's randomness comes from its own key: one batch of 300 equals three of 100."""
+    cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    tokens, offsets = make_document(random.Random(5), 400)
+    starts = offsets[:300]
+    a = np.stack([starts, starts + 20], 1)
+    b = np.stack([starts + 20, starts + 70], 1)
+    keys = keys_for(300, 9)
+    whole = list(rows(finalize_batch(tokens, a, b, keys, cfg, make_vocab())))
+    pieces = [r for s in (slice(0, 100), slice(100, 200), slice(200, 300))
+              for r in rows(finalize_batch(tokens, a[s], b[s], keys[s], cfg, make_vocab()))]
+    for x, y in zip(whole, pieces):
+        assert all(np.array_equal(u, v) if isinstance(u, np.ndarray) else u == v for u, v in zip(x, y))
+
+
+def test_random_segment_reaches_target_or_document_end():
+    offsets = sentence_offsets([5, 5, 5, 5])
+    ranges = random_segments([offsets] * 500, np.full(500, 12), keys_for(500))
+    assert set(ranges[:, 0]) == {0, 5, 10, 15}  # every sentence can start B
+    for start, end in ranges:
+        assert start in offsets and end in offsets
+        assert end - start >= 12 or end == 20
+
+
+def test_ragged_arange():
+    assert ragged_arange(np.asarray([3, 10, 0]), np.asarray([2, 0, 3])).tolist() == [3, 4, 0, 1, 2]
 
 
 def test_actual_next_b_follows_a_in_the_document():
@@ -98,100 +219,6 @@ def test_one_sentence_document_gives_a_random_next_instance():
     cfg = InstanceConfig(max_seq_length=32)
     plans = plan_instances(sentence_offsets([7]), 2, 4, random.Random(0), cfg)
     assert len(plans) == 1 and plans[0].is_random_next and plans[0].random_doc != 2
-
-
-def test_segment_longer_than_max_length_is_truncated():
-    cfg = InstanceConfig(max_seq_length=32)
-    vocab = make_vocab()
-    tokens = np.arange(5, 505, dtype=np.uint16)  # one 500-token sentence
-    offsets = sentence_offsets([500])
-    other = (np.arange(5, 305, dtype=np.uint16), sentence_offsets([300]))
-    [(plan, inst)] = build_all(tokens, offsets, cfg, vocab, other=other)
-    assert inst.truncated and len(inst.input_ids) == cfg.max_seq_length
-
-
-def test_truncate_seq_pair_trims_the_longer_side_from_both_ends():
-    rng = random.Random(0)
-    (a0, a1), (b0, b1) = truncate_seq_pair((0, 100), (0, 10), 50, rng)
-    assert (a1 - a0) + (b1 - b0) == 50 and (b0, b1) == (0, 10)
-    assert a0 > 0 and a1 < 100  # removed from the front and from the back
-    assert truncate_seq_pair((0, 5), (0, 5), 20, rng) == ((0, 5), (0, 5))
-
-
-def test_take_random_segment_reaches_target_or_document_end():
-    offsets = sentence_offsets([5, 5, 5, 5])
-    rng = random.Random(1)
-    for _ in range(50):
-        start, end = take_random_segment(offsets, 12, rng)
-        assert start in offsets and end in offsets
-        assert end - start >= 12 or end == offsets[-1]
-
-
-def test_masking_proportions_80_10_10_over_many_draws():
-    cfg = InstanceConfig(max_seq_length=128, masked_lm_prob=0.15, max_predictions_per_seq=20)
-    vocab = make_vocab()
-    rng = random.Random(7)
-    counts = {"mask": 0, "same": 0, "random": 0}
-    total_positions = 0
-    for _ in range(2000):
-        ids = np.asarray([CLS] + [rng.randrange(5, VOCAB_SIZE) for _ in range(100)] + [SEP], dtype=np.uint16)
-        out, positions, labels = create_masked_lm_predictions(ids, rng, cfg, vocab)
-        assert len(positions) == min(cfg.max_predictions_per_seq, round(len(ids) * cfg.masked_lm_prob))
-        assert np.array_equal(labels, ids[positions])
-        total_positions += len(positions)
-        for pos in positions:
-            if out[pos] == MASK:
-                counts["mask"] += 1
-            elif out[pos] == ids[pos]:
-                counts["same"] += 1
-            else:
-                counts["random"] += 1
-                assert out[pos] >= 5  # random replacements are never special tokens
-        unmasked = np.setdiff1d(np.arange(len(ids)), positions)
-        assert np.array_equal(out[unmasked], ids[unmasked])
-    assert abs(counts["mask"] / total_positions - 0.8) < 0.01
-    # 'same' also catches the rare random draw equal to the original token.
-    assert abs(counts["same"] / total_positions - 0.1) < 0.01
-    assert abs(counts["random"] / total_positions - 0.1) < 0.01
-
-
-def test_max_predictions_caps_the_number_of_masks():
-    cfg = InstanceConfig(max_seq_length=512, masked_lm_prob=0.5, max_predictions_per_seq=7)
-    ids = np.asarray([CLS] + list(range(5, 205)) + [SEP], dtype=np.uint16)
-    _, positions, _ = create_masked_lm_predictions(ids, random.Random(0), cfg, make_vocab())
-    assert len(positions) == 7
-
-
-def test_whole_word_masking_masks_all_pieces_of_a_word():
-    # ids >= 500 are continuation pieces ("##x"); words are a start piece followed by 0-3 continuations.
-    cont = range(500, VOCAB_SIZE)
-    vocab = make_vocab(cont)
-    cfg = InstanceConfig(max_seq_length=256, whole_word_mask=True, masked_lm_prob=0.15, max_predictions_per_seq=30)
-    rng = random.Random(11)
-    for _ in range(200):
-        words = [[rng.randrange(5, 500)] + [rng.randrange(500, VOCAB_SIZE) for _ in range(rng.randint(0, 3))]
-                 for _ in range(40)]
-        ids = np.asarray([CLS] + [t for w in words for t in w] + [SEP], dtype=np.uint16)
-        _, positions, _ = create_masked_lm_predictions(ids, rng, cfg, vocab)
-        chosen = set(positions.tolist())
-        assert len(chosen) <= cfg.max_predictions_per_seq
-        pos = 1
-        for word in words:
-            span = set(range(pos, pos + len(word)))
-            assert span <= chosen or not (span & chosen), "a word is masked entirely or not at all"
-            pos += len(word)
-
-
-def test_same_seed_and_key_give_identical_instances():
-    cfg = InstanceConfig(max_seq_length=64)
-    vocab = make_vocab()
-    doc, other = make_document(random.Random(2), 25), make_document(random.Random(3), 25)
-    first = build_all(*doc, cfg, vocab, seed=9, other=other)
-    second = build_all(*doc, cfg, vocab, seed=9, other=other)
-    third = build_all(*doc, cfg, vocab, seed=10, other=other)
-    as_bytes = lambda built: [i.input_ids.tobytes() + i.masked_positions.tobytes() for _, i in built]
-    assert as_bytes(first) == as_bytes(second)
-    assert as_bytes(first) != as_bytes(third)
 
 
 def test_stable_hash_is_fixed_across_processes():

@@ -111,23 +111,26 @@ def small_store(tmp_path, bert_vocab):
         mine = [r for r in rows if docstore.bucket_of(r[0], 1) == bucket]
         docstore.write_table(f"{work}/docs/b{bucket:06d}/p0000.arrow", docstore.documents_table(mine, 30522))
     sizes = [len(docstore.load_bucket(work, b)) for b in (0, 1)]
-    return work, [0, sizes[0], sizes[0] + sizes[1]]
+    # What the index stage writes: global document offsets per bucket and the key-range group layout.
+    storage.write_json(f"{work}/{transforms.INDEX_NAME}",
+                       {"bucket_offsets": [0, sizes[0], sizes[0] + sizes[1]], "group_bits": 1})
+    return work
 
 
 def test_create_instances_resolves_random_next_across_buckets(small_store, bert_vocab):
-    work, offsets = small_store
+    work = small_store
     cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
     tok = load_tokenizer(str(bert_vocab))
     with test_pipeline() as p:
         groups = (p | beam.Create([0, 1])
-                  | transforms.CreateInstances(str(bert_vocab), work, cfg, 7, offsets, 1, 0, tok.vocab_size, tok.mask_id))
+                  | transforms.CreateInstances(str(bert_vocab), work, cfg, 7, 0, tok.vocab_size, tok.mask_id))
         assert_that(groups | beam.Distinct(), equal_to([0, 1]))
     tables = [docstore.read_table(shards.piece_uri(work, g, 0)) for g in (0, 1)]
     planned = sum(storage.read_json(f"{work}/planned/b{b:06d}.json")["instances"] for b in (0, 1))
     assert sum(t.num_rows for t in tables) == planned > 0
     for group, table in enumerate(tables):
         keys = table.column("order_key").to_pylist()
-        assert keys == sorted(keys) and {shards.group_of(k, 1) for k in keys} == {group}
+        assert keys == sorted(keys) and {int(g) for g in shards.group_of_keys(np.asarray(keys, np.uint64), 1)} == {group}
         for row in table.to_pylist():
             assert len(row["input_ids"]) <= 64 and row["input_ids"][0] == tok.cls_id
             if row["next_sentence_label"] == 1:

@@ -1,0 +1,241 @@
+"""Vectorised finalisation of BERT instances: truncation, [CLS] A [SEP] B [SEP] assembly, static masking.
+
+Randomness comes from a counter-based generator: the j-th random number of stream s for an instance
+with key k is ``splitmix64(mix(k ^ s) + j * golden)``. Each instance's draws depend only on its own
+key, so results do not depend on how instances are batched, which worker runs them, or in which order,
+while numpy does the work for a whole batch at once. The distributions are the reference recipe's:
+``truncate_seq_pair`` trims the longer segment one token at a time from a random end (the number of
+front trims of a side is then Binomial(trims, 1/2), drawn here as the popcount of random bits), and
+masking picks ``num_to_predict`` positions uniformly without replacement, then 80% [MASK] / 10% random
+token / 10% unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from preprocess.config import InstanceConfig
+from preprocess.instances import MaskingVocab
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+STREAM_B_START, STREAM_TRIM_A, STREAM_TRIM_B, STREAM_POSITIONS, STREAM_DECISION, STREAM_REPLACEMENT = range(1, 7)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def random_bits(keys: np.ndarray, stream: int, counters: np.ndarray) -> np.ndarray:
+    """uint64 random numbers for (key, counter) pairs; ``keys`` and ``counters`` broadcast."""
+    with np.errstate(over="ignore"):
+        base = _mix(np.asarray(keys, np.uint64) ^ np.uint64((stream * 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF))
+        return _mix(base + (np.asarray(counters, np.uint64) + np.uint64(1)) * _GOLDEN)
+
+
+def random_uniform(keys: np.ndarray, stream: int, counters: np.ndarray) -> np.ndarray:
+    """Doubles in [0, 1) from ``random_bits``."""
+    return (random_bits(keys, stream, counters) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def truncation_counts(len_a: np.ndarray, len_b: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens ``truncate_seq_pair`` removes from A and from B: the longer side until they are equal, then B, A, …"""
+    excess = np.maximum(len_a + len_b - max_tokens, 0)
+    first = np.minimum(excess, np.abs(len_a - len_b))
+    rest = excess - first
+    a_longer = len_a > len_b
+    return np.where(a_longer, first, 0) + rest // 2, np.where(a_longer, 0, first) + (rest + 1) // 2
+
+
+def _front_trims(keys: np.ndarray, stream: int, trims: np.ndarray) -> np.ndarray:
+    """Binomial(trims, 1/2) per instance: how many of the removed tokens come off the front."""
+    words = int(max(1, -(-int(trims.max(initial=0)) // 64)))
+    bits = random_bits(keys[:, None], stream, np.arange(words)[None, :])
+    full = trims[:, None] // 64
+    partial = trims[:, None] % 64
+    index = np.arange(words)[None, :]
+    masks = np.where(index < full, np.uint64(0xFFFFFFFFFFFFFFFF),
+                     np.where(index == full, (np.uint64(1) << partial.astype(np.uint64)) - np.uint64(1), np.uint64(0)))
+    return np.bitwise_count(bits & masks).sum(axis=1).astype(np.int64)
+
+
+def ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for every (s, n)."""
+    lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    row_starts = np.cumsum(lengths) - lengths
+    return np.repeat(np.asarray(starts, np.int64) - row_starts, lengths) + np.arange(total)
+
+
+@dataclass
+class FinalizedBatch:
+    """Ragged columns of finished instances, in input order."""
+
+    input_ids: np.ndarray          # flat, all rows
+    lengths: np.ndarray            # tokens per row
+    segment_a_len: np.ndarray
+    masked_positions: np.ndarray   # flat, ascending within a row
+    masked_counts: np.ndarray
+    masked_labels: np.ndarray      # flat
+    truncated: np.ndarray
+
+
+def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray, keys: np.ndarray,
+                   cfg: InstanceConfig, vocab: MaskingVocab) -> FinalizedBatch:
+    """Build masked instances from token ranges of ``pool``.
+
+    Args:
+        pool: token ids the ranges index into; every A and B segment is a slice of it.
+        a_ranges, b_ranges: int64 arrays of shape (n, 2), half-open ``[start, end)`` before truncation.
+        keys: uint64 per instance; all of its randomness derives from it.
+    """
+    dtype = pool.dtype
+    pool = np.concatenate([pool, np.asarray([vocab.cls_id, vocab.sep_id], dtype=dtype)])
+    cls_index, sep_index = len(pool) - 2, len(pool) - 1
+    a0, a1 = a_ranges[:, 0].astype(np.int64), a_ranges[:, 1].astype(np.int64)
+    b0, b1 = b_ranges[:, 0].astype(np.int64), b_ranges[:, 1].astype(np.int64)
+    trim_a, trim_b = truncation_counts(a1 - a0, b1 - b0, cfg.max_seq_length - 3)
+    front_a, front_b = _front_trims(keys, STREAM_TRIM_A, trim_a), _front_trims(keys, STREAM_TRIM_B, trim_b)
+    a0, a1 = a0 + front_a, a1 - (trim_a - front_a)
+    b0, b1 = b0 + front_b, b1 - (trim_b - front_b)
+    len_a, len_b = a1 - a0, b1 - b0
+    if (len_a < 1).any() or (len_b < 1).any():
+        raise ValueError("empty segment: documents must not contain empty sentences")
+    lengths = len_a + len_b + 3
+    row_starts = np.cumsum(lengths) - lengths
+    source = np.empty(int(lengths.sum()), np.int64)
+    source[row_starts] = cls_index
+    source[ragged_arange(row_starts + 1, len_a)] = ragged_arange(a0, len_a)
+    source[row_starts + 1 + len_a] = sep_index
+    source[ragged_arange(row_starts + 2 + len_a, len_b)] = ragged_arange(b0, len_b)
+    source[row_starts + lengths - 1] = sep_index
+    tokens = pool[source]
+
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    cols = np.arange(len(tokens)) - np.repeat(row_starts, lengths)
+    candidate = ~vocab_never_mask(vocab, len(vocab.is_continuation))[tokens]
+    candidate[row_starts] = False
+    candidate[row_starts + 1 + len_a] = False
+    candidate[row_starts + lengths - 1] = False
+    num_to_predict = np.minimum(cfg.max_predictions_per_seq,
+                                np.maximum(1, np.rint(lengths * cfg.masked_lm_prob).astype(np.int64)))
+    chosen = (_choose_whole_words(tokens, candidate, rows, cols, row_starts, lengths, num_to_predict, keys, vocab)
+              if cfg.whole_word_mask else _choose_positions(candidate, rows, cols, lengths, num_to_predict, keys))
+
+    chosen_flat = np.flatnonzero(chosen)
+    chosen_rows, chosen_cols = rows[chosen_flat], cols[chosen_flat]
+    labels = tokens[chosen_flat].copy()
+    decision = random_uniform(keys[chosen_rows], STREAM_DECISION, chosen_cols)
+    replacement = vocab.replacement_ids[(random_uniform(keys[chosen_rows], STREAM_REPLACEMENT, chosen_cols)
+                                         * len(vocab.replacement_ids)).astype(np.int64)]
+    shown = np.where(decision < 0.8, vocab.mask_id, np.where(decision < 0.9, labels, replacement))
+    tokens[chosen_flat] = shown.astype(dtype)
+    return FinalizedBatch(
+        input_ids=tokens, lengths=lengths, segment_a_len=len_a + 2, masked_positions=chosen_cols,
+        masked_counts=np.bincount(chosen_rows, minlength=len(lengths)), masked_labels=labels,
+        truncated=(trim_a + trim_b) > 0)
+
+
+_NEVER_MASK_CACHE: dict[tuple, np.ndarray] = {}
+
+
+def vocab_never_mask(vocab: MaskingVocab, vocab_size: int) -> np.ndarray:
+    key = (id(vocab), vocab_size)
+    if key not in _NEVER_MASK_CACHE:
+        table = np.zeros(vocab_size, dtype=bool)
+        table[list(vocab.never_mask_ids)] = True
+        _NEVER_MASK_CACHE[key] = table
+    return _NEVER_MASK_CACHE[key]
+
+
+def _choose_positions(candidate, rows, cols, lengths, num_to_predict, keys) -> np.ndarray:
+    """Uniformly random positions without replacement: the candidates with the smallest random keys."""
+    width = int(lengths.max())
+    scores = np.full((len(lengths), width), 2.0)
+    flat_scores = random_uniform(keys[rows], STREAM_POSITIONS, cols)
+    scores[rows, cols] = np.where(candidate, flat_scores, 2.0)
+    order = np.argsort(scores, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(width)[None, :], axis=1)
+    available = (scores < 2.0).sum(axis=1)
+    take = np.minimum(num_to_predict, available)
+    return rank[rows, cols] < take[rows]
+
+
+def _choose_whole_words(tokens, candidate, rows, cols, row_starts, lengths, num_to_predict, keys, vocab):
+    """The reference's whole-word rule: words in random order, skip one that would overflow, stop when full."""
+    chosen = np.zeros(len(tokens), dtype=bool)
+    continuation = vocab.is_continuation[tokens] & candidate
+    word_keys = random_uniform(keys[rows], STREAM_POSITIONS, cols)
+    for row in range(len(lengths)):
+        start, end = int(row_starts[row]), int(row_starts[row] + lengths[row])
+        groups: list[list[int]] = []
+        for flat in range(start, end):
+            if not candidate[flat]:
+                continue
+            if groups and groups[-1][-1] == flat - 1 and continuation[flat]:
+                groups[-1].append(flat)
+            else:
+                groups.append([flat])
+        groups.sort(key=lambda g: word_keys[g[0]])
+        count, limit = 0, int(num_to_predict[row])
+        for group in groups:
+            if count >= limit:
+                break
+            if count + len(group) > limit:
+                continue
+            chosen[group] = True
+            count += len(group)
+    return chosen
+
+
+def random_segments(offsets: list[np.ndarray], target_b_length: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """A random B for each instance: from a random sentence of its target document until the target length."""
+    starts = random_uniform(keys, STREAM_B_START, np.zeros(len(keys), np.uint64))
+    ranges = np.empty((len(keys), 2), np.int64)
+    for i, (doc_offsets, want, u) in enumerate(zip(offsets, target_b_length, starts)):
+        sentences = len(doc_offsets) - 1
+        first = int(u * sentences)
+        # The first sentence end that reaches the target, else the document's end.
+        last = int(np.searchsorted(doc_offsets, doc_offsets[first] + max(int(want), 1), side="left"))
+        ranges[i] = doc_offsets[first], doc_offsets[min(max(last, first + 1), sentences)]
+    return ranges
+
+
+@dataclass
+class InstanceKeys:
+    """Per-instance uint64 keys: ``random`` drives its draws, ``order``/``tiebreak`` place it in the shuffle."""
+
+    random: np.ndarray
+    order: np.ndarray
+    tiebreak: np.ndarray
+
+    def take(self, rows: np.ndarray) -> "InstanceKeys":
+        return InstanceKeys(self.random[rows], self.order[rows], self.tiebreak[rows])
+
+    @staticmethod
+    def concat(parts: list["InstanceKeys"]) -> "InstanceKeys":
+        return InstanceKeys(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("random", "order", "tiebreak")))
+
+
+def instance_keys(seed: int, doc_id: str, plans: list) -> InstanceKeys:
+    """Keys of (duplicate, plan) pairs of one document, from a BLAKE2b of (seed, document, duplicate).
+
+    ``order`` and ``tiebreak`` come from independent 64-bit halves, so two instances tie only if both collide.
+    """
+    import hashlib
+
+    bases = {}
+    for dupe in {d for d, _ in plans}:
+        digest = hashlib.blake2b(f"{seed}\x1finstance\x1f{doc_id}\x1f{dupe}".encode(), digest_size=16).digest()
+        bases[dupe] = (int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little"))
+    first = np.asarray([bases[d][0] for d, _ in plans], np.uint64)
+    second = np.asarray([bases[d][1] for d, _ in plans], np.uint64)
+    index = np.asarray([p.index for _, p in plans], np.uint64)
+    random = random_bits(first, 0, index)
+    return InstanceKeys(random, random_bits(random, 7, np.zeros_like(index)), random_bits(second, 8, index))

@@ -1,0 +1,112 @@
+"""The barrier stages: run-wide facts computed inside the pipeline and handed on through small files.
+
+Instance creation needs the corpus index (every bucket's document count, so documents have global
+indices) and shard assembly needs every group's row count. Both are computed after a barrier (a
+single-key GroupByKey that completes only when everything upstream has), written as JSON under the
+work directory, and read by the next stage's DoFns. So the whole job can run as one Beam pipeline, or
+as several (one per part) that meet at the same files, on any runner and without side inputs.
+"""
+from __future__ import annotations
+
+import math
+
+import apache_beam as beam
+import pyarrow as pa
+
+from preprocess import shards, storage
+from preprocess.config import InstanceConfig, OutputConfig
+from preprocess.records import InputError
+from preprocess.transforms import INDEX_NAME, CountBucket
+
+SHARD_PLAN_NAME = "shard_plan.json"
+ROWS_PER_GROUP = 16384  # instances per key-range group (bounds what one shard writer sorts)
+
+
+class Barrier(beam.PTransform):
+    """One element, emitted only after every element of the input has been produced."""
+
+    def expand(self, pcoll):
+        return (pcoll | "One" >> beam.Map(lambda _: (0, None)) | "Wait" >> beam.GroupByKey()
+                | "Done" >> beam.Map(lambda _: None))
+
+
+def _bits_for(count: float) -> int:
+    return max(0, math.ceil(math.log2(max(count, 1))))
+
+
+def read_metas(prefix: str) -> dict[str, dict]:
+    return {uri: storage.read_json(uri) for uri in storage.list_files(prefix) if uri.endswith(".json")}
+
+
+def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[int]:
+    """Bucket offsets (global document indices), corpus counts and the group layout -> index.json."""
+    counts = {bucket: (count, duplicates) for bucket, count, duplicates in rows}
+    offsets = [0]
+    for bucket in range(num_buckets):
+        offsets.append(offsets[-1] + counts.get(bucket, (0, []))[0])
+    metas = list(read_metas(storage.join(work, "docs")).values())
+    corpus = {"sentences": sum(m["sentences"] for m in metas), "tokens": sum(m["tokens"] for m in metas)}
+    if offsets[-1] < 2:
+        raise InputError(f"only {offsets[-1]} usable document(s) in the input; next-sentence prediction needs "
+                         "at least 2 (check the inputs and the sources.min_document_* settings)")
+    estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
+    storage.write_json(storage.join(work, INDEX_NAME), {
+        "bucket_offsets": offsets, "group_bits": min(20, _bits_for(estimated_rows / ROWS_PER_GROUP)),
+        "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())})
+    return [bucket for bucket in range(num_buckets) if counts.get(bucket, (0, []))[0]]
+
+
+class IndexCorpus(beam.PTransform):
+    """After the document store is complete: count every bucket, write the index, emit non-empty buckets."""
+
+    def __init__(self, work: str, num_buckets: int, cfg: InstanceConfig):
+        super().__init__()
+        self._work, self._num_buckets, self._cfg = work, num_buckets, cfg
+
+    def expand(self, trigger):
+        work, num_buckets, cfg = self._work, self._num_buckets, self._cfg
+        return (trigger | "AfterDocuments" >> Barrier()
+                | "Buckets" >> beam.FlatMap(lambda _: range(num_buckets))
+                | "SpreadBuckets" >> beam.Reshuffle()
+                | "Count" >> beam.ParDo(CountBucket(work))
+                | "AllCounts" >> beam.Map(lambda row: (0, row)) | "Collect" >> beam.GroupByKey()
+                | "WriteIndex" >> beam.FlatMap(lambda kv: write_index(kv[1], work, num_buckets, cfg)))
+
+
+def plan_shards(work: str, cfg: OutputConfig) -> list[int]:
+    """Rows per key-range group over all parts -> shard_plan.json; checks nothing was lost on the way."""
+    group_bits = storage.read_json(storage.join(work, INDEX_NAME))["group_bits"]
+    group_rows = [0] * (1 << group_bits)
+    for uri, meta in read_metas(storage.join(work, "pieces")).items():
+        group_rows[int(uri.replace("\\", "/").split("/")[-2][1:])] += meta["rows"]
+    total = sum(group_rows)
+    planned = sum(m["instances"] for m in read_metas(storage.join(work, "planned")).values())
+    if planned != total:
+        raise RuntimeError(f"{planned} instances were planned but {total} written: the runner lost or "
+                           "duplicated elements, so nothing is published")
+    num_shards = cfg.num_shards or max(1, math.ceil(total / cfg.target_rows_per_shard))
+    storage.write_json(storage.join(work, SHARD_PLAN_NAME), {"group_rows": group_rows, "num_shards": num_shards})
+    return list(range(num_shards))
+
+
+class WriteShards(beam.PTransform):
+    """After every piece is written: plan the shards, then assemble them in parallel."""
+
+    def __init__(self, work: str, output_dir: str, cfg: OutputConfig, parts: int, output_schema: pa.Schema):
+        super().__init__()
+        self._args = (work, output_dir, cfg, parts, output_schema)
+
+    def expand(self, trigger):
+        work, output_dir, cfg, parts, output_schema = self._args
+
+        def assemble(shard: int) -> str:
+            plan = storage.read_json(storage.join(work, SHARD_PLAN_NAME))
+            entry = shards.assemble_shard(work, output_dir, shard, plan["num_shards"], plan["group_rows"], parts,
+                                          output_schema)
+            storage.write_json(storage.join(work, "shards", f"s{shard:06d}.json"), entry)
+            return entry["name"]
+
+        return (trigger | "AfterPieces" >> Barrier()
+                | "Plan" >> beam.FlatMap(lambda _: plan_shards(work, cfg))
+                | "SpreadShards" >> beam.Reshuffle()
+                | "Assemble" >> beam.Map(assemble))

@@ -1,21 +1,22 @@
-"""The preprocessing driver: runs the Beam stages in order and publishes the dataset atomically.
+"""The preprocessing driver: runs the Beam stages and publishes the dataset atomically.
 
-Stages (each a Beam pipeline; the driver passes small run-wide facts between them):
+Stages (see ``preprocess.transforms`` and ``preprocess.stages``):
 
-1. ``documents`` (once per part of the input files): read, clean, split, tokenize -> document store.
-2. ``index``: count each bucket's documents (duplicate ids dropped) -> global document indices.
-3. ``instances`` (once per part of the buckets): BERT instances; random next sentences come from
-   any document of the corpus through a keyed join -> sorted pieces.
-4. ``shards``: assemble equal-size, globally shuffled Arrow shards; then the manifest, written last.
+1. documents: read, clean, split, tokenize -> a document store partitioned into hash buckets;
+2. index: count each bucket's documents (duplicate ids dropped) -> every document's global index;
+3. instances: BERT instances; a random next segment comes from any document of the corpus through a
+   keyed join -> key-range pieces, sorted;
+4. shards: equal-size, globally shuffled Arrow shards; then the manifest, written last.
 
-With ``parts > 1`` the DirectRunner holds only one part at a time, and since every random choice
-is keyed by (seed, document, duplicate, index) and documents are indexed by hash, the dataset is
-byte-identical whatever the number of parts, workers or runner.
+With ``parts == 1`` all four run as one Beam pipeline. With ``parts > 1`` the documents and
+instances stages run once per part (input files, then bucket ranges), so the DirectRunner holds one
+part at a time. Every random choice is keyed by (seed, document, duplicate, index) and documents are
+ordered by hash, so the dataset is byte-identical whatever the parts, workers or runner.
 """
 from __future__ import annotations
 
+import json
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -52,10 +53,6 @@ def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions
     elif runner in ("DirectRunner", "direct"):
         args = [a for a in args if not a.startswith("--runner") and a != runner] + [f"--runner={FN_API_RUNNER}"]
     return PipelineOptions(args)
-
-
-def _bits_for(count: float) -> int:
-    return max(0, math.ceil(math.log2(max(count, 1))))
 
 
 def _split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tuple[str, str]]]:
@@ -142,8 +139,6 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
         beam_args: list[str] = (), overwrite: bool = False, progress: bool | None = None,
         verbose: bool = False) -> dict:
     """Run the whole stage and return the manifest (its ``summary`` has the headline figures)."""
-    from tqdm import tqdm
-
     from preprocess.tokenizer import load_tokenizer
 
     started = time.time()
@@ -168,51 +163,8 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
         tok.save(tokenizer_uri)
         work = storage.join(staging, "_work")
         file_parts = _split_parts(sized, min(cfg.parts, len(files)))
-        bucket_bits = min(16, max(_bits_for(cfg.parts), _bits_for(input_bytes / BYTES_PER_BUCKET)))
-        num_buckets = 1 << bucket_bits
-        steps = len(file_parts) + 1 + cfg.parts + 1
-        bar = tqdm(total=steps, desc="preprocess", unit="stage", file=sys.stderr,
-                   disable=not (progress if progress is not None else sys.stderr.isatty()))
-
-        out_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, {
-            "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]})
-        documents = lambda part, part_files: transforms.BuildDocumentStore(  # noqa: E731
-            cfg.sources, tokenizer_uri, bucket_bits, work, part, tok.vocab_size)
-        index = stages.IndexCorpus(work, num_buckets, cfg.instances)
-        instances = lambda part: transforms.CreateInstances(  # noqa: E731
-            tokenizer_uri, work, cfg.instances, cfg.seed, part, tok.vocab_size, tok.mask_id)
-        write_shards = stages.WriteShards(work, staging, cfg.output, cfg.parts, out_schema)
-        if cfg.parts == 1:
-            # One pipeline: worker processes start once, and stages overlap where the runner allows.
-            bar.set_postfix_str("one pipeline")
-            _run_beam(options, log, lambda p: (
-                p | "Files" >> beam.Create(file_parts[0]) | documents(0, file_parts[0]) | index | instances(0)
-                | write_shards))
-            bar.update(steps)
-        else:
-            for part, part_files in enumerate(file_parts):
-                bar.set_postfix_str(f"documents part {part + 1}/{len(file_parts)}")
-                _run_beam(options, log, lambda p, part=part, part_files=part_files: (
-                    p | "Files" >> beam.Create(part_files) | documents(part, part_files)))
-                bar.update()
-            bar.set_postfix_str("index")
-            _run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | index)
-            bar.update()
-            non_empty = {b for b, count, _ in storage.read_json(storage.join(work, transforms.INDEX_NAME))["counts"]
-                         if count}
-            for part in range(cfg.parts):
-                bar.set_postfix_str(f"instances part {part + 1}/{cfg.parts}")
-                lo, hi = part * num_buckets // cfg.parts, (part + 1) * num_buckets // cfg.parts
-                part_buckets = [b for b in range(lo, hi) if b in non_empty]
-                if part_buckets:
-                    _run_beam(options, log, lambda p, part=part, part_buckets=part_buckets: (
-                        p | "Buckets" >> beam.Create(part_buckets) | instances(part)))
-                bar.update()
-            bar.set_postfix_str("shards")
-            _run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | write_shards)
-            bar.update()
-        bar.close()
-
+        bucket_bits = min(16, max(stages.bits_for(cfg.parts), stages.bits_for(input_bytes / BYTES_PER_BUCKET)))
+        _run_stages(cfg, options, log, file_parts, bucket_bits, work, staging, tokenizer_uri, tok, progress)
         index_data = storage.read_json(storage.join(work, transforms.INDEX_NAME))
         counts = {b: (c, d) for b, c, d in index_data["counts"]}
         num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
@@ -227,7 +179,6 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
         dead_letters = sorted((dl for m in doc_metas for dl in m["dead_letters"]),
                               key=lambda d: (d["source"], d["doc_id"]))
         with storage.open_write(storage.join(staging, schema.DEAD_LETTERS_NAME), binary=False) as handle:
-            import json
             for letter in dead_letters:
                 handle.write(json.dumps(letter, sort_keys=True) + "\n")
         with storage.open_write(storage.join(staging, schema.CONFIG_NAME), binary=False) as handle:
@@ -249,6 +200,57 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
         if log.path and os.path.getsize(log.path):
             LOG.warning("Apache Beam's log of this run: %s", log.path)
         raise
+
+
+def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: int, work: str, staging: str,
+                tokenizer_uri: str, tok, progress: bool | None) -> None:
+    """Run the stages: as one Beam pipeline, or (with parts) as several that meet at the work files."""
+    from tqdm import tqdm
+
+    num_buckets = 1 << bucket_bits
+    out_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, {
+        "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]})
+
+    def documents(part):
+        return transforms.BuildDocumentStore(cfg.sources, tokenizer_uri, bucket_bits, work, part, tok.vocab_size)
+
+    def instances(part):
+        return transforms.CreateInstances(tokenizer_uri, work, cfg.instances, cfg.seed, part, tok.vocab_size,
+                                          tok.mask_id)
+
+    index = stages.IndexCorpus(work, num_buckets, cfg.instances)
+    write_shards = stages.WriteShards(work, staging, cfg.output, cfg.parts, out_schema)
+    steps = 1 if cfg.parts == 1 else len(file_parts) + cfg.parts + 2
+    show = progress if progress is not None else sys.stderr.isatty()
+    with tqdm(total=steps, desc="preprocess", unit="stage", file=sys.stderr, disable=not show) as bar:
+        if cfg.parts == 1:
+            # One pipeline: worker processes start once, and the runner may overlap the stages.
+            bar.set_postfix_str("documents → index → instances → shards")
+            _run_beam(options, log, lambda p: (
+                p | "Files" >> beam.Create(file_parts[0]) | documents(0) | index | instances(0) | write_shards))
+            bar.update()
+            return
+        for part, part_files in enumerate(file_parts):
+            bar.set_postfix_str(f"documents, part {part + 1}/{len(file_parts)}")
+            _run_beam(options, log, lambda p, part=part, part_files=part_files: (
+                p | "Files" >> beam.Create(part_files) | documents(part)))
+            bar.update()
+        bar.set_postfix_str("index")
+        _run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | index)
+        bar.update()
+        counts = storage.read_json(storage.join(work, transforms.INDEX_NAME))["counts"]
+        non_empty = {bucket for bucket, count, _ in counts if count}
+        for part in range(cfg.parts):
+            bar.set_postfix_str(f"instances, part {part + 1}/{cfg.parts}")
+            lo, hi = part * num_buckets // cfg.parts, (part + 1) * num_buckets // cfg.parts
+            part_buckets = [b for b in range(lo, hi) if b in non_empty]
+            if part_buckets:
+                _run_beam(options, log, lambda p, part=part, part_buckets=part_buckets: (
+                    p | "Buckets" >> beam.Create(part_buckets) | instances(part)))
+            bar.update()
+        bar.set_postfix_str("shards")
+        _run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | write_shards)
+        bar.update()
 
 
 def _fraction(numerator: float, denominator: float) -> float:

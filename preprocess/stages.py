@@ -30,7 +30,7 @@ class Barrier(beam.PTransform):
                 | "Done" >> beam.Map(lambda _: None))
 
 
-def _bits_for(count: float) -> int:
+def bits_for(count: float) -> int:
     return max(0, math.ceil(math.log2(max(count, 1))))
 
 
@@ -51,7 +51,7 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
                          "at least 2 (check the inputs and the sources.min_document_* settings)")
     estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
     storage.write_json(storage.join(work, INDEX_NAME), {
-        "bucket_offsets": offsets, "group_bits": min(20, _bits_for(estimated_rows / ROWS_PER_GROUP)),
+        "bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),
         "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())})
     return [bucket for bucket in range(num_buckets) if counts.get(bucket, (0, []))[0]]
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest

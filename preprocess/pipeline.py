@@ -27,7 +27,7 @@ from dataclasses import asdict
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from preprocess import configlib, schema, shards, sources, stages, storage, transforms
+from preprocess import configlib, local, schema, shards, sources, stages, storage, transforms
 from preprocess.config import PreprocessConfig
 from preprocess.records import InputError
 
@@ -163,8 +163,10 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
         tok.save(tokenizer_uri)
         work = storage.join(staging, "_work")
         file_parts = _split_parts(sized, min(cfg.parts, len(files)))
-        bucket_bits = min(16, max(stages.bits_for(cfg.parts), stages.bits_for(input_bytes / BYTES_PER_BUCKET)))
-        _run_stages(cfg, options, log, file_parts, bucket_bits, work, staging, tokenizer_uri, tok, progress)
+        slices = max(cfg.parts, local.wants_local_pool(list(beam_args)))
+        bucket_bits = min(16, max(stages.bits_for(slices), stages.bits_for(input_bytes / BYTES_PER_BUCKET)))
+        _run_stages(cfg, options, log, file_parts, bucket_bits, work, staging, tokenizer_uri, tok, progress,
+                    list(beam_args), sized)
         index_data = storage.read_json(storage.join(work, transforms.INDEX_NAME))
         counts = {b: (c, d) for b, c, d in index_data["counts"]}
         num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
@@ -203,7 +205,7 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
 
 
 def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: int, work: str, staging: str,
-                tokenizer_uri: str, tok, progress: bool | None) -> None:
+                tokenizer_uri: str, tok, progress: bool | None, beam_args: list[str], sized_files) -> None:
     """Run the stages: as one Beam pipeline, or (with parts) as several that meet at the work files."""
     from tqdm import tqdm
 
@@ -219,10 +221,16 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
                                           tok.mask_id)
 
     index = stages.IndexCorpus(work, num_buckets, cfg.instances)
-    write_shards = stages.WriteShards(work, staging, cfg.output, cfg.parts, out_schema)
-    steps = 1 if cfg.parts == 1 else len(file_parts) + cfg.parts + 2
+    write_shards = stages.WriteShards(work, staging, cfg.output, out_schema)
+    pool_workers = local.wants_local_pool(beam_args)
+    steps = 4 if pool_workers else 1 if cfg.parts == 1 else len(file_parts) + cfg.parts + 2
     show = progress if progress is not None else sys.stderr.isatty()
     with tqdm(total=steps, desc="preprocess", unit="stage", file=sys.stderr, disable=not show) as bar:
+        if pool_workers:
+            with log:
+                local.run_stages(cfg, pool_workers, local.in_memory_args(beam_args), sized_files, bucket_bits, work,
+                                 staging, tokenizer_uri, tok, out_schema, bar)
+            return
         if cfg.parts == 1:
             # One pipeline: worker processes start once, and the runner may overlap the stages.
             bar.set_postfix_str("documents → index → instances → shards")

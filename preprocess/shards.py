@@ -123,7 +123,7 @@ def shard_bounds(shard: int, num_shards: int, num_rows: int) -> tuple[int, int]:
 
 
 def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, group_rows: list[int],
-                   parts: int, output_schema: pa.Schema, batch_rows: int = 4096) -> dict:
+                   output_schema: pa.Schema, batch_rows: int = 4096) -> dict:
     """Write shard ``shard`` from the key-range groups that overlap its rank range.
 
     Args:
@@ -138,8 +138,8 @@ def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, grou
     for group, rows in enumerate(group_rows):
         end = start + rows
         if rows and end > lo and start < hi:
-            uris = [piece_uri(work, group, p) for p in range(parts)]
-            present = [u for u in uris if storage.exists(u)]
+            group_dir = storage.join(work, "pieces", f"g{group:06d}")
+            present = [u for u in storage.list_files(group_dir) if u.endswith(".arrow")]
             table = sort_by_key(pa.concat_tables([read_table(u) for u in present]))
             tables.append(table.slice(max(lo - start, 0), min(hi, end) - max(lo, start)))
         start = end

@@ -92,16 +92,16 @@ def plan_shards(work: str, cfg: OutputConfig) -> list[int]:
 class WriteShards(beam.PTransform):
     """After every piece is written: plan the shards, then assemble them in parallel."""
 
-    def __init__(self, work: str, output_dir: str, cfg: OutputConfig, parts: int, output_schema: pa.Schema):
+    def __init__(self, work: str, output_dir: str, cfg: OutputConfig, output_schema: pa.Schema):
         super().__init__()
-        self._args = (work, output_dir, cfg, parts, output_schema)
+        self._args = (work, output_dir, cfg, output_schema)
 
     def expand(self, trigger):
-        work, output_dir, cfg, parts, output_schema = self._args
+        work, output_dir, cfg, output_schema = self._args
 
         def assemble(shard: int) -> str:
             plan = storage.read_json(storage.join(work, SHARD_PLAN_NAME))
-            entry = shards.assemble_shard(work, output_dir, shard, plan["num_shards"], plan["group_rows"], parts,
+            entry = shards.assemble_shard(work, output_dir, shard, plan["num_shards"], plan["group_rows"],
                                           output_schema)
             storage.write_json(storage.join(work, "shards", f"s{shard:06d}.json"), entry)
             return entry["name"]

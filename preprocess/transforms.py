@@ -41,17 +41,29 @@ class _UsesTokenizer(beam.DoFn):
 
 
 class ReadSourceFile(beam.DoFn):
-    """(kind, uri) -> RawDocument | Rejected, streamed from the file."""
+    """(kind, uri) -> RawDocument | Rejected, streamed from the file.
 
-    def __init__(self, cfg: SourceConfig):
+    With ``buckets = (bits, lo, hi)`` only documents of buckets ``[lo, hi)`` are passed on, so several
+    pipelines can split one corpus between them without cleaning any document twice.
+    """
+
+    def __init__(self, cfg: SourceConfig, buckets: tuple[int, int, int] | None = None):
         self._cfg = cfg
+        self._buckets = buckets
         self._files = Metrics.counter("preprocess", "files_read")
 
     def process(self, element):
-        kind, uri = element
+        kind, uri, *only = element  # an optional third item overrides the bucket filter for this file
         self._files.inc()
         reader = sources.iter_wikipedia if kind == "wiki" else sources.iter_book
-        yield from reader(uri, self._cfg)
+        buckets = only[0] if only else self._buckets
+        if buckets is None:
+            yield from reader(uri, self._cfg)
+            return
+        bits, lo, hi = buckets
+        for item in reader(uri, self._cfg):
+            if lo <= docstore.bucket_of(document_hash(item.doc_id), bits) < hi:
+                yield item
 
 
 class CleanAndTokenize(_UsesTokenizer):
@@ -292,15 +304,17 @@ class CreateInstances(beam.PTransform):
 class BuildDocumentStore(beam.PTransform):
     """(kind, uri) files of this part -> tokenized document store buckets."""
 
-    def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size):
+    def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size,
+                 bucket_range: tuple[int, int] | None = None):
         super().__init__()
         self._cfg, self._tokenizer_uri, self._bucket_bits = cfg, tokenizer_uri, bucket_bits
         self._work, self._part, self._vocab_size = work, part, vocab_size
+        self._filter = (bucket_bits, *bucket_range) if bucket_range else None
 
     def expand(self, files):
         return (files
                 | "SpreadFiles" >> beam.Reshuffle()  # files to different workers, not all read by one
-                | "Read" >> beam.ParDo(ReadSourceFile(self._cfg))
+                | "Read" >> beam.ParDo(ReadSourceFile(self._cfg, self._filter))
                 | "Spread" >> beam.Reshuffle()
                 | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))
                 | "ByBucket" >> beam.GroupByKey()

@@ -129,9 +129,43 @@ def _render(code, out: list[str]) -> None:
         elif isinstance(node, Heading):
             # Headings are dropped; the line break keeps the text around them apart.
             out.append("\n")
-        elif isinstance(node, (Template, Comment)):
+        elif isinstance(node, Template):
+            _render_template(node, out)
+        elif isinstance(node, Comment):
             continue
         # Arguments ({{{1}}}) and anything unknown render as nothing.
+
+
+# Inline templates whose output is part of the sentence: keep that text, or a gap is left ("At , …").
+_KEEP_FIRST_ARGUMENT = {"small", "smaller", "big", "larger", "nowrap", "nobr", "sic", "abbr", "flag", "flagcountry",
+                        "flagdeco", "em", "strong", "var", "mvar", "math", "tooltip", "keypress", "not a typo", "ill"}
+_RANGE_WORDS = {"to", "-", "–", "and", "or", "by", "x", "×", "+/-", "±"}
+
+
+def _template_arguments(node: Template) -> list[str]:
+    values = []
+    for param in node.params:
+        if not param.showkey:
+            parts: list[str] = []
+            _render(param.value, parts)
+            values.append(" ".join("".join(parts).split()))
+    return values
+
+
+def _render_template(node: Template, out: list[str]) -> None:
+    """Render the visible text of common inline templates; drop the rest (citations, infoboxes, navboxes)."""
+    name = " ".join(str(node.name).strip().lower().replace("_", " ").split())
+    args = _template_arguments(node) if name in _KEEP_FIRST_ARGUMENT or name in ("convert", "cvt", "lang") \
+        or name.startswith("lang-") else []
+    if name in ("convert", "cvt") and len(args) >= 2:
+        if len(args) >= 4 and args[1] in _RANGE_WORDS:
+            out.append(f"{args[0]} {args[1]} {args[2]} {args[3]}")
+        else:
+            out.append(f"{args[0]} {args[1]}")
+    elif name == "lang" and len(args) >= 2:
+        out.append(args[1])
+    elif (name.startswith("lang-") or name in _KEEP_FIRST_ARGUMENT) and args:
+        out.append(args[0])
 
 
 def _render_wikilink(node: Wikilink, out: list[str]) -> None:

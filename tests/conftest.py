@@ -10,13 +10,17 @@ if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
 
-@pytest.fixture(scope="session")
-def shared_data() -> pathlib.Path:
-    """The shared real data (../shared/data next to the repository): required in CI, else optional."""
-    path = (pathlib.Path(_REPO_ROOT) / ".." / "shared" / "data").resolve()
-    if not path.is_dir():
-        message = f"the shared real data directory is missing: {path}"
+def require(path: pathlib.Path, what: str) -> pathlib.Path:
+    """Real data is required in CI (CI=true): fail there; skip only on a developer machine without it."""
+    if not path.exists():
+        message = f"{what} not found at {path}"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+    """The shared real data (../shared/data next to the repository)."""
+    return require((pathlib.Path(_REPO_ROOT) / ".." / "shared" / "data").resolve(), "the shared real data")

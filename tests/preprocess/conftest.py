@@ -9,24 +9,15 @@ import sys
 
 import pytest
 
+from tests.conftest import require
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 SAMPLES = REPO_ROOT / "samples"
 
 
-def require(path: pathlib.Path, what: str) -> pathlib.Path:
-    """Real data is required in CI: fail there, skip only on a developer machine without it."""
-    if not path.exists():
-        message = f"{what} not found at {path}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
 @pytest.fixture(scope="session")
-def real_data() -> pathlib.Path:
-    return require(SHARED_DATA, "the shared real data (../shared/data)")
+def real_data(shared_data) -> pathlib.Path:
+    return shared_data
 
 
 @pytest.fixture(scope="session")

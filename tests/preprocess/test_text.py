@@ -210,3 +210,10 @@ def test_to_document_clean_error_never_raises(monkeypatch):
     assert rejected.detail.startswith("RecursionError: maximum recursion")
     unknown = to_document(_raw("Some text.", kind="pdf"), CFG)
     assert unknown.reason == "clean_error" and "pdf" in unknown.detail
+
+
+def test_inline_templates_keep_their_visible_text():
+    text = clean_wikitext("The river is {{convert|52|km|mi}} long and {{convert|1|to|2|m|ft|abbr=on}} deep. "
+                          "It is {{lang|fr|la rivière}} in French, {{nowrap|very calm}}."
+                          "{{citation needed|date=May 2020}}{{Infobox river|name=X}}")
+    assert text == "The river is 52 km long and 1 to 2 m deep. It is la rivière in French, very calm."

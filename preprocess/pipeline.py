@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -304,4 +303,4 @@ def _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard
     }
 
 
-__all__ = ["run", "beam_options", "asdict"]
+__all__ = ["run", "beam_options"]

@@ -1,8 +1,9 @@
 """Beam PTransforms of the preprocessing stage. Each DoFn is thin and delegates to pure modules.
 
 Only portable primitives are used (Create, ParDo, GroupByKey, Reshuffle), so the same pipeline runs
-on the DirectRunner, Dask, Flink, Spark and Dataflow. Small run-wide facts (bucket offsets, corpus
-size) are constructor arguments computed by the driver between stages, not side inputs.
+on the DirectRunner, Dask, Flink, Spark and Dataflow. Run-wide facts (bucket offsets, corpus size,
+group layout) are read from small files that the barrier stages in ``preprocess.stages`` write, not
+from side inputs.
 """
 from __future__ import annotations
 

@@ -17,3 +17,13 @@ def test_preprocess_never_imports_torch_or_deepspeed():
 def test_format_and_tokenizer_modules_need_no_beam():
     loaded = _modules_after("import preprocess.schema, preprocess.tokenizer, preprocess.instances")
     assert "apache_beam" not in loaded
+
+
+def test_model_file_imports_nothing_distributed():
+    import pathlib
+
+    source = (pathlib.Path(__file__).resolve().parents[1] / "pretrain" / "model.py").read_text()
+    imports = [line for line in source.splitlines() if line.lstrip().startswith(("import ", "from "))]
+    assert not [line for line in imports if "deepspeed" in line or "distributed" in line], imports
+    loaded = _modules_after("import pretrain.model, pretrain.hf_compat")
+    assert "deepspeed" not in loaded and "apache_beam" not in loaded

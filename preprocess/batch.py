@@ -118,7 +118,9 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
 
     rows = np.repeat(np.arange(len(lengths)), lengths)
     cols = np.arange(len(tokens)) - np.repeat(row_starts, lengths)
-    candidate = ~vocab_never_mask(vocab, len(vocab.is_continuation))[tokens]
+    never_mask = np.zeros(len(vocab.is_continuation), dtype=bool)
+    never_mask[list(vocab.never_mask_ids)] = True
+    candidate = ~never_mask[tokens]
     candidate[row_starts] = False
     candidate[row_starts + 1 + len_a] = False
     candidate[row_starts + lengths - 1] = False
@@ -139,18 +141,6 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
         input_ids=tokens, lengths=lengths, segment_a_len=len_a + 2, masked_positions=chosen_cols,
         masked_counts=np.bincount(chosen_rows, minlength=len(lengths)), masked_labels=labels,
         truncated=(trim_a + trim_b) > 0)
-
-
-_NEVER_MASK_CACHE: dict[tuple, np.ndarray] = {}
-
-
-def vocab_never_mask(vocab: MaskingVocab, vocab_size: int) -> np.ndarray:
-    key = (id(vocab), vocab_size)
-    if key not in _NEVER_MASK_CACHE:
-        table = np.zeros(vocab_size, dtype=bool)
-        table[list(vocab.never_mask_ids)] = True
-        _NEVER_MASK_CACHE[key] = table
-    return _NEVER_MASK_CACHE[key]
 
 
 def _choose_positions(candidate, rows, cols, lengths, num_to_predict, keys) -> np.ndarray:

@@ -91,20 +91,35 @@ class Bucket:
         return self.tokens[self.token_starts[rank]:self.token_starts[rank + 1]], self._offsets[rank]
 
 
-def load_bucket(work: str, bucket: int) -> Bucket:
+def _ordered(work: str, bucket: int, columns: list[str] | None = None):
+    """A bucket's rows in global order (hash, id, source) with duplicate ids dropped; None if empty."""
     files = [u for u in storage.list_files(bucket_dir(work, bucket)) if u.endswith(".arrow")]
     if not files:
-        return Bucket([], np.zeros(0, np.uint16), np.zeros(1, np.int64), [], [])
-    table = pa.concat_tables([read_table(u) for u in files])
+        return None, []
+    tables = [read_table(u) for u in files]
+    table = pa.concat_tables([t.select(columns) if columns else t for t in tables])
     table = table.take(pc.sort_indices(table, sort_keys=[("doc_hash", "ascending"), ("doc_id", "ascending"),
                                                         ("source", "ascending")]))
     doc_ids = table.column("doc_id").to_pylist()
     sources = table.column("source").to_pylist()
-    keep = [i for i in range(len(doc_ids)) if i == 0 or doc_ids[i] != doc_ids[i - 1]]
-    duplicates = [(doc_ids[i], sources[i]) for i in range(len(doc_ids)) if i and doc_ids[i] == doc_ids[i - 1]]
+    duplicates = [(doc_ids[i], sources[i]) for i in range(1, len(doc_ids)) if doc_ids[i] == doc_ids[i - 1]]
     if duplicates:
+        keep = [i for i in range(len(doc_ids)) if i == 0 or doc_ids[i] != doc_ids[i - 1]]
         table = table.take(pa.array(keep, pa.int64()))
-        doc_ids = [doc_ids[i] for i in keep]
+    return table, duplicates
+
+
+def bucket_ids(work: str, bucket: int) -> tuple[list[str], list[tuple[str, str]]]:
+    """A bucket's document ids in global order and its dropped duplicates, without touching the tokens."""
+    table, duplicates = _ordered(work, bucket, ["doc_hash", "doc_id", "source"])
+    return ([] if table is None else table.column("doc_id").to_pylist()), duplicates
+
+
+def load_bucket(work: str, bucket: int) -> Bucket:
+    table, duplicates = _ordered(work, bucket)
+    if table is None:
+        return Bucket([], np.zeros(0, np.uint16), np.zeros(1, np.int64), [], [])
+    doc_ids = table.column("doc_id").to_pylist()
     tokens_col = table.column("tokens").combine_chunks()
     lengths_col = table.column("sentence_lengths").combine_chunks()
     token_starts = np.asarray(tokens_col.offsets, dtype=np.int64) - tokens_col.offsets[0].as_py()

@@ -55,8 +55,7 @@ def assign_files(files: list[tuple[str, str, int]], slices: int, bucket_bits: in
     A file worth more than half a slice's share is read by every slice, each keeping the documents of its
     own buckets; smaller files go whole to the least-loaded slice. No document is cleaned twice.
     """
-    num_buckets = 1 << bucket_bits
-    ranges = [(i * num_buckets // slices, (i + 1) * num_buckets // slices) for i in range(slices)]
+    ranges = stages.bucket_ranges(1 << bucket_bits, slices)
     costs = [(estimated_cost(*f), f) for f in files]
     share = sum(c for c, _ in costs) / slices
     load = [0.0] * slices
@@ -109,7 +108,7 @@ def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: i
     """
     num_buckets = 1 << bucket_bits
     slices = max(workers, cfg.parts)
-    ranges = [(i * num_buckets // slices, (i + 1) * num_buckets // slices) for i in range(slices)]
+    ranges = stages.bucket_ranges(num_buckets, slices)
     context = multiprocessing.get_context("spawn")  # fork is unsafe with gRPC threads
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         bar.set_postfix_str(f"documents, {slices} slices on {workers} processes")

@@ -247,9 +247,8 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
         bar.update()
         counts = storage.read_json(storage.join(work, transforms.INDEX_NAME))["counts"]
         non_empty = {bucket for bucket, count, _ in counts if count}
-        for part in range(cfg.parts):
+        for part, (lo, hi) in enumerate(stages.bucket_ranges(num_buckets, cfg.parts)):
             bar.set_postfix_str(f"instances, part {part + 1}/{cfg.parts}")
-            lo, hi = part * num_buckets // cfg.parts, (part + 1) * num_buckets // cfg.parts
             part_buckets = [b for b in range(lo, hi) if b in non_empty]
             if part_buckets:
                 _run_beam(options, log, lambda p, part=part, part_buckets=part_buckets: (

@@ -34,6 +34,11 @@ def bits_for(count: float) -> int:
     return max(0, math.ceil(math.log2(max(count, 1))))
 
 
+def bucket_ranges(num_buckets: int, slices: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` bucket ranges that split ``num_buckets`` into ``slices`` contiguous parts."""
+    return [(i * num_buckets // slices, (i + 1) * num_buckets // slices) for i in range(slices)]
+
+
 def read_metas(prefix: str) -> dict[str, dict]:
     return {uri: storage.read_json(uri) for uri in storage.list_files(prefix) if uri.endswith(".json")}
 

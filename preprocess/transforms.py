@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from preprocess import docstore, shards, sources, storage, text
+from preprocess import docstore, schema, shards, sources, storage, text
 from preprocess.config import InstanceConfig, SourceConfig
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
 from preprocess.hashing import document_hash, rng_for
@@ -42,22 +42,21 @@ class _UsesTokenizer(beam.DoFn):
 
 
 class ReadSourceFile(beam.DoFn):
-    """(kind, uri) -> RawDocument | Rejected, streamed from the file.
+    """(kind, uri[, (bits, lo, hi)]) -> RawDocument | Rejected, streamed from the file.
 
-    With ``buckets = (bits, lo, hi)`` only documents of buckets ``[lo, hi)`` are passed on, so several
-    pipelines can split one corpus between them without cleaning any document twice.
+    With a third item only documents of buckets ``[lo, hi)`` are passed on, so several pipelines can
+    split one large file between them without cleaning any document twice.
     """
 
-    def __init__(self, cfg: SourceConfig, buckets: tuple[int, int, int] | None = None):
+    def __init__(self, cfg: SourceConfig):
         self._cfg = cfg
-        self._buckets = buckets
         self._files = Metrics.counter("preprocess", "files_read")
 
     def process(self, element):
-        kind, uri, *only = element  # an optional third item overrides the bucket filter for this file
+        kind, uri, *only = element
         self._files.inc()
         reader = sources.iter_wikipedia if kind == "wiki" else sources.iter_book
-        buckets = only[0] if only else self._buckets
+        buckets = only[0] if only else None
         if buckets is None:
             yield from reader(uri, self._cfg)
             return
@@ -90,7 +89,7 @@ class CleanAndTokenize(_UsesTokenizer):
             yield bucket, ("rejected", _rejected_tuple(element))
             return
         self._documents.inc()
-        dtype = "uint16" if self.tokenizer.vocab_size <= 65536 else "uint32"
+        dtype = schema.token_numpy_dtype(self.tokenizer.vocab_size)
         tokens = np.concatenate([np.asarray(ids, dtype=dtype) for ids in encoded])
         lengths = np.asarray([len(ids) for ids in encoded], dtype=np.uint32)
         yield bucket, ("doc", (document_hash(element.doc_id), element.doc_id, element.source,
@@ -116,7 +115,7 @@ class WriteDocumentBucket(beam.DoFn):
         if docs:
             table = docstore.documents_table(docs, self._vocab_size)
             meta["sentences"] = sum(len(d[4]) // 4 for d in docs)
-            meta["tokens"] = sum(len(d[3]) for d in docs) // (2 if self._vocab_size <= 65536 else 4)
+            meta["tokens"] = sum(len(d[3]) for d in docs) // np.dtype(schema.token_numpy_dtype(self._vocab_size)).itemsize
             docstore.write_table(base + ".arrow", table)
         storage.write_json(base + ".json", meta)
         yield bucket
@@ -129,8 +128,8 @@ class CountBucket(beam.DoFn):
         self._work = work
 
     def process(self, bucket):
-        loaded = docstore.load_bucket(self._work, bucket)
-        yield bucket, len(loaded), loaded.duplicates
+        doc_ids, duplicates = docstore.bucket_ids(self._work, bucket)
+        yield bucket, len(doc_ids), duplicates
 
 
 class _BuildsInstances(_UsesTokenizer):
@@ -149,6 +148,7 @@ class _BuildsInstances(_UsesTokenizer):
     def _load_index(self):
         if self._index is None:
             self._index = storage.read_json(storage.join(self._work, INDEX_NAME))
+            self._offsets_array = np.asarray(self._index["bucket_offsets"])
 
     def _offsets(self) -> list[int]:
         """Global index of each bucket's first document, plus the corpus size."""
@@ -160,8 +160,9 @@ class _BuildsInstances(_UsesTokenizer):
         return self._index["group_bits"]
 
     def _locate(self, global_index):
-        bucket = np.searchsorted(np.asarray(self._offsets()), global_index, side="right") - 1
-        return bucket, global_index - np.asarray(self._offsets())[bucket]
+        self._load_index()
+        bucket = np.searchsorted(self._offsets_array, global_index, side="right") - 1
+        return bucket, global_index - self._offsets_array[bucket]
 
     def _emit(self, finalized, keys, next_label, doc_a, doc_b):
         """Split a finished batch into one Arrow record batch per key-range group."""
@@ -305,17 +306,15 @@ class CreateInstances(beam.PTransform):
 class BuildDocumentStore(beam.PTransform):
     """(kind, uri) files of this part -> tokenized document store buckets."""
 
-    def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size,
-                 bucket_range: tuple[int, int] | None = None):
+    def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size):
         super().__init__()
         self._cfg, self._tokenizer_uri, self._bucket_bits = cfg, tokenizer_uri, bucket_bits
         self._work, self._part, self._vocab_size = work, part, vocab_size
-        self._filter = (bucket_bits, *bucket_range) if bucket_range else None
 
     def expand(self, files):
         return (files
                 | "SpreadFiles" >> beam.Reshuffle()  # files to different workers, not all read by one
-                | "Read" >> beam.ParDo(ReadSourceFile(self._cfg, self._filter))
+                | "Read" >> beam.ParDo(ReadSourceFile(self._cfg))
                 | "Spread" >> beam.Reshuffle()
                 | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))
                 | "ByBucket" >> beam.GroupByKey()

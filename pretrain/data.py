@@ -5,9 +5,10 @@
 * Each epoch's order is a permutation seeded from (seed, epoch). Rows are grouped by length within
   windows of that permutation, so a batch holds sequences of similar length and is padded only to
   its longest row (rounded up to a multiple of 8): little compute goes to padding.
-* Every global batch is split into contiguous per-rank micro-batches: ranks read disjoint rows, and
-  all of them see sequences of similar length, so no rank waits on a longer one.
-* The position is (epoch, batch index): ``state_dict``/``load_state_dict`` resume at the exact batch.
+* Every global batch is split into per-rank micro-batches: ranks read disjoint rows, and all of them
+  see sequences of similar length, so no rank waits on a longer one.
+* The position is (epoch, global batch index), independent of the number of ranks:
+  ``state_dict``/``load_state_dict`` resume at the exact step, on the same or another world size.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class ShardedInstances:
 
     def __init__(self, directory: str | Path, expected: Expected | None = None):
         directory = Path(directory)
+        self.directory = directory
         manifest_path = directory / "manifest.json"
         if not manifest_path.is_file():
             raise DatasetFormatError(f"{directory}: no manifest.json; the preprocessing run did not finish "
@@ -66,6 +68,10 @@ class ShardedInstances:
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+    def check(self, expected: Expected) -> None:
+        """Refuse this dataset if it does not fit the model (see ``check_compatible``)."""
+        check_compatible(self.manifest, expected, str(self.directory))
 
 
 class _Ragged:
@@ -113,25 +119,35 @@ def _seed(seed: int, *key) -> int:
     return int.from_bytes(hashlib.blake2b("\x1f".join(map(str, (seed, *key))).encode(), digest_size=8).digest(), "little")
 
 
-def epoch_batches(lengths: np.ndarray, *, epoch: int, seed: int, micro_batch: int, world_size: int,
+def epoch_batches(lengths: np.ndarray, *, epoch: int, seed: int, global_batch: int,
                   window_batches: int = 64) -> np.ndarray:
-    """Row ids of every global batch of an epoch, shape (num_batches, world_size, micro_batch).
+    """Row ids of every global batch of an epoch, shape (num_batches, global_batch), each sorted by length.
 
     A seeded permutation is cut into windows of ``window_batches`` global batches; each window is sorted
     by length and cut into global batches, whose order is then shuffled. The tail that does not fill a
-    global batch is left for the next epoch's permutation.
+    global batch is left for the next epoch's permutation. Nothing here depends on the number of ranks,
+    so a run resumed on another world size (same global batch) continues with the same samples.
     """
     rng = np.random.Generator(np.random.PCG64(_seed(seed, "epoch", epoch)))
     order = rng.permutation(len(lengths))
-    per_batch = micro_batch * world_size
-    num_batches = len(order) // per_batch
-    order = order[:num_batches * per_batch]
-    window = per_batch * window_batches
+    num_batches = len(order) // global_batch
+    order = order[:num_batches * global_batch]
+    window = global_batch * window_batches
     for start in range(0, len(order), window):
         chunk = order[start:start + window]
         order[start:start + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
-    batches = order.reshape(num_batches, world_size, micro_batch)
+    batches = order.reshape(num_batches, global_batch)
     return batches[rng.permutation(num_batches)]
+
+
+def split_global_batch(rows: np.ndarray, *, accumulation: int, world_size: int, micro_batch: int) -> np.ndarray:
+    """(accumulation, world_size, micro_batch): micro-step ``a`` of rank ``r`` reads ``[a, r]``.
+
+    The global batch is sorted by length, so the ranks of one micro-step get sequences of similar length
+    and none waits on a longer one; a single process with ``accumulation = world_size`` reads exactly the
+    rows that the ranks of a data-parallel run read, in the same groups.
+    """
+    return rows.reshape(accumulation, world_size, micro_batch)
 
 
 def collate(data: ShardedInstances, rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -155,32 +171,55 @@ def collate(data: ShardedInstances, rows: np.ndarray) -> dict[str, np.ndarray]:
 
 
 class PretrainingLoader:
-    """This rank's micro-batches, epoch after epoch, resumable at the exact batch."""
+    """This rank's micro-batches, one optimizer step at a time, resumable at the exact step.
 
-    def __init__(self, data: ShardedInstances, *, micro_batch: int, world_size: int, rank: int, seed: int):
+    Each micro-batch carries ``mlm_loss_scale``: (micro-batches in the global batch) / (masked tokens in
+    the global batch). Summed token losses times this scale, averaged over micro-steps and ranks the way
+    DeepSpeed averages gradients, give the mean over every masked token of the global batch, so the loss
+    does not depend on how the batch is split across ranks and accumulation steps.
+    """
+
+    def __init__(self, data: ShardedInstances, *, micro_batch: int, accumulation: int, world_size: int,
+                 rank: int, seed: int, window_batches: int = 64):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
-        if len(data) < micro_batch * world_size:
+        self.global_batch = micro_batch * accumulation * world_size
+        if len(data) < self.global_batch:
             raise DatasetFormatError(f"the dataset has {len(data)} rows, fewer than one global batch "
-                                     f"({micro_batch} x {world_size} ranks)")
-        self.data, self.micro_batch, self.world_size, self.rank, self.seed = data, micro_batch, world_size, rank, seed
+                                     f"({micro_batch} x {accumulation} accumulation x {world_size} ranks)")
+        self.data, self.seed, self.window_batches = data, seed, window_batches
+        self.micro_batch, self.accumulation, self.world_size, self.rank = micro_batch, accumulation, world_size, rank
         self.epoch, self.batch_index = 0, 0
         self._batches = None
 
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.data) // self.global_batch
+
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch_index": self.batch_index}
+        """The position; valid on any world size with the same global batch size."""
+        return {"epoch": self.epoch, "batch_index": self.batch_index, "global_batch": self.global_batch,
+                "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
+        if int(state.get("global_batch", self.global_batch)) != self.global_batch:
+            raise ValueError(f"the checkpoint's global batch is {state['global_batch']} rows but this run's is "
+                             f"{self.global_batch}; keep train.global_batch_size to resume at the same sample")
         self.epoch, self.batch_index, self._batches = int(state["epoch"]), int(state["batch_index"]), None
 
-    def next_batch(self) -> dict[str, np.ndarray]:
+    def next_step(self) -> list[dict[str, np.ndarray]]:
+        """The ``accumulation`` micro-batches of this rank for the next optimizer step."""
         if self._batches is None:
             self._batches = epoch_batches(self.data.lengths, epoch=self.epoch, seed=self.seed,
-                                          micro_batch=self.micro_batch, world_size=self.world_size)
+                                          global_batch=self.global_batch, window_batches=self.window_batches)
         if self.batch_index >= len(self._batches):
-            self.epoch, self.batch_index = self.epoch + 1, 0
-            self._batches = None
-            return self.next_batch()
-        rows = self._batches[self.batch_index, self.rank]
+            self.epoch, self.batch_index, self._batches = self.epoch + 1, 0, None
+            return self.next_step()
+        rows = self._batches[self.batch_index]
         self.batch_index += 1
-        return collate(self.data, rows)
+        masked_total = int(self.data.masked_positions.lengths[rows].sum())
+        scale = self.accumulation * self.world_size / max(1, masked_total)
+        parts = split_global_batch(rows, accumulation=self.accumulation, world_size=self.world_size,
+                                   micro_batch=self.micro_batch)
+        return [{**collate(self.data, parts[a, self.rank]), "mlm_loss_scale": np.float32(scale)}
+                for a in range(self.accumulation)]

@@ -75,8 +75,15 @@ def load_pretrained(directory: str | Path) -> tuple[BertForPreTraining, list[str
     return model, missing
 
 
-def export(model: BertForPreTraining, directory: str | Path, tokenizer_files: list[str | Path] = ()) -> None:
-    """Write ``config.json`` and ``model.safetensors`` (NSP head kept) that ``transformers`` loads."""
+def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
+    """Write ``config.json`` and ``model.safetensors`` (NSP head kept) that ``transformers`` loads.
+
+    With ``tokenizer_dir`` (a tokenizer saved by the preprocessing stage) the tokenizer goes along:
+    as ``tokenizer/`` in our format, and, for a WordPiece vocabulary, also as the ``vocab.txt`` and
+    ``tokenizer_config.json`` that ``transformers``' ``BertTokenizer`` reads.
+    """
+    import shutil
+
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -87,5 +94,13 @@ def export(model: BertForPreTraining, directory: str | Path, tokenizer_files: li
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()
              if k != "cls.predictions.decoder.weight"}  # tied to the word embeddings; stored once
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    for name in tokenizer_files:
-        (directory / Path(name).name).write_bytes(Path(name).read_bytes())
+    if tokenizer_dir is not None:
+        tokenizer_dir = Path(tokenizer_dir)
+        shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
+        meta = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+        if (tokenizer_dir / "vocab.txt").is_file():
+            shutil.copyfile(tokenizer_dir / "vocab.txt", directory / "vocab.txt")
+            lower = bool(meta.get("lowercase", True))
+            (directory / "tokenizer_config.json").write_text(json.dumps(
+                {"tokenizer_class": "BertTokenizer", "do_lower_case": lower, "strip_accents": None if lower else False,
+                 "model_max_length": model.config.max_position_embeddings}, indent=2) + "\n")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -145,10 +146,14 @@ class BertEncoder(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.gradient_checkpointing = False  # recompute each layer's activations in backward to save memory
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         for layer in self.layer:
-            x = layer(x, attn_mask)
+            if self.gradient_checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(layer, x, attn_mask, use_reentrant=False)
+            else:
+                x = layer(x, attn_mask)
         return x
 
 

@@ -7,7 +7,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from preprocess.schema import DatasetFormatError
-from pretrain.data import Expected, PretrainingLoader, ShardedInstances, collate, epoch_batches
+from pretrain.data import Expected, PretrainingLoader, ShardedInstances, collate, epoch_batches, split_global_batch
 
 
 def _rows(dataset):
@@ -40,43 +40,71 @@ def test_collate_pads_to_a_multiple_of_8_and_keeps_every_row_intact(sample_datas
 
 def test_ranks_read_disjoint_rows_covering_the_epoch():
     lengths = np.random.default_rng(0).integers(10, 129, size=1000)
-    batches = epoch_batches(lengths, epoch=0, seed=1, micro_batch=8, world_size=4)
-    assert batches.shape == (1000 // 32, 4, 8)
-    seen = batches.reshape(-1)
+    batches = epoch_batches(lengths, epoch=0, seed=1, global_batch=32)
+    assert batches.shape == (1000 // 32, 32)
+    per_rank = np.stack([split_global_batch(b, accumulation=2, world_size=4, micro_batch=4) for b in batches])
+    seen = per_rank.reshape(-1)
     assert len(set(seen.tolist())) == len(seen) == 992  # disjoint, all but the last partial batch
-    again = epoch_batches(lengths, epoch=0, seed=1, micro_batch=8, world_size=4)
+    again = epoch_batches(lengths, epoch=0, seed=1, global_batch=32)
     assert (again == batches).all()
-    assert not (epoch_batches(lengths, epoch=1, seed=1, micro_batch=8, world_size=4) == batches).all()
+    assert not (epoch_batches(lengths, epoch=1, seed=1, global_batch=32) == batches).all()
 
 
-def _padding_share(lengths, batches):
-    padded = sum(-(-lengths[b].max() // 8) * 8 * b.size for b in batches.reshape(-1, batches.shape[-1]))
-    return 1 - lengths[batches.reshape(-1)].sum() / padded
+def _padding_share(lengths, micro_batches):
+    padded = sum(-(-lengths[b].max() // 8) * 8 * b.size for b in micro_batches)
+    return 1 - lengths[np.concatenate(micro_batches)].sum() / padded
+
+
+def _micro_batches(batches, micro_batch):
+    return [m for b in batches for m in b.reshape(-1, micro_batch)]
 
 
 def test_length_grouping_cuts_padding(sample_dataset):
     # Uniform lengths: grouping leaves little more than the rounding up to a multiple of 8.
     lengths = np.random.default_rng(0).integers(20, 129, size=20000)
-    grouped = _padding_share(lengths, epoch_batches(lengths, epoch=0, seed=0, micro_batch=32, world_size=1))
-    random_order = _padding_share(lengths, np.random.default_rng(0).permutation(19968).reshape(-1, 1, 32))
+    grouped = _padding_share(lengths, _micro_batches(epoch_batches(lengths, epoch=0, seed=0, global_batch=64), 32))
+    random_order = _padding_share(lengths, list(np.random.default_rng(0).permutation(19968).reshape(-1, 32)))
     assert grouped < 0.07 and grouped < random_order / 5
     # Real shards at seq 128: at most 5% of the compute goes to padding.
     real = ShardedInstances(sample_dataset).lengths
-    assert _padding_share(real, epoch_batches(real, epoch=0, seed=0, micro_batch=32, world_size=2)) <= 0.05
+    assert _padding_share(real, _micro_batches(epoch_batches(real, epoch=0, seed=0, global_batch=64), 32)) <= 0.05
+
+
+def test_the_split_does_not_change_the_samples_or_the_loss_normaliser(sample_dataset):
+    """2 ranks x 1 micro-step read exactly the rows of 1 process x 2 accumulation steps."""
+    data = ShardedInstances(sample_dataset)
+    single = PretrainingLoader(data, micro_batch=8, accumulation=2, world_size=1, rank=0, seed=5)
+    ranks = [PretrainingLoader(data, micro_batch=8, accumulation=1, world_size=2, rank=r, seed=5) for r in (0, 1)]
+    for _ in range(3):
+        one = single.next_step()
+        two = [loader.next_step()[0] for loader in ranks]
+        for a in range(2):
+            assert (one[a]["input_ids"] == two[a]["input_ids"]).all()
+            assert one[a]["mlm_loss_scale"] == two[a]["mlm_loss_scale"]
+        # scale x masked tokens summed over the micro-batches = number of micro-batches
+        total = sum(len(m["masked_labels"]) for m in one)
+        assert abs(one[0]["mlm_loss_scale"] * total - 2) < 1e-5
 
 
 def test_resume_yields_the_same_next_batch(sample_dataset):
     data = ShardedInstances(sample_dataset)
-    first = PretrainingLoader(data, micro_batch=16, world_size=2, rank=1, seed=3)
+    first = PretrainingLoader(data, micro_batch=8, accumulation=2, world_size=2, rank=1, seed=3)
     for _ in range(7):
-        first.next_batch()
+        first.next_step()
     state = first.state_dict()
-    expected = [first.next_batch() for _ in range(200)]  # crosses into the next epochs
-    resumed = PretrainingLoader(data, micro_batch=16, world_size=2, rank=1, seed=3)
+    expected = [first.next_step() for _ in range(100)]  # crosses into the next epochs
+    assert first.epoch >= 2
+    resumed = PretrainingLoader(data, micro_batch=8, accumulation=2, world_size=2, rank=1, seed=3)
     resumed.load_state_dict(json.loads(json.dumps(state)))
-    for want in expected:
-        got = resumed.next_batch()
-        assert all((got[k] == want[k]).all() for k in want)
+    for want_step in expected:
+        for got, want in zip(resumed.next_step(), want_step):
+            assert all((got[k] == want[k]).all() for k in want)
+    # On 1 rank with the same global batch, the position names the same samples.
+    other = PretrainingLoader(data, micro_batch=8, accumulation=4, world_size=1, rank=0, seed=3)
+    other.load_state_dict(state)
+    assert (other.next_step()[3]["input_ids"] == expected[0][1]["input_ids"]).all()  # rows 24:32 of the batch
+    with pytest.raises(ValueError, match="global batch"):
+        PretrainingLoader(data, micro_batch=8, accumulation=1, world_size=1, rank=0, seed=3).load_state_dict(state)
 
 
 def test_mismatched_dataset_is_refused_with_the_reason(sample_dataset, tmp_path):

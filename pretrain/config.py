@@ -1,0 +1,173 @@
+"""The pretraining stage's typed configuration (one YAML per run under configs/pretrain/).
+
+Sizes come from a model preset plus overrides; batch sizes are given as the global batch and the
+micro-batch per GPU, and gradient accumulation follows from the world size at launch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from preprocess import configlib
+from pretrain.schedule import ScheduleConfig
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+OPTIMIZERS = ("adamw", "lamb")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    preset: str = "base"                 # tiny | base | large (pretrain.model.PRESETS)
+    init_from: str | None = None         # a Hugging Face BERT directory or one of our run directories
+    vocab_size: int | None = None        # default: the dataset's vocabulary, rounded up to a multiple of 8
+    hidden_dropout_prob: float | None = None
+    attention_probs_dropout_prob: float | None = None
+    max_position_embeddings: int = 512
+    activation_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str = ""                       # a dataset directory written by `python -m preprocess run`
+    window_batches: int = 64             # length grouping window, in global batches
+
+    def __post_init__(self):
+        if self.window_batches < 1:
+            raise ValueError("window_batches must be >= 1")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_steps: int = 1000                # optimizer steps
+    global_batch_size: int = 256         # sequences per optimizer step, over all ranks
+    micro_batch_size: int = 32           # sequences per forward pass on one rank
+    precision: str = "bf16"              # bf16 | fp16 (dynamic loss scaling) | fp32
+    gradient_clipping: float = 1.0       # 0 disables
+    initial_scale_power: int = 16        # fp16: the loss scale starts at 2**this
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
+    min_loss_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if min(self.max_steps, self.global_batch_size, self.micro_batch_size) < 1:
+            raise ValueError("max_steps, global_batch_size and micro_batch_size must be >= 1")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(f"global_batch_size {self.global_batch_size} is not a multiple of "
+                             f"micro_batch_size {self.micro_batch_size}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "adamw"                  # adamw | lamb
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    torch_adam: bool = False             # plain torch AdamW instead of DeepSpeed's fused kernel (CPU)
+
+    def __post_init__(self):
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optimizer name must be one of {OPTIMIZERS}, got {self.name!r}")
+        if self.lr <= 0:
+            raise ValueError("lr must be > 0")
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    stage: int = 1
+    offload_optimizer: str = "none"      # none | cpu | nvme
+    offload_param: str = "none"          # none | cpu | nvme (stage 3 only)
+    nvme_path: str | None = None
+
+    def __post_init__(self):
+        if self.stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero stage must be 0, 1, 2 or 3, got {self.stage}")
+        for name in ("offload_optimizer", "offload_param"):
+            if getattr(self, name) not in ("none", "cpu", "nvme"):
+                raise ValueError(f"{name} must be none, cpu or nvme")
+        if self.offload_param != "none" and self.stage != 3:
+            raise ValueError("offload_param needs zero stage 3")
+        if self.offload_optimizer != "none" and self.stage == 0:
+            raise ValueError("offload_optimizer needs zero stage 1, 2 or 3")
+        if "nvme" in (self.offload_optimizer, self.offload_param) and not self.nvme_path:
+            raise ValueError("nvme offload needs zero.nvme_path")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 1000              # 0: only at the end and on preemption
+    keep_last: int = 3
+    export_hf: bool = True               # write a Hugging Face directory at the end of the run
+
+    def __post_init__(self):
+        if self.every_steps < 0 or self.keep_last < 1:
+            raise ValueError("every_steps must be >= 0 and keep_last >= 1")
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    max_consecutive_skips: int = 25      # non-finite steps in a row before the run stops
+    timeout_minutes: float = 30.0        # a collective that waits longer fails the job instead of hanging
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_every: int = 10                  # steps between a metrics record and a log line
+    tensorboard: bool = True
+    csv: bool = False
+    progress: bool = True                # rank 0's progress bar, when stderr is a terminal
+    peak_tflops: float | None = None     # per-GPU peak for MFU; default: looked up from the GPU's name
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    output_dir: str = "runs/pretrain"
+    seed: int = 1234
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(total_steps=1000, warmup_steps=0))
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self):
+        if self.schedule.total_steps != self.train.max_steps:
+            raise ValueError(f"schedule.total_steps ({self.schedule.total_steps}) differs from train.max_steps "
+                             f"({self.train.max_steps}); set both (the schedule decays to the end of the run)")
+        if self.optimizer.name == "lamb" and self.zero.stage > 0:
+            raise ValueError("LAMB computes a trust ratio per parameter tensor, which ZeRO's flat partitions "
+                             "break: use zero.stage 0 with lamb (fp16 or fp32), or adamw with ZeRO")
+        if self.train.precision == "bf16" and self.zero.stage == 0:
+            raise ValueError("bf16 without ZeRO would keep no fp32 master weights in DeepSpeed: use zero.stage 1 "
+                             "or more with bf16, or fp16 (dynamic loss scaling) with zero.stage 0")
+
+
+def load(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> PretrainConfig:
+    return configlib.load(PretrainConfig, path, overrides)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How the global batch is split at a given world size."""
+
+    global_batch: int
+    micro_batch: int
+    world_size: int
+    accumulation: int
+
+    def describe(self) -> str:
+        return (f"global batch {self.global_batch} = micro-batch {self.micro_batch} x {self.world_size} ranks "
+                f"x {self.accumulation} accumulation steps")
+
+
+def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
+    per_step = train.micro_batch_size * world_size
+    if train.global_batch_size % per_step:
+        raise configlib.ConfigError(
+            f"train.global_batch_size {train.global_batch_size} is not a multiple of micro_batch_size "
+            f"{train.micro_batch_size} x {world_size} ranks; change one of them (or the number of GPUs)")
+    return BatchPlan(train.global_batch_size, train.micro_batch_size, world_size, train.global_batch_size // per_step)

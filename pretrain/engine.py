@@ -1,0 +1,204 @@
+"""Everything that touches DeepSpeed: its config, process group, engine, checkpoints and conversions.
+
+The DeepSpeed config is built from the run's typed config here and nowhere else; the rest of the
+stage sees an ``Engine`` with forward/backward/step and checkpoint calls.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from pretrain.config import BatchPlan, PretrainConfig
+from pretrain.lamb import Lamb
+from pretrain.launch import Rendezvous
+from pretrain.schedule import lr_at
+
+_NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias")
+
+
+def deepspeed_config(cfg: PretrainConfig, plan: BatchPlan, output_dir: str | Path) -> dict:
+    """The DeepSpeed JSON config for this run at this world size."""
+    train, opt, zero = cfg.train, cfg.optimizer, cfg.zero
+    ds: dict = {
+        "train_batch_size": plan.global_batch,
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.accumulation,
+        "gradient_clipping": train.gradient_clipping,
+        "steps_per_print": 10 ** 9,          # we log ourselves
+        "wall_clock_breakdown": False,
+        "zero_optimization": {"stage": zero.stage},
+        "checkpoint": {"load_universal": False},
+    }
+    if opt.name == "adamw":
+        ds["optimizer"] = {"type": "AdamW", "params": {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
+                                                       "weight_decay": opt.weight_decay,
+                                                       "torch_adam": opt.torch_adam, "adam_w_mode": True}}
+    if zero.stage >= 1:
+        ds["zero_optimization"].update(contiguous_gradients=True, overlap_comm=zero.stage >= 2,
+                                       reduce_scatter=True)
+        for which in ("optimizer", "param"):
+            device = getattr(zero, f"offload_{which}")
+            if device != "none":
+                block = {"device": device, "pin_memory": True}
+                if device == "nvme":
+                    block["nvme_path"] = zero.nvme_path
+                ds["zero_optimization"][f"offload_{which}"] = block
+        if zero.offload_optimizer != "none" and opt.name == "adamw":
+            ds["optimizer"]["params"].pop("torch_adam")  # DeepSpeedCPUAdam does the offloaded step
+    if train.precision == "bf16":
+        ds["bf16"] = {"enabled": True, "check_grad_overflow": True}
+        ds["data_types"] = {"grad_accum_dtype": "fp32"}
+    elif train.precision == "fp16":
+        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": train.initial_scale_power,
+                      "loss_scale_window": train.loss_scale_window, "hysteresis": train.hysteresis,
+                      "min_loss_scale": train.min_loss_scale}
+    monitor_dir = str(Path(output_dir) / "monitor")
+    if cfg.logging.tensorboard:
+        ds["tensorboard"] = {"enabled": True, "output_path": monitor_dir, "job_name": "tensorboard"}
+    if cfg.logging.csv:
+        ds["csv_monitor"] = {"enabled": True, "output_path": monitor_dir, "job_name": "csv"}
+    return ds
+
+
+def init_distributed(rendezvous: Rendezvous, timeout_minutes: float) -> None:
+    import deepspeed
+
+    rendezvous.export()
+    accelerator = deepspeed.get_accelerator()
+    if accelerator.device_name() != "cpu":
+        accelerator.set_device(rendezvous.local_rank)
+    backend = deepspeed.get_accelerator().communication_backend_name()
+    with _quiet():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
+                                   timeout=timedelta(minutes=timeout_minutes), rank=rendezvous.rank,
+                                   world_size=rendezvous.world_size)
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """BERT's recipe: no weight decay on biases and LayerNorm parameters."""
+    decay, no_decay = [], []
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            (no_decay if name.endswith(_NO_DECAY) else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build(cfg: PretrainConfig, module: torch.nn.Module, ds_config: dict):
+    """The DeepSpeed engine, with our LR schedule as a LambdaLR that DeepSpeed steps and checkpoints."""
+    import deepspeed
+
+    opt = cfg.optimizer
+    optimizer = None
+    if opt.name == "lamb":
+        optimizer = Lamb(parameter_groups(module, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps)
+    schedule, peak = cfg.schedule, opt.lr
+
+    def scheduler(optim):
+        return torch.optim.lr_scheduler.LambdaLR(optim, lambda step: lr_at(step, peak, schedule) / peak)
+
+    with _quiet():
+        engine, *_ = deepspeed.initialize(
+            model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config,
+            model_parameters=parameter_groups(module, opt.weight_decay) if optimizer is None else None)
+    return engine
+
+
+def loss_scale(engine) -> float:
+    optimizer = engine.optimizer
+    for name in ("cur_scale", "loss_scale"):
+        value = getattr(optimizer, name, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    scaler = getattr(optimizer, "loss_scaler", None)
+    return float(getattr(scaler, "cur_scale", getattr(scaler, "loss_scale", 1.0)) or 1.0)
+
+
+def train_micro_batch(engine, batch: dict) -> torch.Tensor:
+    """Forward, backward and (at the accumulation boundary) the optimizer step; returns the statistics."""
+    loss, stats = engine(**batch)
+    engine.backward(loss)
+    if engine.is_gradient_accumulation_boundary() and engine.get_global_grad_norm() is None:
+        # Without ZeRO or a loss scaler DeepSpeed does not report the norm; the gradients are reduced by now.
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        engine.our_grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+    engine.step()
+    return stats
+
+
+def grad_norm(engine) -> float:
+    value = engine.get_global_grad_norm()
+    if value is None:
+        value = getattr(engine, "our_grad_norm", None)
+    return float(value) if value is not None else float("nan")
+
+
+def save(engine, directory: Path, tag: str, client_state: dict) -> None:
+    """Every rank writes its part of ``directory/tag``; the caller publishes it once all are done."""
+    with _quiet():
+        engine.save_checkpoint(str(directory), tag=tag, client_state=client_state, save_latest=False)
+
+
+def load(engine, directory: Path, tag: str, *, module_only: bool = False) -> dict:
+    with _quiet():
+        path, client_state = engine.load_checkpoint(
+            str(directory), tag=tag, load_module_only=module_only,
+            load_optimizer_states=not module_only, load_lr_scheduler_states=not module_only)
+    if path is None:
+        raise FileNotFoundError(f"{directory / tag}: DeepSpeed found no checkpoint there")
+    return client_state or {}
+
+
+def convert_to_universal(directory: Path, tag: str, output: Path) -> None:
+    """DeepSpeed's universal checkpoint of ``directory/tag``, loadable on any number of ranks."""
+    from argparse import Namespace
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    args = Namespace(input_folder=str(directory / tag), output_folder=str(output), num_extract_workers=1,
+                     num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
+    with _quiet():
+        ds_to_universal.main(args)
+
+
+def consolidated_state_dict(engine) -> dict[str, torch.Tensor] | None:
+    """The full fp32 weights of the wrapped module on rank 0 (None elsewhere). A collective: call on every rank.
+
+    With ZeRO (and DeepSpeed's bf16 optimizer) the fp32 master weights live partitioned in the optimizer;
+    ``safe_get_full_fp32_param`` reassembles each. Without it, the module's own weights are the masters.
+    """
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    state = {}
+    for name, param in engine.module.named_parameters():
+        full = safe_get_full_fp32_param(param)
+        if engine.global_rank == 0:
+            state[name] = (full if full is not None else param.detach()).float().cpu().clone()
+    return state if engine.global_rank == 0 else None
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DeepSpeed prints a lot at INFO on every rank; keep it to warnings unless DS_LOG_LEVEL says otherwise."""
+    from deepspeed.utils import logger
+
+    level = logger.level
+    if os.environ.get("DS_LOG_LEVEL") is None:
+        logger.setLevel("WARNING")
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) if os.environ.get("DS_LOG_LEVEL") is None else contextlib.nullcontext():
+            yield
+    finally:
+        logger.setLevel(level)

@@ -1,0 +1,99 @@
+"""Pretrain BERT with DeepSpeed.
+
+    deepspeed pretrain/run.py --config configs/pretrain/bert_large_phase1_seq128.yaml
+    torchrun --nproc_per_node 8 pretrain/run.py --config ... --resume
+    mpirun -n 16 python pretrain/run.py --config ...        srun python pretrain/run.py --config ...
+    python pretrain/run.py --config ... --dry-run --world-size 64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (the launchers do that): make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from preprocess.configlib import ConfigError  # noqa: E402
+from preprocess.schema import DatasetFormatError  # noqa: E402
+from pretrain import config as config_module  # noqa: E402
+from pretrain.hf_compat import CheckpointError  # noqa: E402
+
+EXPECTED_ERRORS = (ConfigError, DatasetFormatError, CheckpointError, FileNotFoundError, ValueError)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="a YAML file under configs/pretrain/")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set train.max_steps=100 (repeatable)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest complete checkpoint in output_dir (if there is one)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the resolved DeepSpeed config and the batch arithmetic, then exit")
+    parser.add_argument("--world-size", type=int, default=None, help="with --dry-run: the number of GPUs to plan for")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
+    return parser.parse_args(argv)
+
+
+def dry_run(cfg, world_size: int) -> None:
+    from pretrain.config import batch_plan
+    from pretrain.engine import deepspeed_config
+    from pretrain.schedule import lr_at
+
+    plan = batch_plan(cfg.train, world_size)
+    ds_config = deepspeed_config(cfg, plan, cfg.output_dir)
+    warmup = cfg.schedule.resolved_warmup()
+    print(json.dumps(ds_config, indent=2))
+    print(f"\n{plan.describe()}")
+    print(f"{cfg.train.max_steps:,} steps x {plan.global_batch:,} sequences = "
+          f"{cfg.train.max_steps * plan.global_batch:,} samples; warm-up {warmup:,} steps to lr {cfg.optimizer.lr:g}, "
+          f"then {cfg.schedule.decay} decay to {lr_at(cfg.train.max_steps - 1, cfg.optimizer.lr, cfg.schedule):.3g}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = config_module.load(args.config, args.overrides)
+        if args.dry_run:
+            dry_run(cfg, args.world_size or int(os.environ.get("WORLD_SIZE", 1)))
+            return 0
+        if not cfg.data.path:
+            raise ConfigError(f"{args.config}: data.path is not set; point it at a directory written by "
+                              "`python -m preprocess run` (or pass --set data.path=DIR)")
+    except EXPECTED_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    from pretrain import engine, launch, train
+    from pretrain.monitor import setup_logging
+
+    rendezvous = launch.from_environment()
+    setup_logging(rendezvous.rank)
+    engine.init_distributed(rendezvous, cfg.faults.timeout_minutes)
+    try:
+        status = train.run(cfg, rendezvous, resume=args.resume)
+    except EXPECTED_ERRORS as error:
+        print(f"error (rank {rendezvous.rank}): {error}", file=sys.stderr)
+        _die(2)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        _die(1)
+    engine.shutdown()
+    return status
+
+
+def _die(status: int) -> None:
+    """Exit at once: a rank that lingers would leave the others waiting in a collective until the timeout,
+    while its exit makes the launcher (deepspeed, torchrun, mpirun, srun) stop the whole job."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,7 +13,8 @@ from torch import nn
 from pretrain.model import BertForPreTraining
 
 # Order of the entries of the statistics vector returned with the loss.
-STAT_NAMES = ("mlm_loss_sum", "mlm_correct", "mlm_tokens", "nsp_loss_sum", "nsp_correct", "sequences", "tokens")
+STAT_NAMES = ("mlm_loss_sum", "mlm_correct", "mlm_tokens", "nsp_loss_sum", "nsp_correct", "sequences", "tokens",
+              "nonfinite_losses")
 
 
 class PretrainingObjective(nn.Module):
@@ -39,5 +40,6 @@ class PretrainingObjective(nn.Module):
                 torch.tensor(float(masked_labels.numel()), device=loss.device),
                 nsp_losses.sum(), (nsp_logits.argmax(-1) == next_sentence_labels).sum().float(),
                 torch.tensor(float(input_ids.shape[0]), device=loss.device), attention_mask.sum().float(),
+                (~torch.isfinite(loss.detach())).float(),
             ]).float()
         return loss, stats

@@ -170,15 +170,15 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
             loss_value = _loss(stats)
             if not applied:
                 skipped_total, consecutive = skipped_total + 1, consecutive + 1
-                monitor.info(f"step {step}: non-finite loss or gradient (loss {loss_value}); step skipped "
+                monitor.info(f"step {step}: non-finite loss or gradient; step skipped "
                              f"({consecutive} in a row, {skipped_total} in all)")
                 if consecutive >= cfg.faults.max_consecutive_skips:
                     raise Diverged(f"{consecutive} consecutive steps had a non-finite loss or gradient (limit "
                                    f"faults.max_consecutive_skips={cfg.faults.max_consecutive_skips}); stopping. "
                                    f"The last good checkpoint is kept in {ckpt_dir}: resume from it with a lower "
                                    "learning rate, or fp16 -> bf16")
-            elif not math.isfinite(loss_value):
-                raise Diverged(f"step {step}: the loss is {loss_value} and {cfg.train.precision} has no overflow "
+            elif stats[STAT_NAMES.index("nonfinite_losses")] > 0 or not math.isfinite(loss_value):
+                raise Diverged(f"step {step}: the loss is not finite and {cfg.train.precision} has no overflow "
                                "check to skip the step; the weights are no longer usable. The last good checkpoint "
                                f"is kept in {ckpt_dir}: resume with bf16 or fp16, or a lower learning rate")
             else:
@@ -204,7 +204,10 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
                 status = PREEMPTED
                 break
             if last or (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0):
-                _save(engine, cfg, loader, out, step, consumed, skipped_total, world)
+                if consecutive:  # keep the last checkpoint from before the trouble as the newest
+                    monitor.info(f"step {step}: not checkpointing during a run of skipped steps")
+                else:
+                    _save(engine, cfg, loader, out, step, consumed, skipped_total, world)
         if status == 0 and cfg.checkpoint.export_hf:
             _export(engine, model, data, out)
     except Diverged as error:

@@ -1,4 +1,7 @@
 """A small real dataset from the preprocessing stage (bundled samples, bert-base-uncased vocabulary)."""
+import os
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports DeepSpeed
 import pathlib
 
 import pytest
@@ -15,4 +18,18 @@ def sample_dataset(tmp_path_factory, bert_vocab) -> pathlib.Path:
     cfg = config.load("configs/preprocess/tiny.yaml", ["output.num_shards=3", "instances.dupe_factor=3"])
     pipeline.run(cfg, wikipedia=[str(SAMPLES / "wikipedia")], books=[str(SAMPLES / "books")],
                  tokenizer=str(bert_vocab), output=str(out), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_dataset(tmp_path_factory, shared_data, bert_vocab) -> pathlib.Path:
+    """Phase-1 instances (seq 128) from the real Wikipedia dump slice, with bert-base-uncased's vocabulary."""
+    from preprocess import config, pipeline
+    from tests.conftest import require
+
+    dump = require(shared_data / "wikipedia" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+                   "the Wikipedia dump slice")
+    out = tmp_path_factory.mktemp("pretrain-real") / "dataset"
+    cfg = config.load("configs/preprocess/phase1_seq128.yaml", ["instances.dupe_factor=1", "output.num_shards=2"])
+    pipeline.run(cfg, wikipedia=[str(dump)], books=[], tokenizer=str(bert_vocab), output=str(out), progress=False)
     return out

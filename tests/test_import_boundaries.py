@@ -27,3 +27,15 @@ def test_model_file_imports_nothing_distributed():
     assert not [line for line in imports if "deepspeed" in line or "distributed" in line], imports
     loaded = _modules_after("import pretrain.model, pretrain.hf_compat")
     assert "deepspeed" not in loaded and "apache_beam" not in loaded
+
+
+def test_deepspeed_is_touched_in_one_module():
+    import pathlib
+
+    package = pathlib.Path(__file__).resolve().parents[1] / "pretrain"
+    users = sorted(path.name for path in package.glob("*.py")
+                   if any(line.lstrip().startswith(("import deepspeed", "from deepspeed"))
+                          for line in path.read_text().splitlines()))
+    assert users == ["engine.py"], users
+    loaded = _modules_after("import pretrain.train, pretrain.data, pretrain.objective, pretrain.checkpoints")
+    assert "deepspeed" not in loaded  # imported lazily, when an engine is built

@@ -135,47 +135,46 @@ def check_same_computation(ours, hf, ours_in: dict, hf_in: dict) -> dict:
     for model in (ours, hf):
         model.zero_grad(set_to_none=True)
         model.train()
-    loss_ours, loss_hf = loss_ours.item(), loss_hf.item()
-    return {"loss_ours": loss_ours, "loss_hf": loss_hf, "loss_abs_diff": abs(loss_ours - loss_hf),
+    return {"loss_ours": loss_ours.item(), "loss_hf": loss_hf.item(), "loss_abs_diff": abs((loss_ours - loss_hf).item()),
             "grad_max_abs_diff": grad_diff}
 
 
-def measure_step_time(dataset: Path, rounds: int, steps: int, warmup: int, quiet_wait: float) -> dict:
+def measure_step_time(dataset: Path, rounds: int, steps: int, warmup: int, quiet_budget: float) -> dict:
     data = ShardedInstances(dataset)
     loader = PretrainingLoader(data, micro_batch=MICRO_BATCH, accumulation=1, world_size=1, rank=0, seed=SEED)
     batches = [to_inputs(loader.next_step()[0]) for _ in range(steps)]  # the same batches for both, every round
     ours, hf = make_models()
     equivalence = check_same_computation(ours, hf, *batches[0])
-    contenders = {"ours": (ours, 0), "hf": (hf, 1)}
-    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01) for k, (m, _) in contenders.items()}
-    run = lambda name, b: train_step(contenders[name][0], optimizers[name], b[contenders[name][1]], name == "hf")  # noqa: E731
-    for name in contenders:
-        for b in batches[:warmup]:
-            run(name, b)
-    per_step, phases = {k: [] for k in contenders}, {k: [] for k in contenders}
-    # Two threads on two cores: another busy process stalls every OpenMP barrier, so wait for quiet first
-    # and record, per round, the cores other processes used (contended rounds are slower for both).
-    load_before, foreign = bench_preprocess.wait_for_quiet(quiet_wait), []
+    models = {"ours": ours, "hf": hf}
+    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01) for k, m in models.items()}
+    run = lambda name, b: train_step(models[name], optimizers[name], b[name == "hf"], name == "hf")  # noqa: E731
+    for name, b in [(name, b) for name in models for b in batches[:warmup]]:
+        run(name, b)
+    table, deadline = [], time.monotonic() + quiet_budget
     for r in range(rounds):
+        # Two threads on two cores: another busy process stalls every OpenMP barrier, so wait (within a budget)
+        # for quiet before each round and record the cores other processes used during it.
+        row = {"load_before_cores": bench_preprocess.wait_for_quiet(max(0.0, min(30.0, deadline - time.monotonic())))}
         busy0, own0, wall0 = bench_preprocess._busy_cpu(), time.process_time(), time.perf_counter()
         for name in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):  # alternate who goes first
             started = time.perf_counter()
             times = [run(name, b) for b in batches]
-            per_step[name].append((time.perf_counter() - started) / steps)
-            phases[name].append([sum(t[i] for t in times) / steps for i in range(3)])
+            row[f"{name}_step_s"] = round((time.perf_counter() - started) / steps, 4)
+            row[f"{name}_phase_s"] = [round(sum(t[i] for t in times) / steps, 4) for i in range(3)]
         other = bench_preprocess._busy_cpu() - busy0 - (time.process_time() - own0)
-        foreign.append(round(max(0.0, other) / (time.perf_counter() - wall0), 2))
+        row["foreign_load_cores"] = round(max(0.0, other) / (time.perf_counter() - wall0), 2)
+        row["ratio"] = round(row["ours_step_s"] / row["hf_step_s"], 3)
+        table.append(row)
+    quiet = [row for row in table if row["foreign_load_cores"] <= bench_preprocess.CONTENDED_LOAD]
     out = {"batches": {"count": steps, "rows": MICRO_BATCH, "padded_widths": [int(b[0]["input_ids"].shape[1]) for b in batches],
                        "masked_tokens_mean": float(np.mean([b[0]["masked_labels"].numel() for b in batches]))},
-           "equivalence_eval_mode": equivalence, "foreign_load_cores_before": load_before,
-           "foreign_load_cores_per_round": foreign}
-    for name in contenders:
-        med = [statistics.median(p[i] for p in phases[name]) for i in range(3)]
-        out[name] = {"median_step_s": round(statistics.median(per_step[name]), 4),
-                     "round_step_s": [round(t, 4) for t in per_step[name]],
-                     "median_phase_s": dict(zip(("forward_loss", "backward", "optimizer"), (round(t, 4) for t in med)))}
+           "equivalence_eval_mode": equivalence, "rounds": table,
+           "medians_over": f"{len(quiet)} uncontended round(s)" if quiet else f"all {rounds} rounds (all contended)"}
+    for name in models:
+        phases = [statistics.median(row[f"{name}_phase_s"][i] for row in quiet or table) for i in range(3)]
+        out[name] = {"median_step_s": statistics.median(row[f"{name}_step_s"] for row in quiet or table),
+                     "median_phase_s": dict(zip(("forward_loss", "backward", "optimizer"), phases))}
     out["ratio_ours_over_hf"] = round(out["ours"]["median_step_s"] / out["hf"]["median_step_s"], 3)
-    out["round_ratios"] = [round(a / b, 3) for a, b in zip(per_step["ours"], per_step["hf"])]
     return out
 
 
@@ -232,14 +231,14 @@ def main() -> int:
     machine = bench_preprocess.machine_info()
     threads = machine["usable_cores"]
     torch.set_num_threads(threads)
-    rounds, steps, warmup, loader_s = (2, 3, 1, 0.5) if args.quick else (5, 10, 3, 3.0)
+    rounds, steps, warmup, loader_s = (2, 3, 1, 0.5) if args.quick else (6, 10, 3, 3.0)
 
     datasets, builds = {}, {}
     for seq in CONFIGS:
         datasets[seq], builds[seq] = ensure_dataset(seq, args.data, args.work)
         print(f"seq {seq} shards: {os.path.relpath(datasets[seq], REPO)} {builds[seq]}", flush=True)
 
-    step = measure_step_time(datasets[128], rounds, steps, warmup, 10 if args.quick else 120)
+    step = measure_step_time(datasets[128], rounds, steps, warmup, 5 if args.quick else 180)
     padding = {f"seq{seq}": measure_padding(datasets[seq], seq) for seq in CONFIGS}
     loader = {f"seq{seq}": measure_loader(datasets[seq], seq, loader_s) for seq in CONFIGS}
 
@@ -263,7 +262,7 @@ def main() -> int:
         "datasets": {f"seq{seq}": {"path": os.path.relpath(datasets[seq], REPO), **builds[seq]} for seq in CONFIGS},
         "method": {
             "step_time": "rounds alternate who goes first, same batches each round; per step = round wall / steps, "
-                         "median over rounds; foreign_load_cores: CPU of other processes (after waiting <= 120 s)",
+                         "median over uncontended rounds (all when none); foreign_load_cores: CPU of other processes",
             "padding_share": "padding / (padded width x rows), width = longest row rounded up to a multiple of 8",
             "loader": "PretrainingLoader.next_step() in this process, world_size 1, accumulation = 256 / micro"},
         "step_time": step, "padding": padding, "loader": loader,
@@ -282,7 +281,8 @@ def main() -> int:
           f"({phases(hf)}); ratio {step['ratio_ours_over_hf']:.3f} [{targets['step_time_ratio_max']['result']} <= 0.8]")
     eq = step["equivalence_eval_mode"]
     print(f"  same computation (eval): loss diff {eq['loss_abs_diff']:.1e}, grad max diff {eq['grad_max_abs_diff']:.1e}; "
-          f"other processes used {step['foreign_load_cores_per_round']} cores per round")
+          f"other processes used {[r['foreign_load_cores'] for r in step['rounds']]} cores per round, medians over "
+          f"{step['medians_over']}")
     mark = {"seq128": lambda t: f" [{targets[t]['result']} {targets[t]['target']}]", "seq512": lambda t: ""}
     for key, p in padding.items():
         print(f"  padding {key}: ours {p['ours_grouped']:.2%}{mark[key]('padding_share_seq128_max')}, random batches "

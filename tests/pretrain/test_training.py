@@ -202,3 +202,14 @@ def test_dry_run_prints_the_deepspeed_config_and_the_batch_arithmetic():
     assert ds_config["train_batch_size"] == 65536 and ds_config["train_micro_batch_size_per_gpu"] == 64
     assert ds_config["gradient_accumulation_steps"] == 16 and ds_config["fp16"]["enabled"]
     assert "global batch 65536 = micro-batch 64 x 64 ranks x 16 accumulation steps" in result.stdout
+
+
+def test_lamb_with_activation_checkpointing_trains(one_rank, sample_dataset, tmp_path):
+    """The phase configs' optimizer (LAMB, ZeRO 0) and activation checkpointing, in fp32 on CPU."""
+    out = tmp_path / "run"
+    cfg = _cfg(sample_dataset, out, 8, **{"optimizer.name": "lamb", "optimizer.lr": 2e-2, "zero.stage": 0,
+                                          "train.precision": "fp32", "model.activation_checkpointing": "true"})
+    assert train.run(cfg, one_rank, resume=False) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in records)
+    assert records[-1]["loss"] < records[0]["loss"] - 0.3

@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""BERT pretraining throughput and MFU on one GPU, through the same DeepSpeed engine the runs use.
+
+    python bench/pretrain_gpu.py                                   # BERT-Large, phase 1 and 2, bf16, ZeRO 1
+    python bench/pretrain_gpu.py --data128 DIR --data512 DIR       # real shards instead of full-length rows
+    DS_ACCELERATOR=cpu python bench/pretrain_gpu.py --preset tiny --steps 3 --warmup 1   # smoke run on CPU
+
+Each phase: the model preset at that sequence length, one rank, bf16 (DeepSpeed's bf16 with ZeRO 1 and
+fp32 master weights), AdamW; ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps.
+Reports sequences/s, tokens/s and MFU = tokens/s x training FLOPs per token (``pretrain.model.flops_per_token``)
+/ the GPU's dense bf16 peak. Writes bench/results/pretrain-gpu-<device>.json with machine and versions.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from pretrain import config as config_module, engine as ds  # noqa: E402
+from pretrain.data import PretrainingLoader, ShardedInstances  # noqa: E402
+from pretrain.launch import Rendezvous  # noqa: E402
+from pretrain.model import BertForPreTraining, flops_per_token, preset  # noqa: E402
+from pretrain.monitor import peak_tflops  # noqa: E402
+from pretrain.objective import PretrainingObjective  # noqa: E402
+
+
+def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: int = 0):
+    """Full-length rows with 15% of positions masked: the worst case for padding, the best for MFU."""
+    rng = np.random.default_rng(seed)
+    per_row = max(1, int(0.15 * seq))
+    while True:
+        batches = []
+        for _ in range(accumulation):
+            positions = np.sort(rng.choice(seq, size=(micro, per_row)), axis=1) + np.arange(micro)[:, None] * seq
+            batches.append({"input_ids": rng.integers(1000, vocab, size=(micro, seq)),
+                            "token_type_ids": (np.arange(seq)[None] >= seq // 2).repeat(micro, 0).astype(np.int64),
+                            "attention_mask": np.ones((micro, seq), np.int64),
+                            "masked_positions": positions.reshape(-1).astype(np.int64),
+                            "masked_labels": rng.integers(1000, vocab, size=micro * per_row),
+                            "next_sentence_labels": rng.integers(0, 2, size=micro),
+                            "mlm_loss_scale": np.float32(1.0 / (micro * per_row))})
+        yield batches
+
+
+def measure(args, seq: int, micro: int, data_dir: str | None) -> dict:
+    overrides = [f"model.preset={args.preset}", "model.max_position_embeddings=512", f"train.micro_batch_size={micro}",
+                 f"train.global_batch_size={micro * args.accumulation}", "train.precision=bf16", "zero.stage=1",
+                 "optimizer.name=adamw", f"optimizer.torch_adam={str(not torch.cuda.is_available()).lower()}",
+                 f"train.max_steps={args.steps + args.warmup}", f"schedule.total_steps={args.steps + args.warmup}",
+                 "logging.tensorboard=false", f"model.activation_checkpointing={str(args.checkpointing).lower()}"]
+    cfg = config_module.load(None, overrides)
+    plan = config_module.batch_plan(cfg.train, 1)
+    torch.manual_seed(0)
+    model = BertForPreTraining(preset(args.preset, vocab_size=30528))
+    model.bert.encoder.gradient_checkpointing = args.checkpointing
+    engine = ds.build(cfg, PretrainingObjective(model), ds.deepspeed_config(cfg, plan, REPO / "bench" / "work"))
+    if data_dir:
+        loader = PretrainingLoader(ShardedInstances(data_dir), micro_batch=micro, accumulation=args.accumulation,
+                                   world_size=1, rank=0, seed=0)
+        steps = iter(loader.next_step, None)
+    else:
+        steps = synthetic_steps(micro, seq, 30528, args.accumulation)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    tokens = sequences = 0
+    for index in range(args.warmup + args.steps):
+        if index == args.warmup:
+            sync()
+            started, tokens, sequences = time.perf_counter(), 0, 0
+        for micro_batch in next(steps):
+            batch = {k: torch.as_tensor(v).to(engine.device, non_blocking=True) for k, v in micro_batch.items()}
+            ds.train_micro_batch(engine, batch)
+            tokens += int(micro_batch["attention_mask"].sum())
+            sequences += micro_batch["input_ids"].shape[0]
+    sync()
+    elapsed = time.perf_counter() - started
+    device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    peak = peak_tflops(device_name if torch.cuda.is_available() else None)
+    tokens_per_s = tokens / elapsed
+    mfu = tokens_per_s * flops_per_token(model.config, seq) / (peak * 1e12) if peak else None
+    result = {"seq": seq, "micro_batch": micro, "accumulation": args.accumulation, "steps": args.steps,
+              "data": data_dir or "synthetic full-length rows", "sequences_per_s": sequences / elapsed,
+              "tokens_per_s": tokens_per_s, "mfu": mfu, "peak_tflops": peak, "step_s": elapsed / args.steps,
+              "max_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None}
+    print(f"seq {seq}: {result['sequences_per_s']:,.1f} seq/s, {tokens_per_s:,.0f} tok/s"
+          + (f", MFU {100 * mfu:.1f}%" if mfu else ""), flush=True)
+    del engine
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="large")
+    parser.add_argument("--micro128", type=int, default=128, help="micro-batch at seq 128")
+    parser.add_argument("--micro512", type=int, default=24, help="micro-batch at seq 512")
+    parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    parser.add_argument("--data128")
+    parser.add_argument("--data512")
+    parser.add_argument("--results", default=str(REPO / "bench" / "results"))
+    args = parser.parse_args()
+    port = int(os.environ.get("MASTER_PORT", 29555))
+    ds.init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", port, "single"), timeout_minutes=10)
+    phases = [measure(args, 128, args.micro128, args.data128), measure(args, 512, args.micro512, args.data512)]
+    import deepspeed
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    record = {"benchmark": "pretrain-gpu", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "command": " ".join([Path(sys.executable).name, *sys.argv]), "preset": args.preset,
+              "machine": {"device": device, "host": socket.gethostname(), "cpu_count": os.cpu_count()},
+              "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                           "cuda": torch.version.cuda, "deepspeed": deepspeed.__version__},
+              "phases": phases, "goal": "MFU >= 0.50 in bf16 (NVIDIA's PyTorch BERT: about 0.44 on A100)"}
+    name = "pretrain-gpu-" + "".join(c if c.isalnum() else "-" for c in device.lower()).strip("-") + ".json"
+    Path(args.results).mkdir(parents=True, exist_ok=True)
+    (Path(args.results) / name).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {Path(args.results) / name}")
+
+
+if __name__ == "__main__":
+    main()

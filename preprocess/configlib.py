@@ -67,6 +67,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string; users write it anyway
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):

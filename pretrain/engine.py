@@ -173,6 +173,37 @@ def convert_to_universal(directory: Path, tag: str, output: Path) -> None:
         ds_to_universal.main(args)
 
 
+def restore_fp32_weights(engine, state: dict[str, torch.Tensor]) -> None:
+    """Put full-precision weights into the optimizer's fp32 master copies. A collective: call on every rank.
+
+    DeepSpeed casts the module to bf16/fp16 before it makes its master copies, so weights loaded from an
+    fp32 checkpoint would start rounded to 16 bits; this restores them exactly.
+    """
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    if not (engine.bfloat16_enabled() or engine.fp16_enabled()):
+        return
+    masters = _unfused_fp16_masters(engine)
+    for name, param in engine.module.named_parameters():
+        key = name.removeprefix("model.")
+        if key in state:
+            value = state[key].to(param.device, torch.float32)
+            if id(param) in masters:
+                masters[id(param)].data.copy_(value)
+            else:
+                safe_set_full_fp32_param(param, value)
+
+
+def _unfused_fp16_masters(engine) -> dict[int, torch.Tensor]:
+    """fp16 without ZeRO (the LAMB recipe): DeepSpeed's unfused fp16 optimizer keeps one fp32 copy per
+    parameter in ``fp32_groups``, which its ``safe_*_full_fp32_param`` helpers do not reach."""
+    optimizer = engine.optimizer
+    if engine.zero_optimization_stage() != 0 or not hasattr(optimizer, "fp32_groups"):
+        return {}
+    return {id(low): high for lows, highs in zip(optimizer.fp16_groups, optimizer.fp32_groups)
+            for low, high in zip(lows, highs)}
+
+
 def consolidated_state_dict(engine) -> dict[str, torch.Tensor] | None:
     """The full fp32 weights of the wrapped module on rank 0 (None elsewhere). A collective: call on every rank.
 
@@ -181,9 +212,9 @@ def consolidated_state_dict(engine) -> dict[str, torch.Tensor] | None:
     """
     from deepspeed.utils import safe_get_full_fp32_param
 
-    state = {}
+    state, masters = {}, _unfused_fp16_masters(engine)
     for name, param in engine.module.named_parameters():
-        full = safe_get_full_fp32_param(param)
+        full = masters.get(id(param)) if id(param) in masters else safe_get_full_fp32_param(param)
         if engine.global_rank == 0:
             state[name] = (full if full is not None else param.detach()).float().cpu().clone()
     return state if engine.global_rank == 0 else None

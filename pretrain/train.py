@@ -128,7 +128,10 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
         (out / "config.yaml").write_text(configlib.to_yaml(cfg))
         (out / "deepspeed_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
     seed_everything(cfg.seed, rank)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
     engine = ds.build(cfg, PretrainingObjective(model), ds_config)
+    if initial is not None and found is None:
+        ds.restore_fp32_weights(engine, initial)
     device = engine.device
     loader = PretrainingLoader(data, micro_batch=plan.micro_batch, accumulation=plan.accumulation, world_size=world,
                                rank=rank, seed=cfg.seed, window_batches=cfg.data.window_batches)

@@ -43,3 +43,13 @@ def test_overrides_and_errors(tmp_path):
         preprocess_config.load(None, ["instances.dupe_factor=many"])
     with pytest.raises(ConfigError, match="max_seq_length"):
         preprocess_config.load(None, ["instances.max_seq_length=4"])
+
+
+def test_exponent_floats_without_a_dot_are_numbers():
+    """YAML 1.1 reads 1e-4 as a string; a learning rate written that way must still load."""
+    from pretrain import config as pretrain_config
+
+    cfg = pretrain_config.load("configs/pretrain/tiny.yaml", ["optimizer.lr=1e-4", "optimizer.eps=1e-8"])
+    assert cfg.optimizer.lr == 1e-4 and cfg.optimizer.eps == 1e-8
+    with pytest.raises(ConfigError, match="expected a number"):
+        pretrain_config.load("configs/pretrain/tiny.yaml", ["optimizer.lr=fast"])

@@ -213,3 +213,32 @@ def test_lamb_with_activation_checkpointing_trains(one_rank, sample_dataset, tmp
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(np.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in records)
     assert records[-1]["loss"] < records[0]["loss"] - 0.3
+
+
+def test_continues_pretraining_from_a_hugging_face_checkpoint(one_rank, sample_dataset, minilm_dir, tmp_path, caplog):
+    """The real MiniLM checkpoint (an encoder without pretraining heads) as the starting point."""
+    from pretrain.hf_compat import load_pretrained
+
+    out = tmp_path / "run"
+    cfg = _cfg(sample_dataset, out, 2, **{"model.init_from": str(minilm_dir), "checkpoint.export_hf": "true",
+                                          "optimizer.lr": 1e-9, "schedule.warmup_steps": 0})
+    assert train.run(cfg, one_rank, resume=False) == 0
+    assert "initialised fresh (not in" in caplog.text and "cls.seq_relationship.weight" in caplog.text
+    start, _ = load_pretrained(minilm_dir)
+    end, _ = load_pretrained(out / "hf")
+    assert end.config.hidden_size == 384 and end.config.num_hidden_layers == 6
+    layer = "bert.encoder.layer.5.output.dense.weight"
+    assert torch.allclose(start.state_dict()[layer], end.state_dict()[layer], atol=1e-5)  # lr ~ 0: unchanged
+
+
+def test_a_checkpoint_with_another_vocabulary_is_refused(one_rank, sample_dataset, minilm_dir, tmp_path):
+    import shutil
+
+    other = tmp_path / "other-vocab"
+    shutil.copytree(minilm_dir, other)
+    tokens = (other / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    tokens[2000], tokens[2001] = tokens[2001], tokens[2000]  # same size and special ids, different ids
+    (other / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    cfg = _cfg(sample_dataset, tmp_path / "run", 2, **{"model.init_from": str(other)})
+    with pytest.raises(ValueError, match="is not the vocabulary the dataset .* was made with"):
+        train.run(cfg, one_rank, resume=False)

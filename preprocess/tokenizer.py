@@ -99,6 +99,13 @@ class Tokenizer:
         """Returns the text of ``ids`` (a sequence or numpy array of ints)."""
         raise NotImplementedError
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Returns the ids of ``text`` and, per id, its (start, end) character span in ``text``.
+
+        Finetuning maps predictions back to the original text with these (SQuAD answers, CoNLL words).
+        """
+        raise NotImplementedError
+
     def id_to_token(self, i: int) -> str:
         return self._tokens[i]
 
@@ -178,6 +185,24 @@ class SentencePieceTokenizer(Tokenizer):
     def decode(self, ids) -> str:
         return self._sp.Decode([int(i) for i in ids])
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        pieces = self._sp.Encode(text, return_type="proto").pieces
+        # SentencePiece reports UTF-8 byte offsets into the input; convert them to character offsets.
+        char_at = np.zeros(len(text.encode("utf-8")) + 1, dtype=np.int64)
+        position = 0
+        for index, char in enumerate(text):
+            width = len(char.encode("utf-8"))
+            char_at[position:position + width] = index
+            position += width
+        char_at[position] = len(text)
+        spans = []
+        for piece in pieces:
+            start, end = int(char_at[piece.begin]), int(char_at[piece.end])
+            while start < end and text[start].isspace():  # the "▁" word-boundary marker covers a space
+                start += 1
+            spans.append((start, end))
+        return [p.id for p in pieces], spans
+
 
 class WordPieceTokenizer(Tokenizer):
     """A BERT ``vocab.txt`` with BERT's normalizer and pre-tokenizer (Hugging Face ``tokenizers``)."""
@@ -229,6 +254,10 @@ class WordPieceTokenizer(Tokenizer):
 
     def decode(self, ids) -> str:
         return self._hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        encoding = self._hf.encode(text, add_special_tokens=False)
+        return encoding.ids, [tuple(span) for span in encoding.offsets]
 
 
 _KINDS = {cls.kind: cls for cls in (SentencePieceTokenizer, WordPieceTokenizer)}

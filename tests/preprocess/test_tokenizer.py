@@ -304,3 +304,20 @@ def test_s3_save_and_load(sp, wp_path, monkeypatch):
         assert tok.load_tokenizer("s3://tokens/run/wp/").identity() == wordpiece.identity()
         with pytest.raises(InputError, match="s3://tokens/run/nothing"):
             tok.load_tokenizer("s3://tokens/run/nothing")
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_offsets_point_at_the_text_of_each_token(kind, sp, bert_vocab):
+    from preprocess.tokenizer import load_tokenizer
+
+    tokenizer = sp if kind == "sentencepiece" else load_tokenizer(str(bert_vocab))
+    text = "Café — naïve Beyoncé's 1999 album, in Zürich."
+    ids, spans = tokenizer.encode_with_offsets(text)
+    assert ids == tokenizer.encode(text) and len(spans) == len(ids)
+    assert all(0 <= start <= end <= len(text) for start, end in spans)
+    assert [start for start, _ in spans] == sorted(start for start, _ in spans)
+    covered = "".join(text[start:end] for start, end in spans)
+    assert covered.replace(" ", "") == text.replace(" ", "")  # every character, once, in order
+    assert all(not text[start:end].startswith(" ") for start, end in spans)
+    if kind == "wordpiece":  # uncased: "Beyoncé" -> "beyonce", and its span is the original word
+        assert text[slice(*spans[ids.index(tokenizer.token_to_id("beyonce"))])] == "Beyoncé"

@@ -220,6 +220,33 @@ def consolidated_state_dict(engine) -> dict[str, torch.Tensor] | None:
     return state if engine.global_rank == 0 else None
 
 
+def consolidate_checkpoint(directory: Path, tag: str, zero_stage: int, scratch: Path) -> dict[str, torch.Tensor]:
+    """The fp32 weights of a saved checkpoint (any ZeRO stage, any number of ranks), in one process.
+
+    ZeRO 1-3: the checkpoint is converted to DeepSpeed's universal format under ``scratch``, which holds
+    each parameter's fp32 master whole. Stage 0: the module's own weights (fp32 masters of an fp16 run
+    when the optimizer kept them). The files are DeepSpeed pickles, loaded as DeepSpeed itself loads them:
+    only do this for checkpoints your own runs wrote (ours carry a COMPLETE marker).
+    """
+    if zero_stage > 0:
+        convert_to_universal(directory, tag, scratch)
+        state = {}
+        for param_dir in sorted(p for p in (scratch / "zero").iterdir() if p.is_dir()):
+            saved = torch.load(param_dir / "fp32.pt", map_location="cpu", weights_only=True)
+            # ZeRO 1/2 store {"param": tensor, ...}; ZeRO 3 the flat tensor (the caller restores shapes).
+            state[param_dir.name] = saved["param"] if isinstance(saved, dict) else saved
+        return state
+    saved = torch.load(directory / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    state = {k: v.float() for k, v in saved["module"].items()}
+    optimizer = saved.get("optimizer") or {}
+    if "fp32_groups" in optimizer:  # fp16 without ZeRO: the optimizer's per-parameter fp32 masters
+        names = [n for n, v in saved["module"].items() if v.dtype == torch.float16]
+        masters = [t for group in optimizer["fp32_groups"] for t in group]
+        if len(names) == len(masters):
+            state.update({n: m.float() for n, m in zip(names, masters)})
+    return state
+
+
 @contextlib.contextmanager
 def _quiet():
     """DeepSpeed prints a lot at INFO on every rank; keep it to warnings unless DS_LOG_LEVEL says otherwise."""

@@ -127,6 +127,8 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(configlib.to_yaml(cfg))
         (out / "deepspeed_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
+        # The tokenizer travels with the run, so its checkpoints can be exported after the dataset is gone.
+        shutil.copytree(data.directory / data.manifest["tokenizer"]["dir"], out / "tokenizer", dirs_exist_ok=True)
     seed_everything(cfg.seed, rank)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
     engine = ds.build(cfg, PretrainingObjective(model), ds_config)
@@ -295,7 +297,6 @@ def _export(engine, model, data, out) -> None:
         missing = cpu_model.load_state_dict(state, strict=False).missing_keys
         if set(missing) - {"cls.predictions.decoder.weight"}:
             raise RuntimeError(f"export: weights missing from the engine: {missing[:5]}")
-        tokenizer_dir = Path(data.directory) / data.manifest["tokenizer"]["dir"]
-        export(cpu_model, out / "hf", tokenizer_dir=tokenizer_dir)
+        export(cpu_model, out / "hf", tokenizer_dir=out / "tokenizer")
         log.info(f"exported the final weights to {out / 'hf'} (Hugging Face BertForPreTraining)")
     dist.barrier()

@@ -242,3 +242,22 @@ def test_a_checkpoint_with_another_vocabulary_is_refused(one_rank, sample_datase
     cfg = _cfg(sample_dataset, tmp_path / "run", 2, **{"model.init_from": str(other)})
     with pytest.raises(ValueError, match="is not the vocabulary the dataset .* was made with"):
         train.run(cfg, one_rank, resume=False)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_a_checkpoint_exports_offline_to_the_same_weights_as_the_run(stage, one_rank, sample_dataset, tmp_path):
+    """`python -m pretrain.export` rebuilds the fp32 weights from the checkpoint files alone."""
+    from safetensors.torch import load_file
+
+    from pretrain.export import main as export_main
+
+    out = tmp_path / "run"
+    cfg = _cfg(sample_dataset, out, 3, **{"zero.stage": stage, "train.precision": "fp32" if stage == 0 else "bf16",
+                                          "checkpoint.export_hf": "true"})
+    assert train.run(cfg, one_rank, resume=False) == 0
+    assert export_main([str(out), str(tmp_path / "offline")]) == 0
+    online, offline = load_file(out / "hf" / "model.safetensors"), load_file(tmp_path / "offline" / "model.safetensors")
+    assert sorted(online) == sorted(offline)
+    assert all(torch.equal(online[k], offline[k]) for k in online)
+    assert (tmp_path / "offline" / "vocab.txt").is_file()
+    assert export_main([str(tmp_path / "nothing-here"), str(tmp_path / "x")]) == 2

@@ -1,0 +1,96 @@
+"""Export a pretraining checkpoint as a Hugging Face BERT directory.
+
+    python -m pretrain.export runs/bert-large-phase1 OUT_DIR            # the run's newest complete checkpoint
+    python -m pretrain.export runs/bert-large-phase1/checkpoints/step_00002000 OUT_DIR
+
+Works in one process on CPU for a checkpoint of any ZeRO stage written by any number of ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from pretrain import checkpoints
+from pretrain.hf_compat import CheckpointError
+
+
+def find_checkpoint(path: Path) -> checkpoints.Checkpoint:
+    """A run directory (its newest complete checkpoint), its checkpoints/ directory, or one checkpoint."""
+    path = Path(path)
+    if (path / checkpoints.MARKER).is_file():
+        return next(c for c in checkpoints.complete(path.parent) if c.tag == path.name)
+    for candidate in (path / "checkpoints", path):
+        found = checkpoints.newest(candidate)
+        if found is not None:
+            return found
+    if path.name.startswith("step_") and path.is_dir():
+        raise CheckpointError(f"{path} has no {checkpoints.MARKER} marker: its save did not finish; use an "
+                              "earlier checkpoint of the run")
+    raise CheckpointError(f"{path}: no complete pretraining checkpoint here (expected a run directory, its "
+                          "checkpoints/ directory or a checkpoints/step_NNNNNNNN directory)")
+
+
+def export_checkpoint(path: Path, output: Path) -> Path:
+    """Write ``output`` (config.json, model.safetensors, tokenizer) from the checkpoint at ``path``."""
+    from pretrain import engine
+    from pretrain.hf_compat import export
+    from pretrain.model import BertConfig, BertForPreTraining
+
+    found = find_checkpoint(path)
+    run_dir = found.directory.parent
+    import yaml
+
+    from preprocess import configlib
+    from pretrain.config import PretrainConfig
+
+    cfg = configlib.from_dict(PretrainConfig, yaml.safe_load((run_dir / "config.yaml").read_text()),
+                              str(run_dir / "config.yaml"))
+    with tempfile.TemporaryDirectory() as scratch:
+        state = engine.consolidate_checkpoint(found.directory, found.tag, found.info["zero_stage"], Path(scratch) / "u")
+    # The decoder is tied to the word embeddings: one parameter, which the conversion may list under both names.
+    state = {k.removeprefix("model."): v for k, v in state.items() if not k.endswith("cls.predictions.decoder.weight")}
+    model_config = _config_from_weights(cfg, state, BertConfig)
+    model = BertForPreTraining(model_config)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    state = {k: v.reshape(shapes[k]) if k in shapes and v.numel() == shapes[k].numel() else v for k, v in state.items()}
+    result = model.load_state_dict(state, strict=False)
+    if set(result.missing_keys) - {"cls.predictions.decoder.weight"} or result.unexpected_keys:
+        raise CheckpointError(f"{found.path}: weights do not fit the run's model config "
+                              f"(missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})")
+    tokenizer_dir = run_dir / "tokenizer"  # copied there by the run from its dataset
+    export(model, output, tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None)
+    return output
+
+
+def _config_from_weights(cfg, state, config_cls):
+    from pretrain.hf_compat import load_config
+    from pretrain.model import preset
+
+    if cfg.model.init_from:
+        from pretrain.train import _hf_directory
+
+        return load_config(_hf_directory(Path(cfg.model.init_from)))
+    hidden = preset(cfg.model.preset).hidden_size
+    vocab = state["bert.embeddings.word_embeddings.weight"].numel() // hidden
+    positions = state["bert.embeddings.position_embeddings.weight"].numel() // hidden
+    return preset(cfg.model.preset, vocab_size=vocab, max_position_embeddings=positions)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("output", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        out = export_checkpoint(args.checkpoint, args.output)
+    except (CheckpointError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"exported {args.checkpoint} to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Where the encoder and its tokenizer come from: any of our checkpoints or any Hugging Face BERT directory.
+
+* a Hugging Face directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, with a
+  ``vocab.txt`` or our ``tokenizer/``): used as it is;
+* one of our pretraining runs: its ``hf/`` export when the run finished, otherwise its newest complete
+  checkpoint, exported once into the finetuning output (any ZeRO stage, any number of ranks);
+* a single checkpoint ``runs/X/checkpoints/step_NNNNNNNN``: exported the same way.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pretrain.hf_compat import CheckpointError, load_config
+
+
+def resolve(path: str | Path, scratch: Path) -> Path:
+    """A Hugging Face directory for ``path``, exporting a DeepSpeed checkpoint into ``scratch`` if needed."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist; pass a Hugging Face BERT directory, a "
+                              "pretraining run directory or one of its checkpoints/step_* directories")
+    if (path / "config.json").is_file():
+        return path
+    if (path / "hf" / "config.json").is_file():
+        return path / "hf"
+    from pretrain.export import export_checkpoint, find_checkpoint
+
+    found = find_checkpoint(path)  # raises a CheckpointError that says what was expected
+    target = scratch / f"exported-{found.directory.parent.name}-{found.tag}"
+    if not (target / "model.safetensors").is_file():
+        export_checkpoint(found.path, target)
+    return target
+
+
+def load_tokenizer_for(directory: Path):
+    """The tokenizer that came with the checkpoint, checked against the model's vocabulary."""
+    from preprocess.tokenizer import load_tokenizer
+
+    config = load_config(directory)
+    if (directory / "tokenizer" / "tokenizer.json").is_file():
+        tokenizer = load_tokenizer(str(directory / "tokenizer"))
+    elif (directory / "vocab.txt").is_file():
+        lowercase = True
+        settings = directory / "tokenizer_config.json"
+        if settings.is_file():
+            lowercase = bool(json.loads(settings.read_text()).get("do_lower_case", True))
+        tokenizer = load_tokenizer(str(directory / "vocab.txt"), lowercase=lowercase)
+    else:
+        raise CheckpointError(f"{directory}: no tokenizer (neither vocab.txt nor tokenizer/); copy the "
+                              "vocabulary the model was pretrained with into the directory")
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids but the model's embedding "
+                              f"only {config.vocab_size}: they do not belong together")
+    if tokenizer.pad_id != config.pad_token_id:
+        raise CheckpointError(f"{directory}: the tokenizer's [PAD] is id {tokenizer.pad_id} but the model was "
+                              f"pretrained with pad_token_id {config.pad_token_id}")
+    return tokenizer

@@ -1,0 +1,86 @@
+"""The finetuning stage's typed configuration: one YAML (configs/finetune/*.yaml) with a section per benchmark.
+
+Defaults are the BERT paper's finetuning recipe: AdamW, linear warm-up over 10% of the steps then linear
+decay, batch 32, 3 epochs for GLUE (lr chosen on dev among 5e-5, 4e-5, 3e-5, 2e-5; we fix one per task),
+2 epochs at lr 3e-5 and batch 32 for SQuAD, and 3-4 epochs for CoNLL.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from preprocess import configlib
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    lr: float = 2e-5
+    epochs: float = 3.0
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    max_seq_length: int = 128
+    warmup_proportion: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    dropout: float = 0.1
+    precision: str = "auto"          # auto: bf16 on a GPU that has it, else fp32
+    max_train_examples: int = 0      # 0: all; for quick runs and tests
+    max_eval_examples: int = 0
+    select_best_epoch: bool = True   # keep the epoch with the best dev score (the dev-set protocol)
+
+    def __post_init__(self):
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.lr <= 0 or self.epochs <= 0 or self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ValueError("lr and epochs must be > 0, batch sizes >= 1")
+        if not 0 <= self.warmup_proportion < 1:
+            raise ValueError("warmup_proportion must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class GlueConfig:
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    # Per-task changes to `training`, e.g. {"rte": {"lr": 3e-5, "epochs": 4}}.
+    per_task: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SquadConfig:
+    training: TrainingConfig = field(default_factory=lambda: TrainingConfig(lr=3e-5, epochs=2.0, max_seq_length=384))
+    train_file: str = "squad/train-v1.1.json"   # relative to --data
+    dev_file: str = "squad/dev-v1.1.json"
+    version_2: bool = False
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    null_score_diff_threshold: float = 0.0
+
+
+@dataclass(frozen=True)
+class ConllConfig:
+    training: TrainingConfig = field(default_factory=lambda: TrainingConfig(lr=5e-5, epochs=3.0))
+    train_file: str = "conll2003/iob2/train.txt"
+    dev_file: str = "conll2003/iob2/valid.txt"
+    test_file: str = "conll2003/iob2/test.txt"
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    glue: GlueConfig = field(default_factory=GlueConfig)
+    squad: SquadConfig = field(default_factory=SquadConfig)
+    conll: ConllConfig = field(default_factory=ConllConfig)
+
+    def __post_init__(self):
+        if not self.seeds:
+            raise ValueError("seeds must name at least one seed")
+
+
+def load(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> FinetuneConfig:
+    return configlib.load(FinetuneConfig, path, overrides)
+
+
+def task_training(cfg: GlueConfig, task: str) -> TrainingConfig:
+    """The GLUE training settings of one task: the shared ones with that task's changes applied."""
+    changes = cfg.per_task.get(task) or {}
+    return configlib.from_dict(TrainingConfig, {**configlib.to_dict(cfg.training), **changes}, f"glue.per_task.{task}")

@@ -38,7 +38,8 @@ def pair_features(tokenizer, text_a: str, text_b: str | None, max_seq_length: in
 
 
 def _summary(task: str, runs: list, extra: dict | None = None) -> dict:
-    keys = runs[0].metrics.keys()
+    # Scalars get a mean and spread; nested results (CoNLL's per-type scores) stay in the per-seed runs.
+    keys = [k for k, v in runs[0].metrics.items() if isinstance(v, (int, float))]
     mean = {k: statistics.fmean(r.metrics[k] for r in runs) for k in keys}
     std = {k: statistics.pstdev(r.metrics[k] for r in runs) if len(runs) > 1 else 0.0 for k in keys}
     return {"task": task, "seeds": [r.seed for r in runs], "mean": mean, "std": std,

@@ -29,25 +29,31 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                             "directory or one of its checkpoints")
     parser.add_argument("--data", required=True, type=Path, help="the directory holding glue/, squad/, conll2003/")
     parser.add_argument("--output", required=True, type=Path)
-    parser.add_argument("--tasks", default=None, help="suite: benchmarks (glue,squad,conll); glue: GLUE tasks "
-                                                      "(cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli); default all")
+    parser.add_argument("--tasks", default=None, help="suite: benchmarks (glue,squad,conll) and/or single GLUE "
+                        "tasks (cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli); glue: GLUE tasks; default all")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     return parser.parse_args(argv)
 
 
 def plan(command: str, tasks: str | None) -> tuple[list[str], list[str]]:
-    """(benchmarks to run, GLUE tasks) from the command line; unknown names are refused."""
+    """(benchmarks to run, GLUE tasks) from the command line; unknown names are refused.
+
+    For ``suite``, --tasks mixes benchmark names and GLUE task names: ``glue`` is all nine GLUE tasks,
+    ``sst2,mrpc,squad`` two of them and SQuAD.
+    """
     from finetune import glue
     from finetune.errors import DataError
 
     names = [t.strip().lower() for t in tasks.split(",") if t.strip()] if tasks else []
     if command == "suite":
-        benchmarks = names or list(BENCHMARKS)
-        glue_tasks = list(glue.GLUE_TASKS)
-        for name in benchmarks:
-            if name not in BENCHMARKS:
-                raise DataError(f"unknown benchmark {name!r} in --tasks; choose from {', '.join(BENCHMARKS)}")
+        names = names or list(BENCHMARKS)
+        for name in names:
+            if name not in BENCHMARKS and name not in glue.GLUE_TASKS:
+                raise DataError(f"unknown task {name!r} in --tasks; choose from {', '.join(BENCHMARKS)} or GLUE tasks "
+                                f"{', '.join(glue.GLUE_TASKS)}")
+        glue_tasks = list(glue.GLUE_TASKS) if "glue" in names else [n for n in glue.GLUE_TASKS if n in names]
+        benchmarks = [b for b in BENCHMARKS if b in names or (b == "glue" and glue_tasks)]
         return benchmarks, glue_tasks
     if command == "glue":
         for name in names:

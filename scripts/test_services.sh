@@ -14,9 +14,10 @@ done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ]; then
-  echo "test_services.sh: root is needed to install ${missing[*]} (or install them with: sudo apt-get install" \
-       "--no-install-recommends ${missing[*]})" >&2
-  exit 1
+  # Not fatal here: the rest of the suite runs, and the live tests say what is missing (failing when CI=true).
+  echo "test_services.sh: not root, so ${missing[*]} cannot be installed; the live cluster tests will not run" \
+       "(install them with: sudo apt-get install --no-install-recommends ${missing[*]})" >&2
+  exit 0
 fi
 
 export DEBIAN_FRONTEND=noninteractive

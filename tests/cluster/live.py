@@ -173,7 +173,7 @@ class SlurmCluster:
 
     def stop(self) -> None:
         if any(name == "slurmctld" and proc.poll() is None for name, proc in self._daemons):
-            self.run("scancel", "--quiet", "--full", "--partition=debug", check=False)  # job steps end with their jobs
+            self.run("scancel", "--quiet", "--partition=debug", check=False)
             wait_until(lambda: not self.run("squeue", "-h", check=False).stdout.strip(), "jobs cancelled", 30)
         for _, proc in reversed(self._daemons):
             stop(proc)

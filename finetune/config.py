@@ -26,12 +26,21 @@ class TrainingConfig:
     max_train_examples: int = 0      # 0: all; for quick runs and tests
     max_eval_examples: int = 0
     select_best_epoch: bool = True   # keep the epoch with the best dev score (the dev-set protocol)
+    # DeepSpeed for models too large for plain AdamW on one device: -1 = plain PyTorch; 0, 1 or 2 = that ZeRO
+    # stage in one process, with offload_optimizer putting the optimizer state in CPU memory (ZeRO-Offload).
+    deepspeed_zero_stage: int = -1
+    offload_optimizer: bool = False
 
     def __post_init__(self):
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.lr <= 0 or self.epochs <= 0 or self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("lr and epochs must be > 0, batch sizes >= 1")
+        if self.deepspeed_zero_stage not in (-1, 0, 1, 2):
+            raise ValueError("deepspeed_zero_stage must be -1 (no DeepSpeed), 0, 1 or 2; ZeRO 3 would shard the "
+                             "weights that finetuning keeps and evaluates in one process")
+        if self.offload_optimizer and self.deepspeed_zero_stage < 1:
+            raise ValueError("offload_optimizer needs deepspeed_zero_stage 1 or 2")
         if not 0 <= self.warmup_proportion < 1:
             raise ValueError("warmup_proportion must be in [0, 1)")
 

@@ -2,7 +2,8 @@
 
 The run keeps the epoch with the best dev score when ``select_best_epoch`` is set (the dev-set protocol
 of the BERT paper's ablations and of every GLUE dev report); the report says so. Rank-free: finetuning a
-BERT-Base/Large fits one GPU.
+BERT-Base/Large fits one GPU; larger models can
+run through DeepSpeed ZeRO with the optimizer state offloaded to CPU memory (``deepspeed_zero_stage``).
 """
 from __future__ import annotations
 
@@ -71,10 +72,20 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
     rng = np.random.default_rng(seed)
     device, dtype = device_and_dtype(cfg.precision)
     model.to(device)
-    decay = [p for n, p in model.named_parameters() if not n.endswith(_NO_DECAY)]
-    no_decay = [p for n, p in model.named_parameters() if n.endswith(_NO_DECAY)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6)
+    engine = None
+    if cfg.deepspeed_zero_stage >= 0:  # DeepSpeed owns the optimizer, precision and clipping
+        from pretrain.engine import finetuning_engine
+
+        engine = finetuning_engine(model, lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                                   batch_size=cfg.batch_size, zero_stage=cfg.deepspeed_zero_stage,
+                                   offload_optimizer=cfg.offload_optimizer, bf16=dtype is torch.bfloat16)
+        optimizer, dtype = engine.optimizer, None  # bf16 weights under DeepSpeed: no autocast on top
+    else:
+        decay = [p for n, p in model.named_parameters() if not n.endswith(_NO_DECAY)]
+        no_decay = [p for n, p in model.named_parameters() if n.endswith(_NO_DECAY)]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.999),
+                                      eps=1e-6)
     steps_per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
     total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     schedule = ScheduleConfig(total_steps=total_steps, warmup_proportion=cfg.warmup_proportion)
@@ -94,12 +105,18 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg.lr, schedule)
             batch = pad_batch([train_rows[i] for i in order[start:start + cfg.batch_size]], pad_id)
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss, _ = model(**{k: v.to(device) for k, v in batch.items()})
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+            inputs = {k: v.to(device) for k, v in batch.items()}
+            if engine is not None:
+                loss, _ = engine(**inputs)
+                engine.backward(loss)
+                engine.step()
+            else:
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    loss, _ = model(**inputs)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                optimizer.step()
             step += 1
             if bar is not None:
                 bar.update(1)

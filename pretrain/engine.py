@@ -116,6 +116,42 @@ def build(cfg: PretrainConfig, module: torch.nn.Module, ds_config: dict):
     return engine
 
 
+def finetuning_engine(module: torch.nn.Module, *, lr: float, weight_decay: float, max_grad_norm: float,
+                      batch_size: int, zero_stage: int, offload_optimizer: bool, bf16: bool):
+    """One process's DeepSpeed engine for finetuning a model too large for plain AdamW on one device.
+
+    ZeRO 1-2 with the optimizer state offloaded to CPU memory (ZeRO-Offload) is what lets BERT-Large and larger
+    finetune on a small GPU; the caller sets the learning rate on ``engine.optimizer.param_groups`` every step.
+    A process group of one is started here when there is none (finetuning runs in a single process).
+    """
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        import socket
+
+        with socket.socket() as sock:  # a free port for the group of one
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", port, "single"), timeout_minutes=30)
+    ds = {"train_batch_size": batch_size, "train_micro_batch_size_per_gpu": batch_size,
+          "gradient_accumulation_steps": 1, "gradient_clipping": max_grad_norm, "steps_per_print": 10 ** 9,
+          "zero_optimization": {"stage": zero_stage},
+          "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-6,
+                                                    "weight_decay": weight_decay, "adam_w_mode": True}}}
+    if offload_optimizer:
+        ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    else:
+        ds["optimizer"]["params"]["torch_adam"] = True  # no JIT build of FusedAdam for a finetuning run
+    if bf16:
+        ds["bf16"] = {"enabled": True}
+        ds["data_types"] = {"grad_accum_dtype": "fp32"}
+    with _quiet():
+        engine, *_ = deepspeed.initialize(model=module, config=ds,
+                                          model_parameters=parameter_groups(module, weight_decay))
+    return engine
+
+
 def loss_scale(engine) -> float:
     optimizer = engine.optimizer
     for name in ("cur_scale", "loss_scale"):

@@ -1,0 +1,99 @@
+"""The rendered sbatch scripts and manifests of every shipped site and stage, against committed golden files, and
+what the renderers promise in them (resume, signals, volumes, no secrets). Regenerate the golden files after a
+deliberate change with BERT_PIPELINE_UPDATE_GOLDEN=1 and review the diff."""
+import os
+
+import pytest
+import yaml
+
+from tests.cluster.rendering import GOLDEN, JOBS, UPDATE_GOLDEN, crds, render  # noqa: F401  (crds: a fixture)
+
+
+@pytest.mark.parametrize("golden", sorted(JOBS), ids=str)
+def test_rendered_job_matches_its_golden_file(golden, crds):  # noqa: F811
+    text, _ = render(JOBS[golden])  # validated on the way: core kinds strictly, CRs against their CRDs
+    path = GOLDEN / golden
+    if os.environ.get(UPDATE_GOLDEN) == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.is_file(), f"no golden file {path}: run with {UPDATE_GOLDEN}=1 once and commit it"
+    assert text == path.read_text(), f"{golden} changed; if that was intended, regenerate with {UPDATE_GOLDEN}=1"
+
+
+def test_every_golden_file_belongs_to_a_job():
+    assert sorted(p.name for p in GOLDEN.iterdir()) == sorted(JOBS)
+
+
+@pytest.mark.parametrize("golden", sorted(name for name in JOBS if name.endswith(".yaml")), ids=str)
+def test_committed_manifests_pass_schema_validation(golden, crds):  # noqa: F811
+    """The golden manifests themselves, read back from disk, are valid for the API server and the operators."""
+    from cluster.validate import validate_manifests
+
+    documents = list(yaml.safe_load_all((GOLDEN / golden).read_text()))
+    assert documents[0]["kind"] == "ConfigMap"
+    validate_manifests(documents, "1.31", crds)
+
+
+def test_slurm_pretraining_checkpoints_on_the_signal_and_requeues_itself():
+    text, _ = render(JOBS["slurm_pyxis-pretrain.sbatch"])
+    for line in ("#SBATCH --signal=B:USR1@180", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+                 "#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "trap on_usr1 USR1", 'scontrol requeue "$SLURM_JOB_ID"', "export NCCL_DEBUG=WARN",
+                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+                 'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"'):
+        assert any(row.strip().startswith(line) for row in text.splitlines()), line
+    assert "--resume" in text and "--container-image=/lustre/fsw/bert/images/bert-pipeline-25.10.sqsh" in text
+
+
+def test_the_job_carries_the_resolved_config():
+    from pretrain import config as pretrain_config
+
+    text, _ = render(JOBS["slurm_venv-pretrain.sbatch"])
+    body = text.split("<<'BERT_PIPELINE_CONFIG_END'\n", 1)[1].split("\nBERT_PIPELINE_CONFIG_END\n", 1)[0]
+    expected = pretrain_config.load("configs/pretrain/bert_large_phase1_seq128.yaml",
+                                    ["data.path=/scratch/bert/datasets/seq128", "output_dir=/scratch/bert/runs/phase1"])
+    assert pretrain_config.configlib.from_dict(type(expected), yaml.safe_load(body)) == expected
+
+    _, (config_map, job) = render(JOBS["k8s-pretrain-pytorchjob.yaml"])
+    expected = pretrain_config.load("configs/pretrain/bert_large_phase1_seq128.yaml",
+                                    ["data.path=/data/seq128", "output_dir=/checkpoints/phase1"])
+    loaded = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert pretrain_config.configlib.from_dict(type(expected), loaded) == expected
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert container["args"][container["args"].index("--config") + 1] == "/etc/bert-pipeline/config.yaml"
+    assert config_map["metadata"]["name"] in str(job)  # the pods mount it
+
+
+def test_kubernetes_pretraining_forms():
+    _, (_, pytorchjob) = render(JOBS["k8s-pretrain-pytorchjob.yaml"])
+    replicas = pytorchjob["spec"]["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 3)
+    pod = replicas["Worker"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["command"] == ["torchrun"] and "--resume" in container["args"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "bert-checkpoints"}} in pod["volumes"]
+    assert replicas["Worker"]["restartPolicy"] == "OnFailure"
+
+    _, (_, mpijob) = render(JOBS["k8s-pretrain-mpijob.yaml"])
+    launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"] == ["mpirun"] and launcher["args"][launcher["args"].index("-np") + 1] == "32"
+    assert mpijob["spec"]["slotsPerWorker"] == 8 and mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
+
+    _, (_, service, job) = render(JOBS["k8s-pretrain-indexed-job.yaml"])
+    assert service["spec"]["clusterIP"] == "None" and job["spec"]["completionMode"] == "Indexed"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--master_addr={job['metadata']['name']}-0.{service['metadata']['name']}" in args
+    assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
+
+
+def test_no_credential_values_in_any_rendered_job():
+    """Secrets are referenced by name; the example site names an S3 Secret, whose values never appear."""
+    _, documents = render(JOBS["k8s-pretrain-pytorchjob.yaml"])
+    env = documents[1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    secret = [e for e in env if e["name"] == "AWS_SECRET_ACCESS_KEY"]
+    assert secret == [{"name": "AWS_SECRET_ACCESS_KEY",
+                       "valueFrom": {"secretKeyRef": {"name": "s3-credentials", "key": "secret_access_key"}}}]
+    spec = documents[1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "ghcr-pull"}]

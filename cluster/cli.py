@@ -31,7 +31,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("action", choices=("render", "submit"))
     parser.add_argument("scheduler", choices=("slurm", "k8s"))
     parser.add_argument("--stage", required=True, choices=stages.STAGES)
-    parser.add_argument("--cluster", required=True, metavar="SITE.yaml", help="a site file, e.g. configs/cluster/k8s.yaml")
+    parser.add_argument("--cluster", required=True, metavar="SITE.yaml",
+                        help="a site file, e.g. configs/cluster/k8s.yaml")
     parser.add_argument("--config", required=True, metavar="STAGE.yaml", help="the stage's config, e.g. "
                         "configs/pretrain/bert_large_phase1_seq128.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -39,8 +40,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--site-set", dest="site_overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a value of the site file (repeatable), e.g. --site-set nodes=2")
     parser.add_argument("--name", help="the job's name (default: bert-STAGE-CONFIGNAME)")
-    parser.add_argument("--crd-dir", help=f"CRD files for validating PyTorchJob/MPIJob (default: ${validate.CRD_DIR_VARIABLE}"
-                                          " or ../shared/data/k8s-crds next to the repository)")
+    parser.add_argument("--crd-dir", help="CRD files for validating PyTorchJob/MPIJob (default: "
+                                          f"${validate.CRD_DIR_VARIABLE} or ../shared/data/k8s-crds next to the "
+                                          "repository)")
     parser.add_argument("--dry-run", action="store_true", help="submit: print what would be submitted, submit nothing")
     return parser.parse_args(argv), stage_arguments
 

@@ -68,10 +68,8 @@ def _check_outputs_persist(job: StageJob, site: SiteConfig) -> None:
 
 def _torchrun(job: StageJob, site: SiteConfig, workdir: str, *, node_rank: str, master: str, port: str) -> list[str]:
     train = command(job, python=site.python, workdir=workdir, config_file=CONFIG_FILE)
-    # After SIGTERM torchrun gives its workers this long to save before it kills them.
-    shutdown = max(site.kubernetes.termination_grace_seconds - 10, 10)
     return ["torchrun", f"--nnodes={site.nodes}", f"--nproc_per_node={site.tasks}", f"--node_rank={node_rank}",
-            f"--master_addr={master}", f"--master_port={port}", f"--shutdown_timeout={shutdown}", *train[1:]]
+            f"--master_addr={master}", f"--master_port={port}", *train[1:]]
 
 
 def _pytorchjob(job: StageJob, site: SiteConfig, workdir: str) -> list[dict]:
@@ -99,7 +97,9 @@ def _mpijob(job: StageJob, site: SiteConfig, workdir: str) -> list[dict]:
                              volumes=False)
     worker = _pod_template(job, site, workdir, name="worker", argv=list(site.kubernetes.mpi_worker_command),
                            cpus=site.node_cpus, gpus=site.gpus_per_node)
-    spec = {"slotsPerWorker": site.tasks, "mpiImplementation": "OpenMPI", "runPolicy": _run_policy(site, clean="None"),
+    # The launcher's mpirun reaches the workers over ssh: start it once they are all up.
+    spec = {"slotsPerWorker": site.tasks, "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady", "runPolicy": _run_policy(site, clean="None"),
             "mpiReplicaSpecs": {"Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher},
                                 "Worker": {"replicas": site.nodes, "restartPolicy": "OnFailure", "template": worker}}}
     return [{"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": _metadata(job, site), "spec": spec}]
@@ -203,6 +203,10 @@ def _config_map(job: StageJob, site: SiteConfig) -> dict:
 def _pod_environment(job: StageJob, site: SiteConfig) -> dict[str, str]:
     threads = 1 if job.stage == "preprocess" else (site.task_cpus or 1)
     env = {"PYTHONPATH": site.workdir, "PYTHONUNBUFFERED": "1"}
+    if job.stage == "pretrain":
+        # After SIGTERM torchrun passes it on and gives its workers this long to save before it kills them
+        # (an environment variable, not a flag, so that a torch without it ignores it instead of failing).
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(max(site.kubernetes.termination_grace_seconds - 10, 10))
     env.update(site.job_environment(distributed_gpus=job.stage == "pretrain" and site.gpus_per_node > 0,
                                     threads=threads))
     return env
@@ -233,7 +237,8 @@ def _pod_template(job: StageJob, site: SiteConfig, workdir: str, *, name: str, a
     if volumes:
         container["volumeMounts"], pod["volumes"] = _volumes(job, site)
     for key, value in (("serviceAccountName", k8s.service_account), ("priorityClassName", k8s.priority_class),
-                       ("nodeSelector", dict(k8s.node_selector) or None), ("tolerations", list(k8s.tolerations) or None),
+                       ("nodeSelector", dict(k8s.node_selector) or None),
+                       ("tolerations", list(k8s.tolerations) or None),
                        ("imagePullSecrets", [{"name": k8s.image_pull_secret}] if k8s.image_pull_secret else None)):
         if value:
             pod[key] = value

@@ -52,7 +52,7 @@ def render(job: StageJob, site: SiteConfig, *, workdir: str, log_dir: str, site_
         'say() { echo "[$(date \'+%F %T\')] $*"; }',
         f'say "job $SLURM_JOB_ID ({job.name}, restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST"',
         "",
-        "# The resolved stage config travels in this script: a requeued or repeated job runs exactly what was submitted.",
+        "# The resolved stage config travels in this script: a requeued or repeated job runs what was submitted.",
         f'config={shlex.quote(log_dir)}/{job.name}-"$SLURM_JOB_ID".yaml',
         f"cat > \"$config.tmp.$$\" <<'{CONFIG_END}'",
         job.config_text.rstrip("\n"),

@@ -89,7 +89,9 @@ def _load_pretrain(config_path, overrides, arguments):
     if not cfg.data.path:
         raise StageError(f"{config_path}: data.path is not set; point it at a dataset written by `python -m "
                          "preprocess run` with --set data.path=DIR (a path the job can read)")
-    inputs = [("data.path", cfg.data.path)] + ([("model.init_from", cfg.model.init_from)] if cfg.model.init_from else [])
+    inputs = [("data.path", cfg.data.path)]
+    if cfg.model.init_from:
+        inputs.append(("model.init_from", cfg.model.init_from))
     return cfg, [("output_dir", cfg.output_dir)], inputs
 
 

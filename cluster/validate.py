@@ -1,7 +1,7 @@
 """Offline validation of everything rendered, before it is printed or submitted.
 
 * Core Kubernetes kinds (ConfigMap, Service, Job, Deployment) strictly against the OpenAPI schemas that the PyPI
-  package ``kubernetes-validate`` ships: an unknown or misspelt field is an error, as with ``kubectl --validate=strict``.
+  package ``kubernetes-validate`` ships: an unknown or misspelt field is an error (``kubectl --validate=strict``).
 * Custom resources (PyTorchJob, MPIJob) against the CRDs' own ``openAPIV3Schema`` with ``jsonschema``. Those schemas
   let unknown fields through (none sets additionalProperties: false), so the pod templates inside them are also
   validated strictly as core ``PodTemplate``s.

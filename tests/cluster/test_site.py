@@ -111,4 +111,5 @@ def test_bad_finetuning_arguments_are_refused():
     base = ["slurm", "--stage", "finetune", "--cluster", "configs/cluster/slurm_local_cpu.yaml",
             "--config", "configs/finetune/tiny.yaml", "--"]
     _refused([*base, "--data", "d", "--output", "o"], r"finetune arguments after '--': .*--checkpoint")
-    _refused([*base, "--checkpoint", "c", "--data", "d", "--output", "o", "--tasks", "glue,imdb"], r"unknown task 'imdb'")
+    _refused([*base, "--checkpoint", "c", "--data", "d", "--output", "o", "--tasks", "glue,imdb"],
+             r"unknown task 'imdb'")

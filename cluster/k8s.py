@@ -35,7 +35,7 @@ def render(job: StageJob, site: SiteConfig, *, workdir: str) -> list[dict]:
     if not site.workdir:
         raise SiteError("workdir is not set: on Kubernetes it is where the image holds this repository, "
                         "e.g. /workspace/bert-pipeline")
-    _check_outputs_persist(job, site)
+    _check_for_kubernetes(job, site)
     documents = [_config_map(job, site)]
     if job.stage == "pretrain":
         form = {"pytorchjob": _pytorchjob, "mpijob": _mpijob, "indexed-job": _indexed_job}[k8s.pretrain_form]
@@ -46,8 +46,9 @@ def render(job: StageJob, site: SiteConfig, *, workdir: str) -> list[dict]:
     return documents + [_finetune_job(job, site, workdir)]
 
 
-def _check_outputs_persist(job: StageJob, site: SiteConfig) -> None:
-    """What a job writes must outlive its pods: a mounted volume, or an object store for preprocessing."""
+def _check_for_kubernetes(job: StageJob, site: SiteConfig) -> None:
+    """What a job writes must outlive its pods (a mounted volume, or an object store for preprocessing), and
+    credentials must reach the processes that use them."""
     k8s = site.kubernetes
     mounts = [mount for claim, mount in ((k8s.data_pvc, k8s.data_mount), (k8s.checkpoints_pvc, k8s.checkpoints_mount))
               if claim]
@@ -203,7 +204,7 @@ def _config_map(job: StageJob, site: SiteConfig) -> dict:
 def _pod_environment(job: StageJob, site: SiteConfig) -> dict[str, str]:
     threads = 1 if job.stage == "preprocess" else (site.task_cpus or 1)
     env = {"PYTHONPATH": site.workdir, "PYTHONUNBUFFERED": "1"}
-    if job.stage == "pretrain":
+    if job.stage == "pretrain" and site.kubernetes.pretrain_form != "mpijob":
         # After SIGTERM torchrun passes it on and gives its workers this long to save before it kills them
         # (an environment variable, not a flag, so that a torch without it ignores it instead of failing).
         env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(max(site.kubernetes.termination_grace_seconds - 10, 10))
@@ -219,9 +220,10 @@ def _pod_template(job: StageJob, site: SiteConfig, workdir: str, *, name: str, a
     env = [{"name": key, "value": value} for key, value in _pod_environment(job, site).items()]
     env += [{"name": variable, "valueFrom": {"secretKeyRef": dict(zip(("name", "key"), reference.split("/", 1)))}}
             for variable, reference in k8s.secret_env.items()]
-    # CPUS: the container's CPU request as a whole number, for worker counts ($(CPUS) in the command line).
-    env += [{"name": "CPUS", "valueFrom": {"resourceFieldRef": {"containerName": name, "resource": "requests.cpu"}}},
-            *extra_env]
+    if CPUS in argv:  # worker counts: the container's CPU request as a whole number
+        env.append({"name": "CPUS", "valueFrom": {"resourceFieldRef": {"containerName": name,
+                                                                       "resource": "requests.cpu"}}})
+    env += list(extra_env)
     memory = memory or site.memory_kubernetes()
     requests = {key: value for key, value in (("cpu", str(cpus) if cpus else None), ("memory", memory)) if value}
     limits = {key: value for key, value in (("memory", memory), (k8s.gpu_resource, str(gpus) if gpus else None))

@@ -45,7 +45,7 @@ def test_slurm_pretraining_checkpoints_on_the_signal_and_requeues_itself():
     assert "--resume" in text and "--container-image=/lustre/fsw/bert/images/bert-pipeline-25.10.sqsh" in text
 
 
-def test_the_job_carries_the_resolved_config():
+def test_the_job_carries_the_resolved_config(crds):  # noqa: F811
     from pretrain import config as pretrain_config
 
     text, _ = render(JOBS["slurm_venv-pretrain.sbatch"])
@@ -64,7 +64,7 @@ def test_the_job_carries_the_resolved_config():
     assert config_map["metadata"]["name"] in str(job)  # the pods mount it
 
 
-def test_kubernetes_pretraining_forms():
+def test_kubernetes_pretraining_forms(crds):  # noqa: F811
     _, (_, pytorchjob) = render(JOBS["k8s-pretrain-pytorchjob.yaml"])
     replicas = pytorchjob["spec"]["pytorchReplicaSpecs"]
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 3)
@@ -88,7 +88,7 @@ def test_kubernetes_pretraining_forms():
     assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
 
 
-def test_no_credential_values_in_any_rendered_job():
+def test_no_credential_values_in_any_rendered_job(crds):  # noqa: F811
     """Secrets are referenced by name; the example site names an S3 Secret, whose values never appear."""
     _, documents = render(JOBS["k8s-pretrain-pytorchjob.yaml"])
     env = documents[1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]

@@ -9,7 +9,7 @@ from tests.cluster.rendering import JOBS, crds, render  # noqa: F401  (crds: a f
 
 
 @pytest.fixture(scope="module")
-def pytorchjob():
+def pytorchjob(crds):  # noqa: F811
     return render(JOBS["k8s-pretrain-pytorchjob.yaml"])[1]
 
 

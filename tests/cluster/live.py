@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import re
 import shutil
 import socket
@@ -25,7 +26,7 @@ import time
 import pytest
 
 from tests.pretrain.conftest import sample_dataset  # noqa: F401  (re-exported: one dataset for all live tests)
-from tests.pretrain.launching import REPO, launch, losses, settings
+from tests.pretrain.launching import launch, losses, settings
 
 STEPS = 40             # long enough to deliver a signal mid-run, short enough for seconds of training
 CHECKPOINT_EVERY = 10
@@ -56,6 +57,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_until(check, what: str, timeout: float, interval: float = 0.25, diagnose=lambda: ""):
@@ -143,6 +153,7 @@ class SlurmCluster:
         state, log = self.root / "state", self.root / "log"
         return "\n".join([
             "ClusterName=bertpipelinetest",
+            f"FirstJobId={self._first_job_id()}",
             f"SlurmctldHost={self.node}(127.0.0.1)",
             f"SlurmctldPort={free_port()}",
             f"SlurmdPort={free_port()}",
@@ -159,12 +170,23 @@ class SlurmCluster:
             # one small node: schedule every couple of seconds rather than every 30-60 s
             "SchedulerType=sched/backfill", "SchedulerParameters=bf_interval=1,sched_interval=2",
             "ReturnToService=2", "AccountingStorageType=accounting_storage/none",
-            f"JobCompType=jobcomp/filetxt", f"JobCompLoc={self.jobcomp_log}", "MailProg=/bin/true",
+            "JobCompType=jobcomp/filetxt", f"JobCompLoc={self.jobcomp_log}", "MailProg=/bin/true",
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={hardware['CPUs']} "
             f"Sockets={hardware['SocketsPerBoard']} CoresPerSocket={hardware['CoresPerSocket']} "
             f"ThreadsPerCore={hardware['ThreadsPerCore']} RealMemory={memory} State=UNKNOWN",
             f"PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
         ]) + "\n"
+
+    @staticmethod
+    def _first_job_id() -> int:
+        """Pretraining jobs take the port 20000 + job id % 20000 for their rendezvous: start the job ids where
+        those ports are free, so that a second test cluster on this machine (another session's) cannot collide."""
+        rng = random.Random()
+        for _ in range(100):
+            first = rng.randrange(1000, 19000)
+            if all(_port_free(20000 + first + offset) for offset in range(10)):
+                return first
+        raise AssertionError("no free run of ports in 21000-39010 for the test jobs' rendezvous")
 
     def _spawn(self, name: str, command: list[str]) -> None:
         with open(self.root / "log" / f"{name}.out", "ab") as output:

@@ -127,8 +127,11 @@ def _pretrain(job: StageJob, site: SiteConfig, workdir: str):
             f'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/$/ slots={site.tasks}/" > "$hostfile"',
             "",
         ]
+        # --no_ssh_check: the launcher would otherwise ssh to the first node before starting, and compute nodes
+        # often refuse ssh (its slurm backend never needs it: the ranks start as an srun step).
         launcher = ["deepspeed", "--hostfile", ShellVar("hostfile"), "--launcher", "slurm", "--force_multi",
-                    "--master_addr", ShellVar("MASTER_ADDR"), "--master_port", ShellVar("MASTER_PORT")]
+                    "--no_ssh_check", "--master_addr", ShellVar("MASTER_ADDR"),
+                    "--master_port", ShellVar("MASTER_PORT")]
         srun_options = _srun_options(site, workdir) + _step_options(site)
         if srun_options:
             launcher += [f"--launcher_args={' '.join(srun_options)}"]

@@ -53,14 +53,18 @@ def finished(slurm, job_id: str) -> tuple[dict, str]:
 
 @pytest.fixture(scope="module")
 def pretraining_job(slurm, submit, sample_dataset, tmp_path_factory):
+    """The tiny run started by the DeepSpeed launcher's Slurm backend (a site option); the preemption test below
+    covers the default form, one srun task per rank, so both forms run for real."""
     out = tmp_path_factory.mktemp("slurm-pretrain") / "run"
-    job, log = finished(slurm, submit("pretrain", TINY, *tiny_run(sample_dataset, out)))
+    job, log = finished(slurm, submit("pretrain", TINY, "--site-set", "slurm.launcher=deepspeed",
+                                      *tiny_run(sample_dataset, out)))
     return job, log, out
 
 
 def test_pretraining_job_runs_two_tasks_to_a_complete_checkpoint(pretraining_job, two_rank_reference):
     job, log, out = pretraining_job
     assert job["NumTasks"] == "2" and job["Restarts"] == "0"
+    assert re.search(r"cmd = srun -n 2 ", log), log[-5000:]  # the DeepSpeed launcher made the ranks an srun step
     assert "micro-batch 16 x 2 ranks x 1 accumulation" in log
     batch = pretrain_config.load(TINY).train.global_batch_size
     assert summary(out) | {"wall_seconds": None} == {"status": "done", "step": STEPS, "consumed_samples": STEPS * batch,
@@ -68,7 +72,7 @@ def test_pretraining_job_runs_two_tasks_to_a_complete_checkpoint(pretraining_job
     final = checkpoints.newest(out / "checkpoints")
     assert final is not None and final.step == STEPS and final.info["world_size"] == 2
     assert (final.path / checkpoints.MARKER).is_file()
-    assert losses(out) == two_rank_reference  # srun's ranks are torchrun's ranks: the same run, bit for bit
+    assert losses(out) == two_rank_reference  # Slurm's ranks are torchrun's ranks: the same run, bit for bit
 
 
 def test_usr1_checkpoints_requeues_and_resumes_to_the_loss_of_an_uninterrupted_run(slurm, submit, sample_dataset,

@@ -3,22 +3,25 @@
 * ``slurm``: a real single-host Slurm cluster (Debian's munge, slurmctld and slurmd) with its own munge socket,
   ports, state and logs in a temporary directory, so it neither needs nor disturbs any Slurm already on the machine;
 * ``ssh_nodes``: an OpenSSH server on 127.0.0.1 with its own host key, reached as two "nodes" through an ssh client
-  config and a key pair made for the session;
+  config and a key pair made for it;
 * ``sample_dataset``: the pretraining tests' dataset, and ``two_rank_reference``: the tiny pretraining run on two
-  processes under torchrun, which every other way of launching the same run must reproduce.
+  processes under torchrun, which every other way of launching the same run must reproduce (both once a session).
 
-Each service is started once per session and stopped, by process id, when the session ends. The Debian packages come
-from ``scripts/test_services.sh``; without them (or without root) the tests fail in CI and are skipped elsewhere.
+A service is started for the test module that uses it (about a second) and stopped, by process id, when the module is
+done; if pytest is killed, the kernel stops its daemons. The Debian packages come from ``scripts/test_services.sh``;
+without them (or without root) the tests fail in CI and are skipped elsewhere.
 PYTEST_DONT_REWRITE (a plugin module: no assertion rewriting)
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pathlib
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -78,6 +81,20 @@ def wait_until(check, what: str, timeout: float, interval: float = 0.25, diagnos
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout:.0f} s\n{diagnose()}")
         time.sleep(interval)
+
+
+def daemon(command: list[str], log: pathlib.Path) -> subprocess.Popen:
+    """Start a service in the foreground, in its own session (a Ctrl-C in the terminal reaches pytest, which then
+    stops it in order) and set to receive SIGTERM if pytest dies without stopping it (Linux's parent-death signal),
+    so that a killed test run leaves no daemons behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def die_with_parent():
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    with open(log, "ab") as output:
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=die_with_parent)
 
 
 def stop(proc: subprocess.Popen | None) -> None:
@@ -189,9 +206,7 @@ class SlurmCluster:
         raise AssertionError("no free run of ports in 21000-39010 for the test jobs' rendezvous")
 
     def _spawn(self, name: str, command: list[str]) -> None:
-        with open(self.root / "log" / f"{name}.out", "ab") as output:
-            self._daemons.append((name, subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
-                                                         stdin=subprocess.DEVNULL, start_new_session=True)))
+        self._daemons.append((name, daemon(command, self.root / "log" / f"{name}.out")))
 
     def stop(self) -> None:
         if any(name == "slurmctld" and proc.poll() is None for name, proc in self._daemons):
@@ -236,7 +251,7 @@ class SlurmCluster:
         return "\n".join(parts)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     """A running single-host Slurm cluster; ``slurm.env`` points clients (sbatch, scontrol, ...) at it. Its
     configuration and daemon logs stay in pytest's temporary directory for a look after a failure."""
@@ -296,11 +311,8 @@ class SSHNodes:
         wrapper.chmod(0o755)
         # sshd insists on its privilege separation directory, which the package leaves to the init system.
         pathlib.Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        log = open(self.root / "sshd.log", "ab")
-        self._sshd = subprocess.Popen([shutil.which("sshd") or "/usr/sbin/sshd", "-D", "-e", "-f", str(server_config)],
-                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
-        log.close()
+        self._sshd = daemon([shutil.which("sshd") or "/usr/sbin/sshd", "-D", "-e", "-f", str(server_config)],
+                            self.root / "sshd.log")
 
         def reachable():
             assert self._sshd.poll() is None, tail(self.root / "sshd.log")
@@ -332,7 +344,7 @@ class SSHNodes:
         psutil.wait_procs(with_children, timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ssh_nodes(tmp_path_factory):
     need_system("/usr/sbin/sshd", "ssh", "ssh-keygen", "pdsh")
     nodes = SSHNodes(tmp_path_factory.mktemp("ssh"))

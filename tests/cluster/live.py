@@ -29,7 +29,7 @@ import time
 import pytest
 
 from tests.pretrain.conftest import sample_dataset  # noqa: F401  (re-exported: one dataset for all live tests)
-from tests.pretrain.launching import launch, losses, settings
+from tests.pretrain.launching import free_port, launch, losses, settings
 
 STEPS = 40             # long enough to deliver a signal mid-run, short enough for seconds of training
 CHECKPOINT_EVERY = 10
@@ -54,12 +54,6 @@ def need_system(*programs: str) -> None:
     missing = [p for p in programs if shutil.which(p) is None and not os.access(p, os.X_OK)]
     need(not missing, f"{', '.join(missing)} not installed: run `bash scripts/test_services.sh` as root")
     need(os.geteuid() == 0, "the live cluster tests start sshd and Slurm daemons, which needs root")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _port_free(port: int) -> bool:

@@ -434,7 +434,7 @@ def prepare_tokenizer(inputs: dict, work: Path) -> tuple[Path, dict]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Stage breakdown (diagnostics): the CLI run with pipeline._run_beam wrapped to time each Beam pipeline
+# Stage breakdown (diagnostics): the CLI run with pipeline.run_beam wrapped to time each Beam pipeline
 
 STAGE_TIMER = r"""
 import json, os, resource, sys, time
@@ -443,7 +443,7 @@ import preprocess.pipeline as pipeline
 from preprocess import cli
 
 stages = []
-original = pipeline._run_beam
+original = pipeline.run_beam
 
 
 def kind(labels):
@@ -470,7 +470,7 @@ def timed(*args, **kwargs):
                    "workers_cpu_s": ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime})
 
 
-pipeline._run_beam = timed
+pipeline.run_beam = timed
 try:
     rc = cli.main(sys.argv[1:])
 finally:

@@ -52,14 +52,16 @@ def render(args: argparse.Namespace, stage_arguments: list[str]) -> tuple[str, o
     site = site_module.load(args.cluster, args.site_overrides)
     job = stages.prepare(args.stage, args.config, args.overrides, stage_arguments, args.name)
     stages.check_world_size(job, site.world_size())
+    stages.check_parts(job, site)
     workdir = site_module.resolve_workdir(site, Path.cwd())
     if args.scheduler == "slurm":
         from cluster import slurm
 
         log_dir = site_module.resolve_log_dir(site, workdir)
-        rendered = slurm.render(job, site, workdir=workdir, log_dir=log_dir, site_source=args.cluster)
-        validate.validate_sbatch(rendered.text)
-        return rendered.text, rendered, {"log_dir": log_dir, "name": job.name}
+        scripts = slurm.render(job, site, workdir=workdir, log_dir=log_dir, site_source=args.cluster)
+        for script in scripts:
+            validate.validate_sbatch(script.text)
+        return slurm.joined(scripts), scripts, {"log_dir": log_dir}
     from cluster import k8s
 
     documents = k8s.render(job, site, workdir=workdir)
@@ -77,14 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "render" or args.dry_run:
         sys.stdout.write(text)
         if args.dry_run:
-            would = (submit.sbatch_command(submit.script_path(facts["log_dir"], facts["name"], text))
-                     if args.scheduler == "slurm" else submit.kubectl_command(facts["context"]))
-            print(f"dry run: nothing submitted; would run: {' '.join(would)}", file=sys.stderr)
+            would = (submit.would_run(facts["log_dir"], rendered) if args.scheduler == "slurm"
+                     else [" ".join(submit.kubectl_command(facts["context"]))])
+            print(f"dry run: nothing submitted; would run: {'; '.join(would)}", file=sys.stderr)
         return 0
     try:
         if args.scheduler == "slurm":
-            result = submit.submit_slurm(text, log_dir=facts["log_dir"], name=facts["name"],
-                                         log_pattern=rendered.log_pattern)
+            result = submit.submit_slurm(rendered, log_dir=facts["log_dir"])
         else:
             result = submit.submit_kubernetes(text, rendered, context=facts["context"])
     except (submit.SubmitError, OSError) as error:

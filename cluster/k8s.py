@@ -4,7 +4,7 @@ Pretraining comes in three forms (``kubernetes.pretrain_form``): a Kubeflow ``Py
 pod per node running torchrun), an ``MPIJob`` (kubeflow.org/v2beta1: a launcher pod runs mpirun over worker pods,
 one rank per GPU, ranks from MPI as under any mpirun) and, for clusters without the operators, an Indexed ``Job``
 with a headless ``Service`` (node rank = completion index, master = pod 0's DNS name). Preprocessing is a ``Job``
-(a Dask scheduler and workers for several nodes), finetuning a ``Job``. The resolved stage config is a ConfigMap
+(a Dask scheduler and workers for several nodes, or an Indexed ``Job`` of the run's parts), finetuning a ``Job``. The resolved stage config is a ConfigMap
 mounted at /etc/bert-pipeline; credentials only ever appear as references to Secrets.
 
 Every pod restarts on failure and pretraining always runs with ``--resume``: a restarted pod continues from the
@@ -41,6 +41,8 @@ def render(job: StageJob, site: SiteConfig, *, workdir: str) -> list[dict]:
         form = {"pytorchjob": _pytorchjob, "mpijob": _mpijob, "indexed-job": _indexed_job}[k8s.pretrain_form]
         return documents + form(job, site, workdir)
     if job.stage == "preprocess":
+        if site.preprocess_array:
+            return documents + _preprocess_parts(job, site, workdir)
         return documents + (_preprocess_job(job, site, workdir) if site.preprocess_nodes == 1
                             else _preprocess_on_dask(job, site, workdir))
     return documents + [_finetune_job(job, site, workdir)]
@@ -148,6 +150,27 @@ def _preprocess_job(job: StageJob, site: SiteConfig, workdir: str) -> list[dict]
     argv = command(job, python=site.python, workdir=workdir, config_file=CONFIG_FILE, runner=direct_runner(CPUS))
     template = _pod_template(job, site, workdir, name="preprocess", argv=argv, cpus=site.node_cpus, gpus=0)
     return [_batch_job(job, site, template)]
+
+
+def _preprocess_parts(job: StageJob, site: SiteConfig, workdir: str) -> list[dict]:
+    """The run's parts as an Indexed Job: pod K runs part K (one CPU, the part's memory), all at once. The parts
+    meet at barriers in the shared work directory (every part's documents before any instances, every part's
+    instances before pod 0 writes the shards and publishes); a restarted pod skips the steps its part has done."""
+    parts = job.config.parts
+    argv = command(job, python=site.python, workdir=workdir, config_file=CONFIG_FILE,
+                   runner=["--part", "$(PART)"])
+    memory = site.memory_kubernetes(site.preprocess_part_memory)
+    part = {"name": "PART", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
+    template = _pod_template(job, site, workdir, name="preprocess", argv=argv, cpus=1, gpus=0, memory=memory,
+                             extra_env=[part])
+    template["spec"]["restartPolicy"] = "OnFailure"
+    # Every part must run at the same time (parallelism = completions): a part waits for the others at a barrier.
+    spec = {"completionMode": "Indexed", "completions": parts, "parallelism": parts,
+            "backoffLimit": site.kubernetes.backoff_limit, "template": template}
+    if site.time_limit:
+        spec["activeDeadlineSeconds"] = site.time_limit_seconds()
+    return [{"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(job, site), "spec": spec}]
 
 
 def _preprocess_on_dask(job: StageJob, site: SiteConfig, workdir: str) -> list[dict]:

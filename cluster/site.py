@@ -92,6 +92,9 @@ class KubernetesSite:
 class SiteConfig:
     nodes: int = 1                       # pretraining nodes
     preprocess_nodes: int = 1            # > 1: a Dask cluster over this many nodes runs the Beam job
+    preprocess_array: bool = False       # the config's parts as parallel tasks of one CPU: a Slurm job array per
+                                         # step, a Kubernetes Indexed Job (python -m preprocess run --part K)
+    preprocess_part_memory: str | None = None  # memory of one such task: the part's budget (default: memory)
     gpus_per_node: int = 0
     tasks_per_node: int | None = None    # processes per node; one per GPU (the default when there are GPUs)
     cpus_per_task: int | None = None     # or cpus_per_node (not both)
@@ -132,11 +135,13 @@ class SiteConfig:
     def world_size(self) -> int:
         return self.nodes * self.tasks
 
-    def memory_slurm(self) -> str | None:
-        return None if self.memory is None else _MEMORY.match(self.memory).expand(r"\1\2")
+    def memory_slurm(self, memory: str | None = None) -> str | None:
+        memory = memory or self.memory
+        return None if memory is None else _MEMORY.match(memory).expand(r"\1\2")
 
-    def memory_kubernetes(self) -> str | None:
-        return None if self.memory is None else _MEMORY.match(self.memory).expand(r"\1\2i")
+    def memory_kubernetes(self, memory: str | None = None) -> str | None:
+        memory = memory or self.memory
+        return None if memory is None else _MEMORY.match(memory).expand(r"\1\2i")
 
     def time_limit_seconds(self) -> int | None:
         if self.time_limit is None:
@@ -190,8 +195,13 @@ def _check(site: SiteConfig) -> None:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if site.cpus_per_node and site.cpus_per_node % site.tasks:
         raise ValueError(f"cpus_per_node {site.cpus_per_node} does not divide into {site.tasks} tasks per node")
-    if site.memory is not None and not _MEMORY.match(site.memory):
-        raise ValueError(f"memory {site.memory!r}: write a whole number with K, M, G or T (binary units), e.g. 480G")
+    for name in ("memory", "preprocess_part_memory"):
+        value = getattr(site, name)
+        if value is not None and not _MEMORY.match(value):
+            raise ValueError(f"{name} {value!r}: write a whole number with K, M, G or T (binary units), e.g. 480G")
+    if site.preprocess_array and site.preprocess_nodes > 1:
+        raise ValueError("preprocess_array runs the parts as separate one-CPU tasks, preprocess_nodes > 1 runs one "
+                         "Dask cluster: choose one (set preprocess_nodes: 1 or preprocess_array: false)")
     if site.time_limit is not None and not _TIME.match(site.time_limit):
         raise ValueError(f"time_limit {site.time_limit!r}: write HH:MM:SS or D-HH:MM:SS, e.g. 04:00:00 or 2-00:00:00")
     for name, value in site.env.items():

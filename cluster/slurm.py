@@ -23,8 +23,10 @@ CONFIG_END = "BERT_PIPELINE_CONFIG_END"
 
 @dataclass(frozen=True)
 class Rendered:
-    text: str           # the batch script
-    log_pattern: str    # its --output, with Slurm's %j for the job id
+    text: str                      # the batch script
+    log_pattern: str               # its --output, with Slurm's %j (or %A_%a for an array) for the job id
+    name: str                      # the job's name; also names the submitted script file
+    after_previous: bool = False   # submitted with --dependency=afterok: on the job of the script before it
 
 
 @dataclass(frozen=True)
@@ -33,27 +35,49 @@ class Allocation:
     tasks_per_node: int
     cpus_per_task: int | None
     gpus_per_node: int
+    memory: str | None = None      # --mem (per node); None: the site's memory
+    array: int = 0                 # > 0: a job array of this many tasks (0 .. array-1)
 
 
-def render(job: StageJob, site: SiteConfig, *, workdir: str, log_dir: str, site_source: str) -> Rendered:
-    log_pattern = f"{log_dir}/{job.name}-%j.out"
+NEXT_SCRIPT = "# ====== next script, submitted with sbatch --dependency=afterok:<the job id above> ======"
+
+
+def render(job: StageJob, site: SiteConfig, *, workdir: str, log_dir: str, site_source: str) -> list[Rendered]:
+    """The batch script(s) of a job: one, or (preprocessing parts as arrays) one per step, chained."""
     if CONFIG_END in job.config_text:
         raise ValueError(f"the config contains the line {CONFIG_END}, which ends the script's here-document")
+    if job.stage == "preprocess" and site.preprocess_array:
+        return _preprocess_parts(job, site, workdir, log_dir, site_source)
     allocation, body = _STAGE_BODIES[job.stage](job, site, workdir)
+    return [_script(job, site, allocation, body, workdir=workdir, log_dir=log_dir, site_source=site_source)]
+
+
+def joined(scripts: list[Rendered]) -> str:
+    """What `render` prints: the scripts in submission order."""
+    return f"\n{NEXT_SCRIPT}\n\n".join(script.text for script in scripts)
+
+
+def _script(job: StageJob, site: SiteConfig, allocation: Allocation, body: list[str], *, workdir: str, log_dir: str,
+            site_source: str, name: str | None = None, about: list[str] = (), after_previous: bool = False) -> Rendered:
+    name = name or job.name
+    log_pattern = f"{log_dir}/{name}-{'%A_%a' if allocation.array else '%j'}.out"
+    # Every task of an array writes the same config under the array's id.
+    job_id = '"${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"' if allocation.array else '"$SLURM_JOB_ID"'
     preemptible = job.stage == "pretrain"
     lines = [
         "#!/bin/bash",
         f"# bert-pipeline {job.stage} job: {job.config_source} on the site {site_source}.",
         "# Made by `python -m cluster render slurm`; `python -m cluster submit slurm` (same arguments) submits it.",
+        *about,
         *(_PREEMPTION_NOTE if preemptible and site.slurm.signal_seconds else []),
-        *(f"#SBATCH {option}" for option in _sbatch_options(job, site, allocation, log_pattern, preemptible)),
+        *(f"#SBATCH {option}" for option in _sbatch_options(job, site, allocation, log_pattern, preemptible, name)),
         "set -uo pipefail",
         "",
         'say() { echo "[$(date \'+%F %T\')] $*"; }',
-        f'say "job $SLURM_JOB_ID ({job.name}, restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST"',
+        f'say "job $SLURM_JOB_ID ({name}, restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST"',
         "",
         "# The resolved stage config travels in this script: a requeued or repeated job runs what was submitted.",
-        f'config={shlex.quote(log_dir)}/{job.name}-"$SLURM_JOB_ID".yaml',
+        f'config={shlex.quote(log_dir)}/{name}-{job_id}.yaml',
         f"cat > \"$config.tmp.$$\" <<'{CONFIG_END}'",
         job.config_text.rstrip("\n"),
         CONFIG_END,
@@ -62,13 +86,13 @@ def render(job: StageJob, site: SiteConfig, *, workdir: str, log_dir: str, site_
         f"cd {shlex.quote(workdir)}",
         f'export PYTHONPATH={shlex.quote(workdir)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
         *site.setup,
-        *(f"export {name}={shlex.quote(value)}" for name, value in _environment(job, site, allocation).items()),
+        *(f"export {var}={shlex.quote(value)}" for var, value in _environment(job, site, allocation).items()),
         *([f"export SRUN_CPUS_PER_TASK={allocation.cpus_per_task}  # srun >= 22.05 does not inherit --cpus-per-task"]
           if allocation.cpus_per_task else []),
         "",
         *body,
     ]
-    return Rendered("\n".join(lines) + "\n", log_pattern)
+    return Rendered("\n".join(lines) + "\n", log_pattern, name, after_previous)
 
 
 _PREEMPTION_NOTE = [
@@ -78,9 +102,9 @@ _PREEMPTION_NOTE = [
 
 
 def _sbatch_options(job: StageJob, site: SiteConfig, allocation: Allocation, log_pattern: str,
-                    preemptible: bool) -> list[str]:
+                    preemptible: bool, name: str) -> list[str]:
     slurm = site.slurm
-    options = [f"--job-name={job.name}"]
+    options = [f"--job-name={name}"]
     options += [f"--{key}={value}" for key, value in (("partition", slurm.partition), ("account", slurm.account),
                                                       ("qos", slurm.qos), ("constraint", slurm.constraint)) if value]
     options += [f"--nodes={allocation.nodes}", f"--ntasks-per-node={allocation.tasks_per_node}"]
@@ -89,12 +113,14 @@ def _sbatch_options(job: StageJob, site: SiteConfig, allocation: Allocation, log
     if allocation.gpus_per_node:
         options.append(f"--gres=gpu:{allocation.gpus_per_node}" if slurm.gres
                        else f"--gpus-per-node={allocation.gpus_per_node}")
-    if site.memory:
-        options.append(f"--mem={site.memory_slurm()}")
+    if allocation.memory or site.memory:
+        options.append(f"--mem={site.memory_slurm(allocation.memory)}")
     if site.time_limit:
         options.append(f"--time={site.time_limit}")
-    if slurm.exclusive:
+    if slurm.exclusive and not allocation.array:  # array tasks of one CPU share nodes
         options.append("--exclusive")
+    if allocation.array:
+        options.append(f"--array=0-{allocation.array - 1}")
     if preemptible and slurm.signal_seconds:
         options.append(f"--signal=B:USR1@{slurm.signal_seconds}")
     if preemptible and slurm.requeue:
@@ -211,6 +237,29 @@ def _preprocess(job: StageJob, site: SiteConfig, workdir: str):
         "wait",
         'exit "$status"',
     ]
+
+
+def _preprocess_parts(job: StageJob, site: SiteConfig, workdir: str, log_dir: str, site_source: str) -> list[Rendered]:
+    """The run's parts as one-CPU tasks within the part memory: an array for each part's documents, an array for
+    each part's instances (after all documents), and one job that writes the shards and publishes (after all
+    instances). A part that is done is skipped when the same command is submitted again, so after a failure
+    resubmitting redoes only what failed; a chain whose predecessor failed is cancelled (--kill-on-invalid-dep)."""
+    parts, memory = job.config.parts, site.preprocess_part_memory or site.memory
+    container = _launcher_groups(["srun", *_srun_options(site, workdir)])
+    scripts = []
+    for number, step in enumerate(("documents", "instances", "finish"), start=1):
+        array = 0 if step == "finish" else parts
+        which = ["--step", step] if step == "finish" else ["--part", ShellVar("SLURM_ARRAY_TASK_ID"), "--step", step]
+        run = command(job, python=site.python, workdir=workdir, config_file=ShellVar("config"), runner=which)
+        what = {"documents": f"each of the {parts} parts reads, cleans and tokenizes its share of the input files",
+                "instances": f"each of the {parts} parts builds the instances of its document buckets",
+                "finish": "the globally shuffled shards and the manifest; the dataset is published"}[step]
+        about = [f"# Step {number} of 3 of a preprocessing run in {parts} parts ({step}): {what}."]
+        scripts.append(_script(job, site, Allocation(1, 1, 1, 0, memory=memory, array=array),
+                               [_format([*container, *_groups(run)])], workdir=workdir, log_dir=log_dir,
+                               site_source=site_source, name=f"{job.name}-{step}"[:63], about=about,
+                               after_previous=number > 1))
+    return scripts
 
 
 def _finetune(job: StageJob, site: SiteConfig, workdir: str):

@@ -104,7 +104,12 @@ def _load_preprocess(config_path, overrides, arguments):
         if option.split("=", 1)[0] in BEAM_RUNNER_OPTIONS:
             raise StageError(f"{option} after '--': the cluster job chooses the Beam runner itself (all cores of one "
                              "node, or a Dask cluster when the site sets preprocess_nodes > 1)")
-    cfg = preprocess_config.load(config_path, overrides)
+    for option, value in (("--part", parsed.part), ("--step", parsed.step), ("--wait", parsed.wait)):
+        if value is not None:
+            raise StageError(f"{option} after '--': the cluster job runs the parts itself (site preprocess_array: "
+                             "true runs each part as its own task)")
+    # --parts goes into the config the job carries, so the job's steps and the renderers see the same number.
+    cfg = preprocess_config.load(config_path, [*overrides, *([f"parts={parsed.parts}"] if parsed.parts else [])])
     if not (parsed.wikipedia or parsed.books):
         raise StageError("preprocessing needs input: give --wikipedia URI... and/or --books URI... after '--'")
     if not (parsed.tokenizer or cfg.tokenizer.path):
@@ -154,6 +159,14 @@ def check_world_size(job: StageJob, world_size: int) -> None:
         batch_plan(job.config.train, world_size)
     except configlib.ConfigError as error:
         raise StageError(f"{job.config_source}: {error}") from None
+
+
+def check_parts(job: StageJob, site) -> None:
+    """Preprocessing as parallel parts needs a run with parts."""
+    if job.stage == "preprocess" and site.preprocess_array and job.config.parts < 2:
+        raise StageError("the site sets preprocess_array: the parts of the run become parallel tasks, but the run has "
+                         f"{job.config.parts} part; give --parts N (N > 1, each part within "
+                         "preprocess_part_memory) after '--', or --set parts=N")
 
 
 def command(job: StageJob, *, python: str, workdir: str, config_file: str, runner: list[str] = ()) -> list[str]:

@@ -28,25 +28,44 @@ def script_path(log_dir: str, name: str, script: str) -> Path:
     return Path(log_dir) / f"{name}-{digest}.sbatch"
 
 
-def sbatch_command(path: Path) -> list[str]:
-    return ["sbatch", "--parsable", str(path)]
+def sbatch_command(path: Path, after: str | None = None) -> list[str]:
+    """``after``: a job id this one waits for (``afterok``); if that job fails, Slurm cancels this one."""
+    dependency = [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"] if after else []
+    return ["sbatch", "--parsable", *dependency, str(path)]
 
 
-def submit_slurm(script: str, *, log_dir: str, name: str, log_pattern: str) -> Submitted:
-    path = script_path(log_dir, name, script)
-    # Slurm does not create the --output directory: a job whose log cannot be opened fails without a word.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(script)
-    os.replace(temporary, path)
-    output = _run(sbatch_command(path), what="sbatch")
-    # --parsable prints "JOBID" or "JOBID;CLUSTER"
-    job_id = output.strip().splitlines()[-1].split(";")[0] if output.strip() else ""
-    if not job_id.isdigit():
-        raise SubmitError(f"sbatch printed no job id: {output.strip()!r}")
-    return Submitted(job_id, (f"Submitted batch job {job_id}", f"log: {log_pattern.replace('%j', job_id)}",
-                              f"script: {path}",
-                              f"config: {log_dir}/{name}-{job_id}.yaml (written when the job starts)"))
+def would_run(log_dir: str, scripts) -> list[str]:
+    """The sbatch command lines ``submit`` would run, the later ones naming their predecessor's job."""
+    return [" ".join(sbatch_command(script_path(log_dir, script.name, script.text),
+                                    after=f"<job {number}>" if script.after_previous else None))
+            for number, script in enumerate(scripts)]
+
+
+def submit_slurm(scripts, *, log_dir: str) -> Submitted:
+    """Submit the batch scripts (``cluster.slurm.Rendered``) in order; a script marked ``after_previous`` waits
+    for the job submitted before it. Returns the last job's id and what to tell the user about every job."""
+    lines: list[str] = []
+    job_id = None
+    for script in scripts:
+        path = script_path(log_dir, script.name, script.text)
+        # Slurm does not create the --output directory: a job whose log cannot be opened fails without a word.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(script.text)
+        os.replace(temporary, path)
+        previous = job_id
+        output = _run(sbatch_command(path, after=previous if script.after_previous else None), what="sbatch")
+        # --parsable prints "JOBID" or "JOBID;CLUSTER"
+        job_id = output.strip().splitlines()[-1].split(";")[0] if output.strip() else ""
+        if not job_id.isdigit():
+            raise SubmitError(f"sbatch printed no job id for {script.name}: {output.strip()!r}"
+                              + (f" (jobs submitted before it: {previous})" if previous else ""))
+        log = script.log_pattern.replace("%j", job_id).replace("%A", job_id).replace("%a", "<task>")
+        lines += [f"Submitted batch job {job_id}" + (f" (after job {previous} succeeds)" if script.after_previous
+                                                     else ""),
+                  f"log: {log}", f"script: {path}",
+                  f"config: {log_dir}/{script.name}-{job_id}.yaml (written when the job starts)"]
+    return Submitted(job_id, tuple(lines))
 
 
 def kubectl_command(context: str | None) -> list[str]:

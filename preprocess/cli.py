@@ -24,6 +24,13 @@ def _run_parser(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set instances.dupe_factor=10 (repeatable)")
     p.add_argument("--parts", type=int, help="process the corpus in N parts to bound memory (same output)")
+    p.add_argument("--part", type=int, metavar="K", help="run only part K (0..N-1) of a --parts N run, e.g. as one task "
+                   "of a job array: its documents, then (after every part's) its instances; part 0 also finishes")
+    p.add_argument("--step", choices=("documents", "instances", "finish"),
+                   help="with --part K, only this step of part K; 'finish' (no --part) writes the shards and "
+                        "publishes once every part's instances are done")
+    p.add_argument("--wait", type=float, metavar="SECONDS", help="how long a part waits for the other parts at a "
+                   "barrier (default: a day with --part alone, 0 with --step: a missing part is an error)")
     p.add_argument("--provenance", action="store_true", help="add doc_a/doc_b columns naming the source documents")
     p.add_argument("--overwrite", action="store_true", help="replace an existing finished dataset")
     p.add_argument("--verbose", action="store_true", help="show Apache Beam's own log messages")
@@ -80,10 +87,36 @@ def _command_run(args, beam_args: list[str]) -> int:
     if not tokenizer:
         raise InputError("no tokenizer: pass --tokenizer (a dir from 'tokenizer train', a SentencePiece .model "
                          "or a WordPiece vocab.txt) or set tokenizer.path in the config")
+    if args.part is not None or args.step is not None:
+        return _run_step(args, cfg, tokenizer, beam_args)
+    if args.wait is not None:
+        raise InputError("--wait applies to --part/--step runs only")
     manifest = pipeline.run(cfg, wikipedia=args.wikipedia, books=args.books, tokenizer=tokenizer,
                             output=args.output, beam_args=beam_args, overwrite=args.overwrite,
                             verbose=args.verbose)
     print("\n".join(_summary_lines(manifest, args.output)))
+    return 0
+
+
+def _run_step(args, cfg, tokenizer: str, beam_args: list[str]) -> int:
+    from preprocess import steps
+
+    steps.check_request(cfg, args.step, args.part, beam_args, args.overwrite)
+    result = steps.run_step(cfg, step=args.step, part=args.part, wikipedia=args.wikipedia, books=args.books,
+                            tokenizer=tokenizer, output=args.output, beam_args=beam_args, wait_seconds=args.wait,
+                            verbose=args.verbose)
+    if "format" in result:  # the finish step: the dataset's manifest
+        print("\n".join(_summary_lines(result, args.output)))
+        return 0
+    what = (f"{result['documents']:,} documents, {result['tokens']:,} tokens from {result['files']} file(s)"
+            if result["step"] == "documents" else
+            f"{result['instances']:,} instances from {result['buckets']} bucket(s)")
+    done = f"already done ({result['seconds']:.1f} s then)" if result.get("skipped") else f"{result['seconds']:.1f} s"
+    print(f"{result['step']}, part {result['part']} of {result['parts']}: {what}; {done}")
+    if result.get("note"):
+        print(result["note"])
+    if args.step:
+        print(f"output: {args.output} is published by `--step finish` once every part is done")
     return 0
 
 

@@ -54,7 +54,7 @@ def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions
     return PipelineOptions(args)
 
 
-def _split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tuple[str, str]]]:
+def split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tuple[str, str]]]:
     """Greedy size-balanced grouping of the input files (largest first, ties by name)."""
     loads = [[0, i, []] for i in range(parts)]
     for kind, uri, size in sorted(files, key=lambda f: (-f[2], f[1])):
@@ -72,7 +72,7 @@ def _input_size(uri: str) -> int:
                          "this machine's credentials may read it") from None
 
 
-class _WorkerLog:
+class WorkerLog:
     """Sends file descriptor 2 to a log file while Beam runs, unless verbose.
 
     Beam's multi-processing workers are subprocesses that inherit our stderr and log every start and stop at
@@ -101,27 +101,35 @@ class _WorkerLog:
         return False
 
 
-def _run_beam(options: PipelineOptions, log: _WorkerLog, build) -> None:
+def run_beam(options: PipelineOptions, log: WorkerLog, build) -> None:
     pipeline = beam.Pipeline(options=options)
     build(pipeline)
     with log:
         pipeline.run().wait_until_finish()
 
 
-def _prepare_output(output: str, overwrite: bool) -> str:
-    """Return the staging location; refuse to clobber a finished dataset unless asked to."""
-    if storage.exists(storage.join(output, schema.MANIFEST_NAME)) and not overwrite:
-        raise InputError(f"{output} already holds a finished dataset; pass --overwrite or choose another --output")
+def staging_for(output: str) -> str:
+    """Where a run builds its dataset: DIR.incomplete next to a local DIR (renamed into place when complete);
+    on object stores DIR itself, where the manifest, written last, marks a finished dataset."""
     if storage.is_local(output):
         staging = storage.local_path(output).rstrip("/") + ".incomplete"
-        storage.remove_tree(staging)  # left over by an interrupted run
-        os.makedirs(staging)
+        os.makedirs(staging, exist_ok=True)
         return staging
-    storage.remove_tree(output)  # object stores: files without a manifest are an unfinished run
     return output
 
 
-def _publish(staging: str, output: str) -> None:
+def prepare_output(output: str, overwrite: bool) -> str:
+    """Return an empty staging location; refuse to clobber a finished dataset unless asked to."""
+    if storage.exists(storage.join(output, schema.MANIFEST_NAME)) and not overwrite:
+        raise InputError(f"{output} already holds a finished dataset; pass --overwrite or choose another --output")
+    if storage.is_local(output):
+        storage.remove_tree(storage.local_path(output).rstrip("/") + ".incomplete")  # left by an interrupted run
+    else:
+        storage.remove_tree(output)  # object stores: files without a manifest are an unfinished run
+    return staging_for(output)
+
+
+def publish(staging: str, output: str) -> None:
     if staging == output:
         return
     output = storage.local_path(output).rstrip("/")
@@ -134,6 +142,26 @@ def _publish(staging: str, output: str) -> None:
         storage.remove_tree(trash)
 
 
+def resolve_inputs(wikipedia: list[str], books: list[str]) -> list[tuple[str, str, int]]:
+    """(kind, uri, size in bytes) of every input file; refuses no input, unreadable inputs and clashing names."""
+    files = [("wiki", u) for u in sources.expand_inputs(list(wikipedia))] + \
+            [("book", u) for u in sources.expand_inputs(list(books))]
+    if not files:
+        raise InputError("no input files: pass --wikipedia and/or --books")
+    names = [sources.source_name(u) for _, u in files]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"input files share a name ({', '.join(dup)}): document ids come from file names, "
+                         "so rename one of them")
+    return [(kind, uri, _input_size(uri)) for kind, uri in files]
+
+
+def bucket_bits_for(sized: list[tuple[str, str, int]], slices: int) -> int:
+    """Document-store buckets: enough for every slice, and about BYTES_PER_BUCKET of input each."""
+    input_bytes = sum(size for _, _, size in sized)
+    return min(16, max(stages.bits_for(slices), stages.bits_for(input_bytes / BYTES_PER_BUCKET)))
+
+
 def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokenizer: str, output: str,
         beam_args: list[str] = (), overwrite: bool = False, progress: bool | None = None,
         verbose: bool = False) -> dict:
@@ -142,65 +170,64 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
 
     started = time.time()
     options = beam_options(list(beam_args), verbose)
-    log = _WorkerLog(verbose)
-    files = [("wiki", u) for u in sources.expand_inputs(list(wikipedia))] + \
-            [("book", u) for u in sources.expand_inputs(list(books))]
-    if not files:
-        raise InputError("no input files: pass --wikipedia and/or --books")
-    sized = [(kind, uri, _input_size(uri)) for kind, uri in files]
-    input_bytes = sum(size for _, _, size in sized)
-    names = [sources.source_name(u) for _, u in files]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise InputError(f"input files share a name ({', '.join(dup)}): document ids come from file names, "
-                         "so rename one of them")
-
+    log = WorkerLog(verbose)
+    sized = resolve_inputs(wikipedia, books)
     tok = load_tokenizer(tokenizer, lowercase=cfg.tokenizer.lowercase)
-    staging = _prepare_output(output, overwrite)
+    staging = prepare_output(output, overwrite)
     try:
         tokenizer_uri = storage.join(staging, schema.TOKENIZER_DIR)
         tok.save(tokenizer_uri)
         work = storage.join(staging, "_work")
-        file_parts = _split_parts(sized, min(cfg.parts, len(files)))
-        slices = max(cfg.parts, local.wants_local_pool(list(beam_args)))
-        bucket_bits = min(16, max(stages.bits_for(slices), stages.bits_for(input_bytes / BYTES_PER_BUCKET)))
+        file_parts = split_parts(sized, min(cfg.parts, len(sized)))
+        bucket_bits = bucket_bits_for(sized, max(cfg.parts, local.wants_local_pool(list(beam_args))))
         _run_stages(cfg, options, log, file_parts, bucket_bits, work, staging, tokenizer_uri, tok, progress,
                     list(beam_args), sized)
-        index_data = storage.read_json(storage.join(work, transforms.INDEX_NAME))
-        counts = {b: (c, d) for b, c, d in index_data["counts"]}
-        num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
-        doc_metas = list(stages.read_metas(storage.join(work, "docs")).values())
-        stats: dict = {}
-        for meta in stages.read_metas(storage.join(work, "pieces")).values():
-            stats = shards.merge_counts(stats, meta["stats"])
-        total_rows = sum(storage.read_json(storage.join(work, stages.SHARD_PLAN_NAME))["group_rows"])
-        shard_meta_dir = storage.join(work, "shards")
-        shard_entries = sorted(stages.read_metas(shard_meta_dir).values(), key=lambda e: e["name"])
-
-        dead_letters = sorted((dl for m in doc_metas for dl in m["dead_letters"]),
-                              key=lambda d: (d["source"], d["doc_id"]))
-        with storage.open_write(storage.join(staging, schema.DEAD_LETTERS_NAME), binary=False) as handle:
-            for letter in dead_letters:
-                handle.write(json.dumps(letter, sort_keys=True) + "\n")
-        with storage.open_write(storage.join(staging, schema.CONFIG_NAME), binary=False) as handle:
-            handle.write(configlib.to_yaml(cfg))
-
-        manifest = _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard_entries,
-                             total_rows, bucket_bits, group_bits)
-        storage.remove_tree(work)
-        manifest["summary"]["wall_seconds"] = round(time.time() - started, 3)
-        manifest["summary"]["corpus_tokens_per_second"] = round(corpus["tokens"] / max(1e-9, time.time() - started), 1)
-        storage.write_json(storage.join(staging, schema.MANIFEST_NAME), manifest)  # written last: marks completion
-        _publish(staging, output)
-        if log.path:
-            os.unlink(log.path)
-        return manifest
+        return publish_dataset(cfg, tok, sized, bucket_bits, work, staging, output, started, log)
     except BaseException:
-        if staging != output or not storage.exists(storage.join(output, schema.MANIFEST_NAME)):
-            storage.remove_tree(staging)
-        if log.path and os.path.getsize(log.path):
-            LOG.warning("Apache Beam's log of this run: %s", log.path)
+        discard_failed(staging, output, log)
         raise
+
+
+def discard_failed(staging: str, output: str, log: "WorkerLog") -> None:
+    """After a failure: remove what would look like a dataset, point at Beam's log."""
+    if staging != output or not storage.exists(storage.join(output, schema.MANIFEST_NAME)):
+        storage.remove_tree(staging)
+    if log.path and os.path.getsize(log.path):
+        LOG.warning("Apache Beam's log of this run: %s", log.path)
+
+
+def publish_dataset(cfg: PreprocessConfig, tok, sized, bucket_bits: int, work: str, staging: str, output: str,
+                    started: float, log: "WorkerLog") -> dict:
+    """After the shards are written: dead letters, config and manifest (written last), then publish."""
+    index_data = storage.read_json(storage.join(work, transforms.INDEX_NAME))
+    counts = {b: (c, d) for b, c, d in index_data["counts"]}
+    num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
+    doc_metas = list(stages.read_metas(storage.join(work, "docs")).values())
+    stats: dict = {}
+    for meta in stages.read_metas(storage.join(work, "pieces")).values():
+        stats = shards.merge_counts(stats, meta["stats"])
+    total_rows = sum(storage.read_json(storage.join(work, stages.SHARD_PLAN_NAME))["group_rows"])
+    shard_meta_dir = storage.join(work, "shards")
+    shard_entries = sorted(stages.read_metas(shard_meta_dir).values(), key=lambda e: e["name"])
+
+    dead_letters = sorted((dl for m in doc_metas for dl in m["dead_letters"]),
+                          key=lambda d: (d["source"], d["doc_id"]))
+    with storage.open_write(storage.join(staging, schema.DEAD_LETTERS_NAME), binary=False) as handle:
+        for letter in dead_letters:
+            handle.write(json.dumps(letter, sort_keys=True) + "\n")
+    with storage.open_write(storage.join(staging, schema.CONFIG_NAME), binary=False) as handle:
+        handle.write(configlib.to_yaml(cfg))
+
+    manifest = _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard_entries,
+                         total_rows, bucket_bits, group_bits)
+    storage.remove_tree(work)
+    manifest["summary"]["wall_seconds"] = round(time.time() - started, 3)
+    manifest["summary"]["corpus_tokens_per_second"] = round(corpus["tokens"] / max(1e-9, time.time() - started), 1)
+    storage.write_json(storage.join(staging, schema.MANIFEST_NAME), manifest)  # written last: marks completion
+    publish(staging, output)
+    if log.path:
+        os.unlink(log.path)
+    return manifest
 
 
 def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: int, work: str, staging: str,
@@ -233,17 +260,17 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
         if cfg.parts == 1:
             # One pipeline: worker processes start once, and the runner may overlap the stages.
             bar.set_postfix_str("documents → index → instances → shards")
-            _run_beam(options, log, lambda p: (
+            run_beam(options, log, lambda p: (
                 p | "Files" >> beam.Create(file_parts[0]) | documents(0) | index | instances(0) | write_shards))
             bar.update()
             return
         for part, part_files in enumerate(file_parts):
             bar.set_postfix_str(f"documents, part {part + 1}/{len(file_parts)}")
-            _run_beam(options, log, lambda p, part=part, part_files=part_files: (
+            run_beam(options, log, lambda p, part=part, part_files=part_files: (
                 p | "Files" >> beam.Create(part_files) | documents(part)))
             bar.update()
         bar.set_postfix_str("index")
-        _run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | index)
+        run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | index)
         bar.update()
         counts = storage.read_json(storage.join(work, transforms.INDEX_NAME))["counts"]
         non_empty = {bucket for bucket, count, _ in counts if count}
@@ -251,11 +278,11 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
             bar.set_postfix_str(f"instances, part {part + 1}/{cfg.parts}")
             part_buckets = [b for b in range(lo, hi) if b in non_empty]
             if part_buckets:
-                _run_beam(options, log, lambda p, part=part, part_buckets=part_buckets: (
+                run_beam(options, log, lambda p, part=part, part_buckets=part_buckets: (
                     p | "Buckets" >> beam.Create(part_buckets) | instances(part)))
             bar.update()
         bar.set_postfix_str("shards")
-        _run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | write_shards)
+        run_beam(options, log, lambda p: p | "Start" >> beam.Create([None]) | write_shards)
         bar.update()
 
 

@@ -84,6 +84,36 @@ def test_submit_runs_sbatch_with_the_script_and_prints_the_job_id(tmp_path):
     assert f"log: {logs}/bert-pretrain-tiny-4242.out" in lines
 
 
+def test_preprocessing_parts_are_submitted_as_a_chain_of_jobs(tmp_path):
+    """Three sbatch calls in order, each later one waiting for the one before (and cancelled if it fails)."""
+    calls = tmp_path / "calls.jsonl"
+    program = tmp_path / "bin" / "sbatch"
+    program.parent.mkdir()
+    program.write_text(f"""#!{sys.executable}
+import json, sys
+with open({str(calls)!r}, "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+print(sum(1 for _ in open({str(calls)!r})) + 700)
+""")
+    program.chmod(0o755)
+    arguments = JOBS["slurm_venv-preprocess-parts.sbatch"]
+    split = arguments.index("--")
+    logs = tmp_path / "logs"
+    arguments = [*arguments[:split], "--site-set", f"log_dir={logs}", *arguments[split:]]
+    result = cluster("submit", *arguments, path_first=str(tmp_path / "bin"))
+    assert result.returncode == 0, result.stderr
+    argvs = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert [argv[:-1] for argv in argvs] == [
+        ["--parsable"], ["--parsable", "--dependency=afterok:701", "--kill-on-invalid-dep=yes"],
+        ["--parsable", "--dependency=afterok:702", "--kill-on-invalid-dep=yes"]]
+    assert [open(argv[-1]).read() for argv in argvs] == [script.text for script in render(arguments)[1]]
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if line.startswith("Submitted")] == [
+        "Submitted batch job 701", "Submitted batch job 702 (after job 701 succeeds)",
+        "Submitted batch job 703 (after job 702 succeeds)"]
+    assert f"log: {logs}/bert-preprocess-phase1-seq128-documents-701_<task>.out" in lines
+
+
 def test_a_refused_submission_is_one_clear_error(tmp_path):
     fake_client(tmp_path / "bin", "sbatch", "sbatch: error: invalid partition specified: debug", status=1)
     result = cluster("submit", "slurm", *TINY, "--site-set", f"log_dir={tmp_path}", path_first=str(tmp_path / "bin"))

@@ -97,3 +97,28 @@ def test_no_credential_values_in_any_rendered_job(crds):  # noqa: F811
                        "valueFrom": {"secretKeyRef": {"name": "s3-credentials", "key": "secret_access_key"}}}]
     spec = documents[1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert spec["imagePullSecrets"] == [{"name": "ghcr-pull"}]
+
+
+def test_preprocessing_parts_run_as_chained_job_arrays_on_slurm():
+    _, scripts = render(JOBS["slurm_venv-preprocess-parts.sbatch"])
+    assert [script.name.rsplit("-", 1)[1] for script in scripts] == ["documents", "instances", "finish"]
+    assert [script.after_previous for script in scripts] == [False, True, True]
+    documents, instances, finish = (script.text for script in scripts)
+    for text, step in ((documents, "documents"), (instances, "instances")):
+        assert "#SBATCH --array=0-15" in text and "#SBATCH --cpus-per-task=1" in text and "#SBATCH --mem=64G" in text
+        assert f'--part "${{SLURM_ARRAY_TASK_ID}}" \\\n    --step {step}' in text
+        assert "#SBATCH --nodes=1" in text and "--direct_num_workers" not in text and "dask" not in text
+    assert "--array" not in finish and "--step finish" in finish and "--part " not in finish
+    assert all("\nparts: 16\n" in script.text for script in scripts)  # --parts travels in the config too
+
+
+def test_preprocessing_parts_run_as_an_indexed_job_on_kubernetes(crds):  # noqa: F811
+    _, (config_map, job) = render(JOBS["k8s-preprocess-parts.yaml"])
+    assert "\nparts: 8\n" in config_map["data"]["config.yaml"]
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 8, 8)
+    container = spec["template"]["spec"]["containers"][0]
+    assert container["args"][-2:] == ["--part", "$(PART)"] and "--step" not in container["args"]
+    assert {"name": "PART", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}} in container["env"]
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "64Gi"}, "limits": {"memory": "64Gi"}}

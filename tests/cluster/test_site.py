@@ -48,6 +48,8 @@ def _write(tmp_path: pathlib.Path, text: str) -> str:
     ("gpus_per_node: 8\nkubernetes:\n  pretrain_form: jobset\n", r"pretrain_form must be one of"),
     ("gpus_per_node: 8\nkubernetes:\n  namespace: Bert_Team\n", r"not a valid namespace name"),
     ("gpus_per_node: 8\nkubernetes:\n  secret_env:\n    AWS_KEY: just-a-name\n", r"secret-name/key"),
+    ("gpus_per_node: 8\npreprocess_nodes: 4\npreprocess_array: true\n", r"preprocess_array .* choose one"),
+    ("gpus_per_node: 8\npreprocess_part_memory: 32 GB\n", r"preprocess_part_memory '32 GB'"),
 ])
 def test_bad_site_is_refused_by_name(tmp_path, text, message):
     with pytest.raises(site_module.SiteError, match=message):
@@ -101,6 +103,8 @@ def test_pretraining_without_data_is_refused():
     (["--output", "o", "--tokenizer", "t"], r"preprocessing needs input"),
     (["--books", "b", "--output", "o"], r"needs a tokenizer"),
     (["--books", "b", "--output", "o", "--set", "seed=1"], r"--set after '--'"),
+    (["--books", "b", "--output", "o", "--tokenizer", "t", "--parts", "2", "--part", "1"],
+     r"--part after '--': the cluster job runs the parts itself"),
 ])
 def test_bad_preprocessing_arguments_are_refused(stage_arguments, message):
     _refused(["slurm", "--stage", "preprocess", "--cluster", "configs/cluster/slurm_local_cpu.yaml",
@@ -113,3 +117,9 @@ def test_bad_finetuning_arguments_are_refused():
     _refused([*base, "--data", "d", "--output", "o"], r"finetune arguments after '--': .*--checkpoint")
     _refused([*base, "--checkpoint", "c", "--data", "d", "--output", "o", "--tasks", "glue,imdb"],
              r"unknown task 'imdb'")
+
+
+def test_parts_as_parallel_tasks_need_a_run_with_parts():
+    _refused(["slurm", "--stage", "preprocess", "--cluster", "configs/cluster/slurm_local_cpu.yaml",
+              "--site-set", "preprocess_array=true", "--config", "configs/preprocess/tiny.yaml", "--",
+              "--books", "b", "--output", "o", "--tokenizer", "t"], r"the run has 1 part; give --parts N")

@@ -28,16 +28,18 @@ def submit(slurm, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("slurm-logs")
 
     def submit(stage: str, config: str, *arguments: str) -> str:
+        """The id of the job submitted last (the one that finishes a chain)."""
         command = [sys.executable, "-m", "cluster", "submit", "slurm", "--stage", stage, "--cluster", SITE,
                    "--site-set", f"log_dir={log_dir}", "--site-set", f"python={sys.executable}",
                    "--config", config, *arguments]
         result = subprocess.run(command, cwd=REPO, env=environment(**slurm.env), capture_output=True, text=True,
                                 timeout=120)
         assert result.returncode == 0, f"{' '.join(command)}\n{result.stdout}\n{result.stderr}"
-        match = re.search(r"Submitted batch job (\d+)", result.stdout)
-        assert match, f"no job id in the output of {' '.join(command)}:\n{result.stdout}"
+        job_ids = re.findall(r"Submitted batch job (\d+)", result.stdout)
+        assert job_ids, f"no job id in the output of {' '.join(command)}:\n{result.stdout}"
         assert f"log: {log_dir}/" in result.stdout, result.stdout  # it says where the logs go
-        return match.group(1)
+        submit.output = result.stdout
+        return job_ids[-1]
 
     return submit
 
@@ -121,6 +123,29 @@ def test_preprocessing_job_writes_the_dataset_a_local_run_writes(slurm, submit, 
     assert [(s["name"], s["rows"], s["sha256"]) for s in manifest["shards"]] == \
         [(s["name"], s["rows"], s["sha256"]) for s in local["shards"]]
     assert all((out / s["name"]).is_file() for s in manifest["shards"])
+
+
+def test_preprocessing_parts_as_job_arrays_write_the_dataset_a_local_run_writes(slurm, submit, sample_dataset,
+                                                                                bert_vocab, tmp_path):
+    """--parts 2 as a documents array, an instances array and a finishing job, chained by dependencies."""
+    out = tmp_path / "dataset"
+    job_id = submit("preprocess", "configs/preprocess/tiny.yaml", "--site-set", "preprocess_array=true",
+                    "--set", "output.num_shards=3", "--set", "instances.dupe_factor=3", "--",
+                    "--wikipedia", str(SAMPLES / "wikipedia"), "--books", str(SAMPLES / "books"),
+                    "--tokenizer", str(bert_vocab), "--output", str(out), "--parts", "2")
+    submitted = submit.output
+    _, log = finished(slurm, job_id)
+    assert "instances:" in log and str(out) in log  # the finishing job's summary
+    array_logs = re.findall(r"^log: (\S+<task>\.out)$", submitted, flags=re.MULTILINE)
+    assert len(array_logs) == 2, submitted
+    for pattern, step in zip(array_logs, ("documents", "instances")):
+        logs = sorted(pathlib.Path(pattern).parent.glob(pathlib.Path(pattern).name.replace("<task>", "*")))
+        assert [path.read_text().count(f"{step}, part ") for path in logs] == [1, 1], logs  # one task per part
+    manifest = json.loads((out / "manifest.json").read_text())
+    local = json.loads((sample_dataset / "manifest.json").read_text())
+    assert [(s["name"], s["rows"], s["sha256"]) for s in manifest["shards"]] == \
+        [(s["name"], s["rows"], s["sha256"]) for s in local["shards"]]
+    assert manifest["parameters"]["parts"] == 2 and not pathlib.Path(f"{out}.incomplete").exists()
 
 
 def test_finetuning_job_reports_on_the_pretraining_jobs_checkpoint(slurm, submit, pretraining_job, tmp_path):

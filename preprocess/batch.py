@@ -31,14 +31,31 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 def random_bits(keys: np.ndarray, stream: int, counters: np.ndarray) -> np.ndarray:
     """uint64 random numbers for (key, counter) pairs; ``keys`` and ``counters`` broadcast."""
+    return _bits_from_base(_stream_base(keys, stream), counters)
+
+
+def _stream_base(keys: np.ndarray, stream: int) -> np.ndarray:
     with np.errstate(over="ignore"):
-        base = _mix(np.asarray(keys, np.uint64) ^ np.uint64((stream * 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF))
+        return _mix(np.asarray(keys, np.uint64) ^ np.uint64((stream * 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF))
+
+
+def _bits_from_base(base: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
         return _mix(base + (np.asarray(counters, np.uint64) + np.uint64(1)) * _GOLDEN)
+
+
+def row_random_bits(keys: np.ndarray, stream: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``random_bits(keys[rows], stream, cols)``, mixing each row's key once instead of once per position."""
+    return _bits_from_base(_stream_base(keys, stream)[rows], cols)
 
 
 def random_uniform(keys: np.ndarray, stream: int, counters: np.ndarray) -> np.ndarray:
     """Doubles in [0, 1) from ``random_bits``."""
-    return (random_bits(keys, stream, counters) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return _uniform(random_bits(keys, stream, counters))
+
+
+def _uniform(bits: np.ndarray) -> np.ndarray:
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 def truncation_counts(len_a: np.ndarray, len_b: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -132,8 +149,8 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
     chosen_flat = np.flatnonzero(chosen)
     chosen_rows, chosen_cols = rows[chosen_flat], cols[chosen_flat]
     labels = tokens[chosen_flat].copy()
-    decision = random_uniform(keys[chosen_rows], STREAM_DECISION, chosen_cols)
-    replacement = vocab.replacement_ids[(random_uniform(keys[chosen_rows], STREAM_REPLACEMENT, chosen_cols)
+    decision = _uniform(row_random_bits(keys, STREAM_DECISION, chosen_rows, chosen_cols))
+    replacement = vocab.replacement_ids[(_uniform(row_random_bits(keys, STREAM_REPLACEMENT, chosen_rows, chosen_cols))
                                          * len(vocab.replacement_ids)).astype(np.int64)]
     shown = np.where(decision < 0.8, vocab.mask_id, np.where(decision < 0.9, labels, replacement))
     tokens[chosen_flat] = shown.astype(dtype)
@@ -144,24 +161,35 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
 
 
 def _choose_positions(candidate, rows, cols, lengths, num_to_predict, keys) -> np.ndarray:
-    """Uniformly random positions without replacement: the candidates with the smallest random keys."""
+    """Uniformly random positions without replacement: the candidates with the smallest random keys.
+
+    A position's key is its 53-bit random number (the double ``random_uniform`` would give, scaled) with the
+    column in the low bits, so keys are unique within a row and order as a stable sort of the doubles would.
+    Each row's ``take`` smallest keys are found by a partial sort of its few smallest, not a sort of the row.
+    """
     width = int(lengths.max())
-    scores = np.full((len(lengths), width), 2.0)
-    flat_scores = random_uniform(keys[rows], STREAM_POSITIONS, cols)
-    scores[rows, cols] = np.where(candidate, flat_scores, 2.0)
-    order = np.argsort(scores, axis=1, kind="stable")
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(width)[None, :], axis=1)
-    available = (scores < 2.0).sum(axis=1)
+    col_bits = max(1, width - 1).bit_length()
+    bits = row_random_bits(keys, STREAM_POSITIONS, rows, cols)
+    score = ((bits >> np.uint64(11)) << np.uint64(col_bits)) | cols.astype(np.uint64)
+    never = np.uint64(0xFFFFFFFFFFFFFFFF)
+    matrix = np.full((len(lengths), width), never, np.uint64)
+    matrix[rows, cols] = np.where(candidate, score, never)
+    available = np.bincount(rows[candidate], minlength=len(lengths))
     take = np.minimum(num_to_predict, available)
-    return rank[rows, cols] < take[rows]
+    most = int(take.max(initial=0))
+    if most == 0:
+        return np.zeros(len(rows), bool)
+    smallest = np.partition(matrix, most - 1, axis=1)[:, :most] if most < width else matrix
+    smallest.sort(axis=1)
+    threshold = smallest[np.arange(len(lengths)), np.maximum(take - 1, 0)]
+    return (score <= threshold[rows]) & candidate & (take[rows] > 0)
 
 
 def _choose_whole_words(tokens, candidate, rows, cols, row_starts, lengths, num_to_predict, keys, vocab):
     """The reference's whole-word rule: words in random order, skip one that would overflow, stop when full."""
     chosen = np.zeros(len(tokens), dtype=bool)
     continuation = vocab.is_continuation[tokens] & candidate
-    word_keys = random_uniform(keys[rows], STREAM_POSITIONS, cols)
+    word_keys = _uniform(row_random_bits(keys, STREAM_POSITIONS, rows, cols))
     for row in range(len(lengths)):
         start, end = int(row_starts[row]), int(row_starts[row] + lengths[row])
         groups: list[list[int]] = []
@@ -184,17 +212,24 @@ def _choose_whole_words(tokens, candidate, rows, cols, row_starts, lengths, num_
     return chosen
 
 
-def random_segments(offsets: list[np.ndarray], target_b_length: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """A random B for each instance: from a random sentence of its target document until the target length."""
+def random_segments(boundaries: np.ndarray, first_sentence: np.ndarray, end_sentence: np.ndarray,
+                    target_b_length: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """A random B for each instance: from a random sentence of its target document until the target length.
+
+    Args:
+        boundaries: token offsets of sentence starts of consecutive documents, and the end (strictly increasing).
+        first_sentence, end_sentence: each target document's sentences, ``[first, end)`` indices of boundaries.
+    Returns:
+        (n, 2) ``[start, end)`` token offsets, in the coordinates of ``boundaries``.
+    """
     starts = random_uniform(keys, STREAM_B_START, np.zeros(len(keys), np.uint64))
-    ranges = np.empty((len(keys), 2), np.int64)
-    for i, (doc_offsets, want, u) in enumerate(zip(offsets, target_b_length, starts)):
-        sentences = len(doc_offsets) - 1
-        first = int(u * sentences)
-        # The first sentence end that reaches the target, else the document's end.
-        last = int(np.searchsorted(doc_offsets, doc_offsets[first] + max(int(want), 1), side="left"))
-        ranges[i] = doc_offsets[first], doc_offsets[min(max(last, first + 1), sentences)]
-    return ranges
+    first_sentence = np.asarray(first_sentence, np.int64)
+    sentences = np.asarray(end_sentence, np.int64) - first_sentence
+    first = first_sentence + (starts * sentences).astype(np.int64)
+    # The first sentence end that reaches the target, else the document's end.
+    want = boundaries[first] + np.maximum(np.asarray(target_b_length, np.int64), 1)
+    last = np.minimum(np.maximum(np.searchsorted(boundaries, want, side="left"), first + 1), first_sentence + sentences)
+    return np.stack([boundaries[first], boundaries[last]], axis=1)
 
 
 @dataclass

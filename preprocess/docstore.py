@@ -78,6 +78,10 @@ class Bucket:
     token_starts: np.ndarray    # document i is tokens[token_starts[i]:token_starts[i + 1]]
     sentence_lengths: list[np.ndarray]
     duplicates: list[tuple[str, str]]  # (doc_id, source) of dropped copies
+    # Every sentence start of every document, as token offsets, then the end: document i's sentences start at
+    # boundaries[sentence_starts[i]:sentence_starts[i + 1]] (strictly increasing: sentences are never empty).
+    boundaries: np.ndarray = None
+    sentence_starts: np.ndarray = None
     _offsets: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -118,7 +122,8 @@ def bucket_ids(work: str, bucket: int) -> tuple[list[str], list[tuple[str, str]]
 def load_bucket(work: str, bucket: int) -> Bucket:
     table, duplicates = _ordered(work, bucket)
     if table is None:
-        return Bucket([], np.zeros(0, np.uint16), np.zeros(1, np.int64), [], [])
+        return Bucket([], np.zeros(0, np.uint16), np.zeros(1, np.int64), [], [], np.zeros(1, np.int64),
+                      np.zeros(1, np.int64))
     doc_ids = table.column("doc_id").to_pylist()
     tokens_col = table.column("tokens").combine_chunks()
     lengths_col = table.column("sentence_lengths").combine_chunks()
@@ -127,6 +132,8 @@ def load_bucket(work: str, bucket: int) -> Bucket:
     length_offsets = np.asarray(lengths_col.offsets, dtype=np.int64)
     length_values = lengths_col.flatten().to_numpy(zero_copy_only=False)
     base = length_offsets[0]
-    sentence_lengths = [length_values[length_offsets[i] - base:length_offsets[i + 1] - base]
-                        for i in range(len(doc_ids))]
-    return Bucket(doc_ids, tokens, token_starts, sentence_lengths, duplicates)
+    sentence_starts = length_offsets - base
+    sentence_lengths = [length_values[sentence_starts[i]:sentence_starts[i + 1]] for i in range(len(doc_ids))]
+    boundaries = np.zeros(len(length_values) + 1, np.int64)
+    np.cumsum(length_values, out=boundaries[1:])
+    return Bucket(doc_ids, tokens, token_starts, sentence_lengths, duplicates, boundaries, sentence_starts)

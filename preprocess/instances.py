@@ -14,9 +14,10 @@ for a distributed pipeline:
 """
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -46,9 +47,11 @@ class MaskingVocab:
         )
 
 
-@dataclass(frozen=True)
-class InstancePlan:
-    """Segment A (and B, unless random) as token ranges ``[start, end)`` of the source document."""
+class InstancePlan(NamedTuple):
+    """Segment A (and B, unless random) as token ranges ``[start, end)`` of the source document.
+
+    A tuple rather than a frozen dataclass: a run builds one per instance, and a tuple is five times cheaper to make.
+    """
 
     index: int                # position of this instance within its (document, duplicate)
     a_start: int
@@ -71,8 +74,17 @@ def draw_other_document(rng: random.Random, doc_index: int, num_docs: int) -> in
     """A document index drawn uniformly from every document except ``doc_index``."""
     if num_docs < 2:
         raise ValueError("next-sentence prediction needs at least two documents in the corpus")
-    other = rng.randrange(num_docs - 1)
+    other = _below(rng.getrandbits, num_docs - 1)
     return other + 1 if other >= doc_index else other
+
+
+def _below(getrandbits, n: int) -> int:
+    """``rng.randrange(n)`` for n >= 1, the same value from the same state (its rejection sampling, inlined)."""
+    bits = n.bit_length()
+    value = getrandbits(bits)
+    while value >= n:
+        value = getrandbits(bits)
+    return value
 
 
 def plan_instances(offsets: np.ndarray, doc_index: int, num_docs: int, rng: random.Random,
@@ -86,39 +98,43 @@ def plan_instances(offsets: np.ndarray, doc_index: int, num_docs: int, rng: rand
         rng: the RNG for this (document, duplicate); consumed in the reference order.
         cfg: the instance parameters.
     """
+    if num_docs < 2:
+        raise ValueError("next-sentence prediction needs at least two documents in the corpus")
     max_num_tokens = cfg.max_seq_length - 3  # [CLS], [SEP], [SEP]
     # Mostly fill the sequence, but sometimes (short_seq_prob) aim shorter so the model also sees
     # short inputs. As in the reference, the target is drawn once per document and duplicate.
     target_seq_length = max_num_tokens
-    if rng.random() < cfg.short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
+    random_float, getrandbits = rng.random, rng.getrandbits
+    if random_float() < cfg.short_seq_prob:
+        target_seq_length = 2 + _below(getrandbits, max_num_tokens - 1)  # rng.randint(2, max_num_tokens)
 
     plans: list[InstancePlan] = []
+    offsets = offsets.tolist()
     num_sentences = len(offsets) - 1
     chunk_start = 0  # first sentence of the current chunk
-    i = 0
-    while i < num_sentences:
-        chunk_len_tokens = int(offsets[i + 1] - offsets[chunk_start])
-        if i == num_sentences - 1 or chunk_len_tokens >= target_seq_length:
-            chunk_sentences = i + 1 - chunk_start
-            # How many of the chunk's sentences go into A.
-            a_end = 1
-            if chunk_sentences >= 2:
-                a_end = rng.randint(1, chunk_sentences - 1)
-            a_start_tok = int(offsets[chunk_start])
-            a_end_tok = int(offsets[chunk_start + a_end])
-            if chunk_sentences == 1 or rng.random() < cfg.random_next_prob:
-                random_doc = draw_other_document(rng, doc_index, num_docs)
-                plans.append(InstancePlan(
-                    index=len(plans), a_start=a_start_tok, a_end=a_end_tok, b_start=0, b_end=0,
-                    is_random_next=True, target_b_length=target_seq_length - (a_end_tok - a_start_tok),
-                    random_doc=random_doc))
-                # The sentences after A were not used: put them back so they are not wasted.
-                i -= chunk_sentences - a_end
-            else:
-                plans.append(InstancePlan(
-                    index=len(plans), a_start=a_start_tok, a_end=a_end_tok, b_start=a_end_tok,
-                    b_end=int(offsets[i + 1]), is_random_next=False, target_b_length=0, random_doc=-1))
-            chunk_start = i + 1
-        i += 1
+    while chunk_start < num_sentences:
+        # The reference adds sentences until the chunk reaches the target or the document ends: the chunk's
+        # last sentence is the first whose end reaches offsets[chunk_start] + target.
+        i = min(bisect.bisect_left(offsets, offsets[chunk_start] + target_seq_length, chunk_start + 1),
+                num_sentences) - 1
+        chunk_sentences = i + 1 - chunk_start
+        # How many of the chunk's sentences go into A.
+        a_end = 1
+        if chunk_sentences >= 2:
+            a_end = 1 + _below(getrandbits, chunk_sentences - 1)  # rng.randint(1, chunk_sentences - 1)
+        a_start_tok = offsets[chunk_start]
+        a_end_tok = offsets[chunk_start + a_end]
+        if chunk_sentences == 1 or random_float() < cfg.random_next_prob:
+            other = _below(getrandbits, num_docs - 1)
+            plans.append(InstancePlan(
+                index=len(plans), a_start=a_start_tok, a_end=a_end_tok, b_start=0, b_end=0,
+                is_random_next=True, target_b_length=target_seq_length - (a_end_tok - a_start_tok),
+                random_doc=other + 1 if other >= doc_index else other))
+            # The sentences after A were not used: put them back so they are not wasted.
+            i -= chunk_sentences - a_end
+        else:
+            plans.append(InstancePlan(
+                index=len(plans), a_start=a_start_tok, a_end=a_end_tok, b_start=a_end_tok,
+                b_end=offsets[i + 1], is_random_next=False, target_b_length=0, random_doc=-1))
+        chunk_start = i + 1
     return plans

@@ -7,6 +7,8 @@ from side inputs.
 """
 from __future__ import annotations
 
+import itertools
+
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
@@ -159,6 +161,11 @@ class _BuildsInstances(_UsesTokenizer):
         self._load_index()
         return self._index["group_bits"]
 
+    def _by_group(self, keys: InstanceKeys) -> np.ndarray:
+        """The order that makes each key-range group contiguous, so a batch splits into groups by slicing.
+        (Every instance's content depends on its key alone, so the order of a batch changes nothing else.)"""
+        return np.argsort(shards.group_of_keys(keys.order, self._group_bits()), kind="stable")
+
     def _locate(self, global_index):
         self._load_index()
         bucket = np.searchsorted(self._offsets_array, global_index, side="right") - 1
@@ -169,8 +176,9 @@ class _BuildsInstances(_UsesTokenizer):
         table = shards.batch_table(finalized, keys, next_label, doc_a, doc_b, self.tokenizer.vocab_size)
         groups = shards.group_of_keys(keys.order, self._group_bits())
         self._instances.inc(table.num_rows)
-        for group in np.unique(groups):
-            yield int(group), shards.to_ipc(table.filter(pa.array(groups == group)))
+        bounds = np.flatnonzero(np.diff(groups)) + 1  # rows come ordered by group (_by_group)
+        for start, end in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(groups)]])):
+            yield int(groups[start]), shards.to_ipc(table.slice(int(start), int(end - start)))
 
 
 class PlanAndBuildInstances(_BuildsInstances):
@@ -182,33 +190,37 @@ class PlanAndBuildInstances(_BuildsInstances):
 
     def process(self, bucket):
         loaded = docstore.load_bucket(self._work, bucket)
-        num_docs = self._offsets()[-1]
-        actual, random_next = [], []   # (rank, keys, plans)
+        num_docs, first_index = self._offsets()[-1], self._offsets()[bucket]
+        plans, counts, key_parts = [], [], []
         for rank, doc_id in enumerate(loaded.doc_ids):
             offsets = loaded.document(rank)[1]
-            plans = [(dupe, plan) for dupe in range(self._cfg.dupe_factor)
-                     for plan in plan_instances(offsets, self._offsets()[bucket] + rank, num_docs,
-                                                rng_for(self._seed, "plan", doc_id, dupe), self._cfg)]
-            keys = instance_keys(self._seed, doc_id, plans)
-            is_random = np.asarray([p.is_random_next for _, p in plans], bool)
-            for selected, bucket_list in ((~is_random, actual), (is_random, random_next)):
-                rows = np.flatnonzero(selected)
-                if len(rows):
-                    bucket_list.append((rank, keys.take(rows), [plans[r][1] for r in rows]))
-        planned = sum(len(p) for _, _, p in actual) + sum(len(p) for _, _, p in random_next)
-        if actual:
-            yield from (("done", item) for item in self._finish_actual(loaded, actual))
-        if random_next:
-            yield from self._requests(loaded, random_next)
+            doc_plans = [(dupe, plan) for dupe in range(self._cfg.dupe_factor)
+                         for plan in plan_instances(offsets, first_index + rank, num_docs,
+                                                    rng_for(self._seed, "plan", doc_id, dupe), self._cfg)]
+            key_parts.append(instance_keys(self._seed, doc_id, doc_plans))
+            plans.extend(plan for _, plan in doc_plans)
+            counts.append(len(doc_plans))
+        if plans:
+            # One row per instance: InstancePlan's fields as integers, and the document's rank in the bucket.
+            table = np.fromiter(itertools.chain.from_iterable(plans), np.int64, len(plans) * len(plans[0]))
+            table = table.reshape(len(plans), len(plans[0]))
+            ranks = np.repeat(np.arange(len(counts)), counts)
+            keys = InstanceKeys.concat(key_parts)
+            is_random = table[:, _IS_RANDOM].astype(bool)
+            actual, random_next = np.flatnonzero(~is_random), np.flatnonzero(is_random)
+            if len(actual):
+                yield from (("done", item) for item in self._finish_actual(loaded, table[actual], ranks[actual],
+                                                                            keys.take(actual)))
+            if len(random_next):
+                yield from self._requests(loaded, table[random_next], ranks[random_next], keys.take(random_next))
         # The driver checks that every planned instance reached a piece before it publishes anything.
-        storage.write_json(storage.join(self._work, "planned", f"b{bucket:06d}.json"), {"instances": planned})
+        storage.write_json(storage.join(self._work, "planned", f"b{bucket:06d}.json"), {"instances": len(plans)})
 
-    def _finish_actual(self, loaded, actual):
-        keys = InstanceKeys.concat([k for _, k, _ in actual])
-        base = np.concatenate([np.full(len(p), loaded.token_starts[rank]) for rank, _, p in actual])
-        ranges = np.asarray([(p.a_start, p.a_end, p.b_start, p.b_end) for _, _, plans in actual for p in plans],
-                            np.int64) + base[:, None]
-        doc_a = [loaded.doc_ids[rank] for rank, _, plans in actual for _ in plans]
+    def _finish_actual(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys):
+        order = self._by_group(keys)
+        plans, ranks, keys = plans[order], ranks[order], keys.take(order)
+        ranges = plans[:, _A_START:_B_END + 1] + loaded.token_starts[ranks][:, None]
+        doc_a = [loaded.doc_ids[rank] for rank in ranks.tolist()]
         for start in range(0, len(ranges), CHUNK_ROWS):
             rows = slice(start, start + CHUNK_ROWS)
             finalized = finalize_batch(loaded.tokens, ranges[rows, :2], ranges[rows, 2:], keys.random[rows],
@@ -217,21 +229,21 @@ class PlanAndBuildInstances(_BuildsInstances):
             yield from self._emit(finalized, chunk_keys, np.zeros(len(chunk_keys.order), np.int8), doc_a[rows],
                                   doc_a[rows])
 
-    def _requests(self, loaded, random_next):
-        keys = InstanceKeys.concat([k for _, k, _ in random_next])
-        plans = [(rank, p) for rank, _, ps in random_next for p in ps]
-        targets = np.asarray([p.random_doc for _, p in plans], np.int64)
-        a_ranges = np.asarray([(p.a_start, p.a_end) for _, p in plans], np.int64) + \
-            loaded.token_starts[np.asarray([rank for rank, _ in plans])][:, None]
+    def _requests(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys):
+        targets = plans[:, _RANDOM_DOC]
+        a_ranges = plans[:, _A_START:_A_END + 1] + loaded.token_starts[ranks][:, None]
         target_buckets, _ = self._locate(targets)
         for bucket in np.unique(target_buckets):
             rows = np.flatnonzero(target_buckets == bucket)
             lengths = a_ranges[rows, 1] - a_ranges[rows, 0]
             yield "request", (int(bucket), {
-                "doc_a": [loaded.doc_ids[plans[r][0]] for r in rows], "keys": keys.take(rows),
-                "targets": targets[rows],
-                "target_b_length": np.asarray([plans[r][1].target_b_length for r in rows], np.int64),
+                "doc_a": [loaded.doc_ids[rank] for rank in ranks[rows].tolist()], "keys": keys.take(rows),
+                "targets": targets[rows], "target_b_length": plans[rows, _TARGET_B_LENGTH],
                 "a_tokens": loaded.tokens[ragged_arange(a_ranges[rows, 0], lengths)], "a_lengths": lengths})
+
+
+# Columns of a bucket's plan table (np.asarray of InstancePlan tuples).
+_A_START, _A_END, _B_START, _B_END, _IS_RANDOM, _TARGET_B_LENGTH, _RANDOM_DOC = range(1, 8)
 
 
 class ResolveRandomNext(_BuildsInstances):
@@ -252,19 +264,22 @@ class ResolveRandomNext(_BuildsInstances):
 
     def _resolve(self, loaded, bucket, requests):
         keys = InstanceKeys.concat([r["keys"] for r in requests])
+        order = self._by_group(keys)
+        keys = keys.take(order)
         doc_a = [doc for r in requests for doc in r["doc_a"]]
-        ranks = np.concatenate([r["targets"] for r in requests]) - self._offsets()[bucket]
+        doc_a = [doc_a[i] for i in order.tolist()]
+        ranks = (np.concatenate([r["targets"] for r in requests]) - self._offsets()[bucket])[order]
         a_lengths = np.concatenate([r["a_lengths"] for r in requests])
         a_tokens = np.concatenate([r["a_tokens"] for r in requests]).astype(loaded.tokens.dtype)
         a_end = np.cumsum(a_lengths)
-        b_local = random_segments([loaded.document(int(rank))[1] for rank in ranks],
-                                  np.concatenate([r["target_b_length"] for r in requests]), keys.random)
-        b_ranges = b_local + (loaded.token_starts[ranks] + len(a_tokens))[:, None]
+        a_ranges = np.stack([a_end - a_lengths, a_end], axis=1)[order]
+        b_ranges = random_segments(loaded.boundaries, loaded.sentence_starts[ranks], loaded.sentence_starts[ranks + 1],
+                                   np.concatenate([r["target_b_length"] for r in requests])[order],
+                                   keys.random) + len(a_tokens)
         pool = np.concatenate([a_tokens, loaded.tokens])
-        finalized = finalize_batch(pool, np.stack([a_end - a_lengths, a_end], axis=1), b_ranges, keys.random,
-                                   self._cfg, self.vocab)
+        finalized = finalize_batch(pool, a_ranges, b_ranges, keys.random, self._cfg, self.vocab)
         yield from self._emit(finalized, keys, np.ones(len(ranks), np.int8), doc_a,
-                              [loaded.doc_ids[int(rank)] for rank in ranks])
+                              [loaded.doc_ids[rank] for rank in ranks.tolist()])
 
 
 class WritePieceGroup(beam.DoFn):

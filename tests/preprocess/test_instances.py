@@ -169,12 +169,13 @@ def test_results_do_not_depend_on_batching():
 
 
 def test_random_segment_reaches_target_or_document_end():
-    offsets = sentence_offsets([5, 5, 5, 5])
-    ranges = random_segments([offsets] * 500, np.full(500, 12), keys_for(500))
-    assert set(ranges[:, 0]) == {0, 5, 10, 15}  # every sentence can start B
+    # Two documents side by side (sentence boundaries 0..20 and 20..44); B comes from the second one only.
+    boundaries = np.concatenate([sentence_offsets([5, 5, 5, 5]), 20 + sentence_offsets([6, 6, 6, 6])[1:]])
+    ranges = random_segments(boundaries, np.full(500, 4), np.full(500, 8), np.full(500, 14), keys_for(500))
+    assert set(ranges[:, 0]) == {20, 26, 32, 38}  # every sentence of the document can start B
     for start, end in ranges:
-        assert start in offsets and end in offsets
-        assert end - start >= 12 or end == 20
+        assert start in boundaries and end in boundaries and 20 <= start < end <= 44
+        assert end - start >= 14 or end == 44
 
 
 def test_ragged_arange():

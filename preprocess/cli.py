@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "run":
+            from preprocess.pipeline import skip_interactive_probe
+
+            skip_interactive_probe()
             return _command_run(args, rest)
         return _command_tokenizer_train(args)
     except KeyboardInterrupt:

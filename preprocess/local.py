@@ -9,6 +9,7 @@ are cleaned), so data moves only through the work files. The slices meet at the 
 from __future__ import annotations
 
 import multiprocessing
+import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import apache_beam as beam
@@ -73,7 +74,9 @@ def assign_files(files: list[tuple[str, str, int]], slices: int, bucket_bits: in
 
 
 def _run(options_args, build) -> None:
-    from preprocess.pipeline import beam_options
+    from preprocess.pipeline import beam_options, skip_interactive_probe
+
+    skip_interactive_probe()  # a spawned worker (not forked) starts without the driver's setting
 
     pipeline = beam.Pipeline(options=beam_options(options_args))
     build(pipeline)
@@ -99,6 +102,17 @@ def _shards_task(task) -> None:
         storage.write_json(storage.join(work, "shards", f"s{shard:06d}.json"), entry)
 
 
+def _start_method() -> str:
+    """fork where it is safe, else spawn.
+
+    A forked worker starts with this process's modules (Apache Beam and the tokenizers take about a second of CPU
+    to import in each spawned one). It is safe here because the pool starts before this process runs any Beam
+    pipeline, so no gRPC channel or runner thread exists to be copied half-way; macOS forbids forking such a
+    process (system libraries), so it spawns.
+    """
+    return "fork" if sys.platform.startswith("linux") else "spawn"
+
+
 def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: int, work: str, staging: str,
                tokenizer_uri: str, tok, output_schema, bar) -> None:
     """Documents, index, instances and shards with ``workers`` processes; slices = max(workers, parts).
@@ -109,7 +123,7 @@ def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: i
     num_buckets = 1 << bucket_bits
     slices = max(workers, cfg.parts)
     ranges = stages.bucket_ranges(num_buckets, slices)
-    context = multiprocessing.get_context("spawn")  # fork is unsafe with gRPC threads
+    context = multiprocessing.get_context(_start_method())
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         bar.set_postfix_str(f"documents, {slices} slices on {workers} processes")
         tasks = [(options_args, slice_files, cfg.sources, tokenizer_uri, bucket_bits, work, i, tok.vocab_size)

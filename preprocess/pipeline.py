@@ -35,6 +35,16 @@ FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRu
 BYTES_PER_BUCKET = 256 << 10   # input bytes per document-store bucket: small units balance workers
 
 
+def skip_interactive_probe() -> None:
+    """Keep Beam from importing IPython in a process that is not an IPython session.
+
+    Building a pipeline asks ``apache_beam.utils.interactive_utils.is_in_ipython``, which imports IPython just to
+    ask; where IPython is installed that costs a quarter of a second of CPU per process. Marking the module absent
+    gives Beam the answer a command-line run has anyway. Inside IPython (already imported) nothing changes.
+    """
+    sys.modules.setdefault("IPython", None)
+
+
 def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions:
     """Pipeline options with the runner pinned: Beam's bare DirectRunner would try to fetch Prism."""
     args = list(beam_args)

@@ -111,7 +111,12 @@ def _claim(work: str, cfg: PreprocessConfig, sized, tok, bucket_bits: int) -> No
                 "inputs": [[kind, sources.source_name(uri), size] for kind, uri, size in sized],
                 "tokenizer_vocab_sha256": tok.identity()["vocab_sha256"]}
     uri = storage.join(work, RUN_IDENTITY)
-    if not storage.exists(uri):
+    # What is there, but for files being written right now (another part may be claiming at this moment).
+    present = [f for f in storage.list_files(work) if not f.replace("\\", "/").rsplit("/", 1)[-1].startswith(".tmp-")]
+    if uri not in present and not storage.exists(uri):
+        if present:
+            raise InputError(f"{work} holds files of an interrupted run that was not split into parts; delete it, "
+                             "then run the parts")
         storage.write_json(uri, identity)  # parts starting together write the same bytes
         return
     recorded = storage.read_json(uri)

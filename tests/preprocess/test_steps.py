@@ -81,6 +81,12 @@ def test_a_part_of_another_run_is_refused(bert_vocab, tmp_path):
     _step(bert_vocab, out, "--step", "documents", "--part", "0")
     message = _error(_step(bert_vocab, out, "--step", "documents", "--part", "1", "--set", "seed=7", check=False))
     assert "unfinished work of another run" in message and "parameters" in message
+    # Leftovers of an interrupted run that was not split into parts are not mixed into a new one either.
+    stale = tmp_path / "stale.incomplete" / "_work" / "docs" / "b000001"
+    stale.mkdir(parents=True)
+    (stale / "p0000.json").write_text("{}")
+    message = _error(_step(bert_vocab, tmp_path / "stale", "--step", "documents", "--part", "0", check=False))
+    assert "interrupted run" in message and "delete it" in message
 
 
 @pytest.mark.parametrize("step, part, beam_args, overwrite, needle", [

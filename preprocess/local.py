@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor
 
 import apache_beam as beam
@@ -106,11 +107,12 @@ def _start_method() -> str:
     """fork where it is safe, else spawn.
 
     A forked worker starts with this process's modules (Apache Beam and the tokenizers take about a second of CPU
-    to import in each spawned one). It is safe here because the pool starts before this process runs any Beam
-    pipeline, so no gRPC channel or runner thread exists to be copied half-way; macOS forbids forking such a
-    process (system libraries), so it spawns.
+    to import in each spawned one). Forking is safe while this process runs no other thread: the pool then starts
+    before any Beam pipeline here has started runner or gRPC threads that a child would inherit half-way. A
+    process that already runs threads (an earlier pipeline, a notebook) spawns, as does macOS, where system
+    libraries forbid forking.
     """
-    return "fork" if sys.platform.startswith("linux") else "spawn"
+    return "fork" if sys.platform.startswith("linux") and threading.active_count() == 1 else "spawn"
 
 
 def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: int, work: str, staging: str,

@@ -261,6 +261,7 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
     pool_workers = local.wants_local_pool(beam_args)
     steps = 4 if pool_workers else 1 if cfg.parts == 1 else len(file_parts) + cfg.parts + 2
     show = progress if progress is not None else sys.stderr.isatty()
+    tqdm.monitor_interval = 0  # no monitor thread: the local pool forks its workers only from a single thread
     with tqdm(total=steps, desc="preprocess", unit="stage", file=sys.stderr, disable=not show) as bar:
         if pool_workers:
             with log:

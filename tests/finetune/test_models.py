@@ -64,7 +64,7 @@ def test_without_a_mask_the_plain_encoder_runs():
 @pytest.mark.parametrize("head", ["sequence", "token", "span"])
 def test_heads_train_like_transformers_with_the_same_random_state(head, tmp_path):
     """Same weights, same seed, dropout on: the same loss and logits as transformers' BERT task models."""
-    transformers = pytest.importorskip("transformers")
+    import transformers  # a dev dependency: a missing install fails here, it is never skipped
     bert, batch = _encoder(), _batch()
     if head == "sequence":
         ours, kind, extra = SequenceClassifier(bert, 3), transformers.BertForSequenceClassification, {"num_labels": 3}

@@ -76,23 +76,21 @@ class Bucket:
     doc_ids: list[str]
     tokens: np.ndarray          # all documents' tokens, concatenated
     token_starts: np.ndarray    # document i is tokens[token_starts[i]:token_starts[i + 1]]
-    sentence_lengths: list[np.ndarray]
     duplicates: list[tuple[str, str]]  # (doc_id, source) of dropped copies
-    # Every sentence start of every document, as token offsets, then the end: document i's sentences start at
-    # boundaries[sentence_starts[i]:sentence_starts[i + 1]] (strictly increasing: sentences are never empty).
-    boundaries: np.ndarray = None
-    sentence_starts: np.ndarray = None
-    _offsets: list[np.ndarray] | None = None
+    # Every sentence start of every document, as token offsets into ``tokens``, then the end: document i's
+    # sentences start at boundaries[sentence_starts[i]:sentence_starts[i + 1]] (strictly increasing: sentences are
+    # never empty).
+    boundaries: np.ndarray
+    sentence_starts: np.ndarray
 
     def __len__(self) -> int:
         return len(self.doc_ids)
 
     def document(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
-        """(flat tokens, sentence offsets) of the document at ``rank`` within the bucket."""
-        if self._offsets is None:
-            self._offsets = [np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-                             for lengths in self.sentence_lengths]
-        return self.tokens[self.token_starts[rank]:self.token_starts[rank + 1]], self._offsets[rank]
+        """(flat tokens, sentence offsets from the document's start, with its length at the end) of ``rank``."""
+        start, end = self.token_starts[rank], self.token_starts[rank + 1]
+        offsets = self.boundaries[self.sentence_starts[rank]:self.sentence_starts[rank + 1] + 1] - start
+        return self.tokens[start:end], offsets
 
 
 def _ordered(work: str, bucket: int, columns: list[str] | None = None):
@@ -122,7 +120,7 @@ def bucket_ids(work: str, bucket: int) -> tuple[list[str], list[tuple[str, str]]
 def load_bucket(work: str, bucket: int) -> Bucket:
     table, duplicates = _ordered(work, bucket)
     if table is None:
-        return Bucket([], np.zeros(0, np.uint16), np.zeros(1, np.int64), [], [], np.zeros(1, np.int64),
+        return Bucket([], np.zeros(0, np.uint16), np.zeros(1, np.int64), [], np.zeros(1, np.int64),
                       np.zeros(1, np.int64))
     doc_ids = table.column("doc_id").to_pylist()
     tokens_col = table.column("tokens").combine_chunks()
@@ -132,8 +130,6 @@ def load_bucket(work: str, bucket: int) -> Bucket:
     length_offsets = np.asarray(lengths_col.offsets, dtype=np.int64)
     length_values = lengths_col.flatten().to_numpy(zero_copy_only=False)
     base = length_offsets[0]
-    sentence_starts = length_offsets - base
-    sentence_lengths = [length_values[sentence_starts[i]:sentence_starts[i + 1]] for i in range(len(doc_ids))]
     boundaries = np.zeros(len(length_values) + 1, np.int64)
     np.cumsum(length_values, out=boundaries[1:])
-    return Bucket(doc_ids, tokens, token_starts, sentence_lengths, duplicates, boundaries, sentence_starts)
+    return Bucket(doc_ids, tokens, token_starts, duplicates, boundaries, length_offsets - base)

@@ -242,7 +242,7 @@ class PlanAndBuildInstances(_BuildsInstances):
                 "a_tokens": loaded.tokens[ragged_arange(a_ranges[rows, 0], lengths)], "a_lengths": lengths})
 
 
-# Columns of a bucket's plan table (np.asarray of InstancePlan tuples).
+# Columns of a bucket's plan table (one row of InstancePlan fields per instance).
 _A_START, _A_END, _B_START, _B_END, _IS_RANDOM, _TARGET_B_LENGTH, _RANDOM_DOC = range(1, 8)
 
 

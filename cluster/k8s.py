@@ -4,8 +4,9 @@ Pretraining comes in three forms (``kubernetes.pretrain_form``): a Kubeflow ``Py
 pod per node running torchrun), an ``MPIJob`` (kubeflow.org/v2beta1: a launcher pod runs mpirun over worker pods,
 one rank per GPU, ranks from MPI as under any mpirun) and, for clusters without the operators, an Indexed ``Job``
 with a headless ``Service`` (node rank = completion index, master = pod 0's DNS name). Preprocessing is a ``Job``
-(a Dask scheduler and workers for several nodes, or an Indexed ``Job`` of the run's parts), finetuning a ``Job``. The resolved stage config is a ConfigMap
-mounted at /etc/bert-pipeline; credentials only ever appear as references to Secrets.
+(a Dask scheduler and workers for several nodes, or an Indexed ``Job`` of the run's parts), finetuning a ``Job``.
+The resolved stage config is a ConfigMap mounted at /etc/bert-pipeline; credentials only ever appear as references
+to Secrets.
 
 Every pod restarts on failure and pretraining always runs with ``--resume``: a restarted pod continues from the
 newest complete checkpoint. On eviction or preemption the kubelet sends SIGTERM; the training saves at the next step
@@ -113,20 +114,29 @@ def _indexed_job(job: StageJob, site: SiteConfig, workdir: str) -> list[dict]:
     # resolves as `<job>-<i>.<service>` from every pod, so pod 0 is the master without any operator.
     argv = _torchrun(job, site, workdir, node_rank="$(NODE_RANK)", master=f"{job.name}-0.{job.name}",
                      port=str(RENDEZVOUS_PORT))
-    rank = {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
-        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
     template = _pod_template(job, site, workdir, name="trainer", argv=argv, cpus=site.node_cpus,
-                             gpus=site.gpus_per_node, extra_env=[rank],
+                             gpus=site.gpus_per_node, extra_env=[_completion_index("NODE_RANK")],
                              ports=[{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}])
     template["spec"].update(subdomain=job.name, restartPolicy="OnFailure")
     service = {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(job, site),
                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": _labels(job),
                         "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}]}}
-    spec = {"completionMode": "Indexed", "completions": site.nodes, "parallelism": site.nodes,
+    return [service, _all_at_once_indexed_job(job, site, template, site.nodes)]
+
+
+def _completion_index(variable: str) -> dict:
+    """An environment variable holding the pod's index in its Indexed Job."""
+    return {"name": variable, "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
+
+
+def _all_at_once_indexed_job(job: StageJob, site: SiteConfig, template: dict, pods: int) -> dict:
+    """An Indexed Job whose pods all run at the same time (they wait for each other), each restarting on failure."""
+    spec = {"completionMode": "Indexed", "completions": pods, "parallelism": pods,
             "backoffLimit": site.kubernetes.backoff_limit, "template": template}
     if site.time_limit:
         spec["activeDeadlineSeconds"] = site.time_limit_seconds()
-    return [service, {"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(job, site), "spec": spec}]
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(job, site), "spec": spec}
 
 
 def _run_policy(site: SiteConfig, *, clean: str) -> dict:
@@ -153,24 +163,15 @@ def _preprocess_job(job: StageJob, site: SiteConfig, workdir: str) -> list[dict]
 
 
 def _preprocess_parts(job: StageJob, site: SiteConfig, workdir: str) -> list[dict]:
-    """The run's parts as an Indexed Job: pod K runs part K (one CPU, the part's memory), all at once. The parts
-    meet at barriers in the shared work directory (every part's documents before any instances, every part's
-    instances before pod 0 writes the shards and publishes); a restarted pod skips the steps its part has done."""
-    parts = job.config.parts
-    argv = command(job, python=site.python, workdir=workdir, config_file=CONFIG_FILE,
-                   runner=["--part", "$(PART)"])
-    memory = site.memory_kubernetes(site.preprocess_part_memory)
-    part = {"name": "PART", "valueFrom": {"fieldRef": {
-        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
-    template = _pod_template(job, site, workdir, name="preprocess", argv=argv, cpus=1, gpus=0, memory=memory,
-                             extra_env=[part])
+    """The run's parts as an Indexed Job: pod K runs part K (one CPU, the part's memory). The parts meet at barriers
+    in the shared work directory (every part's documents before any instances, every part's instances before pod 0
+    writes the shards and publishes); a restarted pod skips the steps its part has done."""
+    argv = command(job, python=site.python, workdir=workdir, config_file=CONFIG_FILE, runner=["--part", "$(PART)"])
+    template = _pod_template(job, site, workdir, name="preprocess", argv=argv, cpus=1, gpus=0,
+                             memory=site.memory_kubernetes(site.preprocess_part_memory),
+                             extra_env=[_completion_index("PART")])
     template["spec"]["restartPolicy"] = "OnFailure"
-    # Every part must run at the same time (parallelism = completions): a part waits for the others at a barrier.
-    spec = {"completionMode": "Indexed", "completions": parts, "parallelism": parts,
-            "backoffLimit": site.kubernetes.backoff_limit, "template": template}
-    if site.time_limit:
-        spec["activeDeadlineSeconds"] = site.time_limit_seconds()
-    return [{"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(job, site), "spec": spec}]
+    return [_all_at_once_indexed_job(job, site, template, job.config.parts)]
 
 
 def _preprocess_on_dask(job: StageJob, site: SiteConfig, workdir: str) -> list[dict]:

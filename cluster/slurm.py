@@ -244,7 +244,7 @@ def _preprocess_parts(job: StageJob, site: SiteConfig, workdir: str, log_dir: st
     each part's instances (after all documents), and one job that writes the shards and publishes (after all
     instances). A part that is done is skipped when the same command is submitted again, so after a failure
     resubmitting redoes only what failed; a chain whose predecessor failed is cancelled (--kill-on-invalid-dep)."""
-    parts, memory = job.config.parts, site.preprocess_part_memory or site.memory
+    parts = job.config.parts
     container = _launcher_groups(["srun", *_srun_options(site, workdir)])
     scripts = []
     for number, step in enumerate(("documents", "instances", "finish"), start=1):
@@ -255,7 +255,7 @@ def _preprocess_parts(job: StageJob, site: SiteConfig, workdir: str, log_dir: st
                 "instances": f"each of the {parts} parts builds the instances of its document buckets",
                 "finish": "the globally shuffled shards and the manifest; the dataset is published"}[step]
         about = [f"# Step {number} of 3 of a preprocessing run in {parts} parts ({step}): {what}."]
-        scripts.append(_script(job, site, Allocation(1, 1, 1, 0, memory=memory, array=array),
+        scripts.append(_script(job, site, Allocation(1, 1, 1, 0, memory=site.preprocess_part_memory, array=array),
                                [_format([*container, *_groups(run)])], workdir=workdir, log_dir=log_dir,
                                site_source=site_source, name=f"{job.name}-{step}"[:63], about=about,
                                after_previous=number > 1))

@@ -101,10 +101,9 @@ def _command_run(args, beam_args: list[str]) -> int:
 def _run_step(args, cfg, tokenizer: str, beam_args: list[str]) -> int:
     from preprocess import steps
 
-    steps.check_request(cfg, args.step, args.part, beam_args, args.overwrite)
     result = steps.run_step(cfg, step=args.step, part=args.part, wikipedia=args.wikipedia, books=args.books,
                             tokenizer=tokenizer, output=args.output, beam_args=beam_args, wait_seconds=args.wait,
-                            verbose=args.verbose)
+                            overwrite=args.overwrite, verbose=args.verbose)
     if "format" in result:  # the finish step: the dataset's manifest
         print("\n".join(_summary_lines(result, args.output)))
         return 0

@@ -63,12 +63,12 @@ def check_request(cfg: PreprocessConfig, step: str | None, part: int | None, bea
 
 def run_step(cfg: PreprocessConfig, *, step: str | None, part: int | None, wikipedia: list[str], books: list[str],
              tokenizer: str, output: str, beam_args: list[str] = (), wait_seconds: float | None = None,
-             verbose: bool = False) -> dict:
+             overwrite: bool = False, verbose: bool = False) -> dict:
     """Run ``step`` for ``part`` (all steps of ``part`` when ``step`` is None). Returns a summary dict; after
     ``finish`` it is the dataset's manifest."""
     from preprocess.tokenizer import load_tokenizer
 
-    check_request(cfg, step, part, list(beam_args), overwrite=False)
+    check_request(cfg, step, part, list(beam_args), overwrite)
     if wait_seconds is None:
         wait_seconds = 0.0 if step is not None else DEFAULT_WAIT_SECONDS
     started = time.time()
@@ -111,10 +111,10 @@ def _claim(work: str, cfg: PreprocessConfig, sized, tok, bucket_bits: int) -> No
                 "inputs": [[kind, sources.source_name(uri), size] for kind, uri, size in sized],
                 "tokenizer_vocab_sha256": tok.identity()["vocab_sha256"]}
     uri = storage.join(work, RUN_IDENTITY)
-    # What is there, but for files being written right now (another part may be claiming at this moment).
-    present = [f for f in storage.list_files(work) if not f.replace("\\", "/").rsplit("/", 1)[-1].startswith(".tmp-")]
-    if uri not in present and not storage.exists(uri):
-        if present:
+    if not storage.exists(uri):
+        # Another part may be claiming at this moment: its identity file (being written, or just written) is fine.
+        names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in storage.list_files(work)]
+        if any(name != RUN_IDENTITY and not name.startswith(".tmp-") for name in names):
             raise InputError(f"{work} holds files of an interrupted run that was not split into parts; delete it, "
                              "then run the parts")
         storage.write_json(uri, identity)  # parts starting together write the same bytes

@@ -117,6 +117,12 @@ def bucket_ids(work: str, bucket: int) -> tuple[list[str], list[tuple[str, str]]
     return ([] if table is None else table.column("doc_id").to_pylist()), duplicates
 
 
+def bucket_count(work: str, bucket: int) -> tuple[int, int, list[tuple[str, str]]]:
+    """(bucket, documents after removing duplicate ids, the duplicates): one row of the corpus index."""
+    doc_ids, duplicates = bucket_ids(work, bucket)
+    return bucket, len(doc_ids), duplicates
+
+
 def load_bucket(work: str, bucket: int) -> Bucket:
     table, duplicates = _ordered(work, bucket)
     if table is None:

@@ -8,6 +8,7 @@ are cleaned), so data moves only through the work files. The slices meet at the 
 """
 from __future__ import annotations
 
+import math
 import multiprocessing
 import sys
 import threading
@@ -15,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import apache_beam as beam
 
-from preprocess import shards, stages, storage, transforms
+from preprocess import docstore, dumpsplit, shards, stages, storage, transforms
 
 
 def wants_local_pool(beam_args: list[str]) -> int:
@@ -46,32 +47,46 @@ def in_memory_args(beam_args: list[str]) -> list[str]:
 
 
 def estimated_cost(kind: str, uri: str, size: int) -> float:
-    """Relative cleaning work of a file: compressed dumps expand ~4x and wikitext costs more per byte."""
+    """Relative cleaning work of a file: compressed dumps expand ~4x, and wikitext costs about twice as much per
+    byte as book text (measured on the benchmark corpus)."""
     compressed = uri.endswith((".bz2", ".gz", ".xz", ".zst"))
-    return size * (4.0 if compressed else 1.0) * (1.5 if kind == "wiki" else 1.0)
+    return size * (4.0 if compressed else 1.0) * (2.0 if kind == "wiki" else 1.0)
 
 
-def assign_files(files: list[tuple[str, str, int]], slices: int, bucket_bits: int) -> list[list[tuple]]:
-    """Per slice, the (kind, uri, bucket filter) elements to read.
+def plan_units(files: list[tuple[str, str, int]], slices: int, bucket_bits: int,
+               cut=lambda uri, size, ranges: ranges) -> list[tuple[float, tuple]]:
+    """The units of the documents stage, largest first: (estimated cost, (kind, uri, split)).
 
-    A file worth more than half a slice's share is read by every slice, each keeping the documents of its
-    own buckets; smaller files go whole to the least-loaded slice. No document is cleaned twice.
+    A file worth more than half a slice's share is split: a .bz2 dump into byte ranges (``preprocess.dumpsplit``),
+    several per slice so that they balance; any other large file into one bucket range per slice (each read of
+    it keeps the documents of its own buckets). No document is cleaned twice.
+
+    Args:
+        cut: (uri, size, even byte ranges) -> the ranges to use; ``block_ranges`` moves them to block starts.
     """
-    ranges = stages.bucket_ranges(1 << bucket_bits, slices)
+    bucket_ranges = stages.bucket_ranges(1 << bucket_bits, slices)
     costs = [(estimated_cost(*f), f) for f in files]
     share = sum(c for c, _ in costs) / slices
-    load = [0.0] * slices
-    assigned: list[list[tuple]] = [[] for _ in range(slices)]
-    for cost, (kind, uri, _) in sorted(costs, key=lambda c: (-c[0], c[1][1])):
-        if cost > share / 2:
-            for i, (lo, hi) in enumerate(ranges):
-                assigned[i].append((kind, uri, (bucket_bits, lo, hi)))
-                load[i] += cost / slices
+    units = []
+    for cost, (kind, uri, size) in costs:
+        large = slices > 1 and cost > share / 2
+        pieces = (cut(uri, size, dumpsplit.byte_ranges(size, math.ceil(8 * cost / share)))
+                  if large and dumpsplit.splittable(kind, uri) else [])
+        if len(pieces) > 1:
+            units.extend((cost * (hi - lo) / size, (kind, uri, ("bytes", lo, hi))) for lo, hi in pieces)
+        elif large:
+            units.extend((cost / slices, (kind, uri, ("buckets", bucket_bits, lo, hi))) for lo, hi in bucket_ranges)
         else:
-            target = min(range(slices), key=lambda i: (load[i], i))
-            assigned[target].append((kind, uri, None))
-            load[target] += cost
-    return assigned
+            units.append((cost, (kind, uri, None)))
+    return sorted(units, key=lambda u: (-u[0], u[1][1], u[1][2] or ()))
+
+
+def block_ranges(uri: str, size: int, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` of a .bz2 dump moved to block boundaries (a few small reads), so their sizes are their work."""
+    from preprocess.sources import open_uri
+
+    with open_uri(uri, decompress=False) as raw:
+        return dumpsplit.snap_to_blocks(raw, size, ranges)
 
 
 def _run(options_args, build) -> None:
@@ -84,16 +99,56 @@ def _run(options_args, build) -> None:
     pipeline.run().wait_until_finish()
 
 
+_claimed = None  # the pool's shared count of claimed document units (set in each worker by _init_worker)
+
+
+def _init_worker(claimed) -> None:
+    global _claimed
+    _claimed = claimed
+
+
+class ClaimUnits(beam.DoFn):
+    """budget -> the next unclaimed (kind, uri, split) units of the shared list, until the list is exhausted or the
+    claimed cost reaches ``budget`` (None: no limit).
+
+    Units are claimed one at a time as the fused pipeline finishes the previous one, so a process that drew
+    cheap units takes more of them: the work balances itself, whatever the estimates missed. Which process
+    reads a unit changes nothing in the output (documents are ordered by hash).
+    """
+
+    def __init__(self, units: list[tuple[float, tuple]]):
+        self._units = units
+
+    def process(self, budget):
+        taken = 0.0
+        while budget is None or taken < budget:
+            with _claimed.get_lock():
+                index = _claimed.value
+                _claimed.value += 1
+            if index >= len(self._units):
+                return
+            cost, element = self._units[index]
+            taken += cost
+            yield element
+
+
 def _documents_task(task) -> None:
-    options_args, files, sources_cfg, tokenizer_uri, bucket_bits, work, part, vocab_size = task
-    _run(options_args, lambda p: p | "Files" >> beam.Create(files) | transforms.BuildDocumentStore(
-        sources_cfg, tokenizer_uri, bucket_bits, work, part, vocab_size))
+    options_args, units, budget, sources_cfg, tokenizer_uri, bucket_bits, work, part, vocab_size = task
+    _run(options_args, lambda p: p | "Budget" >> beam.Create([budget]) | "Claim" >> beam.ParDo(ClaimUnits(units))
+         | transforms.BuildDocumentStore(sources_cfg, tokenizer_uri, bucket_bits, work, part, vocab_size,
+                                         spread=False))
 
 
 def _instances_task(task) -> None:
     options_args, buckets, tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id = task
     _run(options_args, lambda p: p | "Buckets" >> beam.Create(buckets) | transforms.CreateInstances(
         tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id))
+
+
+def _count_task(task) -> list[tuple]:
+    """The index stage's counts for a bucket range: (bucket, documents, duplicates), as ``CountBucket``."""
+    work, lo, hi = task
+    return [docstore.bucket_count(work, bucket) for bucket in range(lo, hi)]
 
 
 def _shards_task(task) -> None:
@@ -126,18 +181,24 @@ def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: i
     slices = max(workers, cfg.parts)
     ranges = stages.bucket_ranges(num_buckets, slices)
     context = multiprocessing.get_context(_start_method())
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    claimed = context.Value("q", 0)
+    units = plan_units(files, slices, bucket_bits, block_ranges)
+    # A slice's documents stay in its pipeline's memory until it ends: with more slices than processes (parts,
+    # for a memory budget), each claims about its share; otherwise each runs until no unit is left.
+    budget = None if slices == workers else sum(cost for cost, _ in units) / slices * (1 - 1e-9)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
+                             initargs=(claimed,)) as pool:
         bar.set_postfix_str(f"documents, {slices} slices on {workers} processes")
-        tasks = [(options_args, slice_files, cfg.sources, tokenizer_uri, bucket_bits, work, i, tok.vocab_size)
-                 for i, slice_files in enumerate(assign_files(files, slices, bucket_bits))]
-        list(pool.map(_documents_task, [t for t in tasks if t[1]]))
+        list(pool.map(_documents_task, [(options_args, units, budget, cfg.sources, tokenizer_uri, bucket_bits, work,
+                                         i, tok.vocab_size) for i in range(slices)]))
+        if claimed.value < len(units):
+            raise RuntimeError(f"only {claimed.value} of {len(units)} input units were read; nothing is published")
         bar.update()
         bar.set_postfix_str("index")
-        _run(options_args, lambda p: p | "Start" >> beam.Create([None])
-             | stages.IndexCorpus(work, num_buckets, cfg.instances))
+        # The index is a few counts: no pipeline of its own (starting one here would be serial time).
+        counts = [row for rows in pool.map(_count_task, [(work, lo, hi) for lo, hi in ranges]) for row in rows]
+        non_empty = set(stages.write_index(counts, work, num_buckets, cfg.instances))
         bar.update()
-        counts = storage.read_json(storage.join(work, transforms.INDEX_NAME))["counts"]
-        non_empty = {bucket for bucket, count, _ in counts if count}
         bar.set_postfix_str("instances")
         tasks = [(options_args, [b for b in range(lo, hi) if b in non_empty], tokenizer_uri, work, cfg.instances,
                   cfg.seed, i, tok.vocab_size, tok.mask_id) for i, (lo, hi) in enumerate(ranges)]

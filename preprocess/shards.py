@@ -122,6 +122,19 @@ def shard_bounds(shard: int, num_shards: int, num_rows: int) -> tuple[int, int]:
     return shard * num_rows // num_shards, (shard + 1) * num_rows // num_shards
 
 
+def _write_ipc_file(path: str, table: pa.Table, output_schema: pa.Schema, batch_rows: int) -> tuple[str, int]:
+    """Write ``table`` as an Arrow IPC file at ``path``; returns (sha256 of its bytes, size)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, output_schema) as writer:
+        for batch in table.to_batches(max_chunksize=batch_rows):
+            writer.write_batch(batch)
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest(), os.path.getsize(path)
+
+
 def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, group_rows: list[int],
                    output_schema: pa.Schema, batch_rows: int = 4096) -> dict:
     """Write shard ``shard`` from the key-range groups that overlap its rank range.
@@ -148,19 +161,20 @@ def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, grou
                for f in output_schema]
     shard_table = pa.Table.from_arrays(columns, schema=output_schema)
     name = shard_name(shard, num_shards)
-    # Write locally first so the checksum is of the exact bytes that are published.
-    with tempfile.TemporaryDirectory(prefix="shard-") as tmp:
-        local = os.path.join(tmp, name)
-        with pa.OSFile(local, "wb") as sink, ipc.new_file(sink, output_schema) as writer:
-            for batch in shard_table.to_batches(max_chunksize=batch_rows):
-                writer.write_batch(batch)
-        digest = hashlib.sha256()
-        with open(local, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(block)
-        size = os.path.getsize(local)
-        storage.upload_file(local, storage.join(output_dir, name))
-    return {"name": name, "rows": shard_table.num_rows, "sha256": digest.hexdigest(), "bytes": size,
+    target = storage.join(output_dir, name)
+    if storage.is_local(target):
+        # The output directory is already a staging area (published by renaming it): write in place.
+        final = storage.local_path(target)
+        partial = f"{final}.partial"
+        digest, size = _write_ipc_file(partial, shard_table, output_schema, batch_rows)
+        os.replace(partial, final)
+    else:
+        # Write locally first so the checksum is of the exact bytes that are uploaded.
+        with tempfile.TemporaryDirectory(prefix="shard-") as tmp:
+            local = os.path.join(tmp, name)
+            digest, size = _write_ipc_file(local, shard_table, output_schema, batch_rows)
+            storage.upload_file(local, target)
+    return {"name": name, "rows": shard_table.num_rows, "sha256": digest, "bytes": size,
             "tokens": int(pc.sum(pc.list_value_length(shard_table.column("input_ids"))).as_py() or 0)}
 
 

@@ -20,6 +20,7 @@ from typing import IO, Iterator
 
 import smart_open
 
+from preprocess import dumpsplit
 from preprocess.config import SourceConfig
 from preprocess.records import InputError, RawDocument, Rejected
 from preprocess.text import BookChunker, split_long_line
@@ -61,12 +62,13 @@ def _open_hint(uri: str, exc: BaseException) -> str:
     return "check that the path or URI is right and readable from this machine"
 
 
-def open_uri(uri: str, mode: str = "rb") -> IO:
+def open_uri(uri: str, mode: str = "rb", decompress: bool = True) -> IO:
     """Open a local path or URI with smart_open, decompressing by extension (.bz2, .gz, .xz, ...).
 
     Args:
         uri: A local path or a URI smart_open understands (s3://, gs://, file://, ...).
         mode: The open mode, "rb" by default.
+        decompress: False for the raw (seekable) bytes of a compressed file.
 
     Returns:
         A file object; close it (use ``with``).
@@ -75,7 +77,7 @@ def open_uri(uri: str, mode: str = "rb") -> IO:
         InputError: The URI cannot be opened; the message keeps the original reason.
     """
     try:
-        return smart_open.open(uri, mode, compression="infer_from_extension")
+        return smart_open.open(uri, mode, compression="infer_from_extension" if decompress else "disable")
     except Exception as exc:  # FileNotFoundError, botocore ClientError, NoCredentialsError, ...
         raise InputError(f"cannot open {uri}: {type(exc).__name__}: {exc}; "
                          f"{_open_hint(uri, exc)}") from exc
@@ -188,12 +190,15 @@ def _parse_error(uri: str, exc: ET.ParseError, reader: _CheckedReader) -> InputE
                       "the file is corrupt — re-download it or check how it was produced")
 
 
-def iter_wikipedia(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Rejected]:
+def iter_wikipedia(uri: str, cfg: SourceConfig,
+                   byte_range: tuple[int, int] | None = None) -> Iterator[RawDocument | Rejected]:
     """Stream the pages of a MediaWiki ``pages-articles`` XML dump.
 
     Args:
         uri: A .xml, .xml.bz2 (single or multistream) or otherwise compressed dump.
         cfg: Size limits.
+        byte_range: For a .bz2 dump, only the pages of the compressed bytes ``[lo, hi)`` (see
+            ``preprocess.dumpsplit``): the ranges of a file together give each page exactly once.
 
     Yields:
         A ``RawDocument`` (kind "wiki", wikitext) per main-namespace article, and a ``Rejected``
@@ -205,6 +210,9 @@ def iter_wikipedia(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Reject
             well-formed UTF-8 XML, it is empty, or it is not a MediaWiki dump.
     """
     source = source_name(uri)
+    if byte_range is not None:
+        yield from _iter_range(uri, source, cfg, *byte_range)
+        return
     with open_uri(uri) as raw:
         reader = _CheckedReader(raw)
         try:
@@ -220,8 +228,29 @@ def iter_wikipedia(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Reject
             raise _read_error(uri, exc, reader.utf8.seen) from exc
 
 
-def _iter_pages(uri: str, source: str, cfg: SourceConfig,
-                reader: _CheckedReader) -> Iterator[RawDocument | Rejected]:
+def _iter_range(uri: str, source: str, cfg: SourceConfig, lo: int, hi: int) -> Iterator[RawDocument | Rejected]:
+    with open_uri(uri, decompress=False) as raw:
+        reader = None
+        try:
+            header = dumpsplit.dump_header(raw) if lo else b""
+            chunks = dumpsplit.range_xml(raw, lo, hi, header)
+            first = next(chunks, None)
+            if first is None:
+                return  # no page starts in this range
+            reader = _CheckedReader(dumpsplit.IterReader(itertools.chain([first], chunks)))
+            yield from _iter_pages(uri, source, cfg, reader, whole_file=False)
+        except InputError:
+            raise
+        except dumpsplit.SplitError as exc:
+            raise InputError(f"{uri}: {exc}; the file is damaged — re-download it and check its checksum") from exc
+        except ET.ParseError as exc:
+            raise _parse_error(f"{uri} (the pages in compressed bytes {lo}-{hi})", exc, reader) from exc
+        except Exception as exc:  # transport errors
+            raise _read_error(uri, exc) from exc
+
+
+def _iter_pages(uri: str, source: str, cfg: SourceConfig, reader: _CheckedReader,
+                whole_file: bool = True) -> Iterator[RawDocument | Rejected]:
     dbname = "wiki"
     root: ET.Element | None = None
     pages = 0
@@ -249,7 +278,7 @@ def _iter_pages(uri: str, source: str, cfg: SourceConfig,
             root.remove(elem)
         except ValueError:
             pass  # not a direct child of <mediawiki>; clearing it is enough
-    if pages == 0:
+    if pages == 0 and whole_file:  # a byte range may own no page
         raise InputError(f"{uri}: not a MediaWiki XML dump: <mediawiki> holds no <page> "
                          "elements; pass a pages-articles XML dump")
 

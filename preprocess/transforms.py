@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from preprocess import docstore, schema, shards, sources, storage, text
+from preprocess import docstore, dumpsplit, schema, shards, sources, storage, text
 from preprocess.config import InstanceConfig, SourceConfig
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
 from preprocess.hashing import document_hash, rng_for
@@ -24,6 +24,7 @@ from preprocess.records import RawDocument, Rejected
 
 INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts
 CHUNK_ROWS = 8192  # instances finalised at once (bounds the masking matrices)
+DUMP_RANGE_BYTES = 64 << 20  # a larger .bz2 dump is read as byte ranges of this size, spread over the workers
 
 
 def _rejected_tuple(rejected: Rejected) -> tuple:
@@ -43,11 +44,29 @@ class _UsesTokenizer(beam.DoFn):
         self.tokenizer = load_tokenizer(self._tokenizer_uri)
 
 
-class ReadSourceFile(beam.DoFn):
-    """(kind, uri[, (bits, lo, hi)]) -> RawDocument | Rejected, streamed from the file.
+class SplitLargeDumps(beam.DoFn):
+    """(kind, uri) -> the same, or for a .bz2 dump larger than ``range_bytes`` its byte ranges (kind, uri,
+    ("bytes", lo, hi)), so that several workers decompress and parse one dump (see ``preprocess.dumpsplit``)."""
 
-    With a third item only documents of buckets ``[lo, hi)`` are passed on, so several pipelines can
-    split one large file between them without cleaning any document twice.
+    def __init__(self, range_bytes: int):
+        self._range_bytes = range_bytes
+
+    def process(self, element):
+        kind, uri = element[:2]
+        size = storage.size_of(uri) if len(element) == 2 and dumpsplit.splittable(kind, uri) else 0
+        pieces = dumpsplit.byte_ranges(size, size // self._range_bytes) if size > self._range_bytes else []
+        if len(pieces) > 1:
+            yield from ((kind, uri, ("bytes", lo, hi)) for lo, hi in pieces)
+        else:
+            yield element
+
+
+class ReadSourceFile(beam.DoFn):
+    """(kind, uri[, split]) -> RawDocument | Rejected, streamed from the file.
+
+    ``split`` selects part of a file, so that several workers share it without cleaning any document twice:
+    ("bytes", lo, hi) reads the pages of a byte range of a .bz2 dump; ("buckets", bits, lo, hi) reads the whole
+    file and passes on only the documents of buckets ``[lo, hi)``.
     """
 
     def __init__(self, cfg: SourceConfig):
@@ -55,14 +74,17 @@ class ReadSourceFile(beam.DoFn):
         self._files = Metrics.counter("preprocess", "files_read")
 
     def process(self, element):
-        kind, uri, *only = element
+        kind, uri, *split = element
         self._files.inc()
+        split = split[0] if split else None
+        if split is not None and split[0] == "bytes":
+            yield from sources.iter_wikipedia(uri, self._cfg, byte_range=(split[1], split[2]))
+            return
         reader = sources.iter_wikipedia if kind == "wiki" else sources.iter_book
-        buckets = only[0] if only else None
-        if buckets is None:
+        if split is None:
             yield from reader(uri, self._cfg)
             return
-        bits, lo, hi = buckets
+        _, bits, lo, hi = split
         for item in reader(uri, self._cfg):
             if lo <= docstore.bucket_of(document_hash(item.doc_id), bits) < hi:
                 yield item
@@ -130,8 +152,7 @@ class CountBucket(beam.DoFn):
         self._work = work
 
     def process(self, bucket):
-        doc_ids, duplicates = docstore.bucket_ids(self._work, bucket)
-        yield bucket, len(doc_ids), duplicates
+        yield docstore.bucket_count(self._work, bucket)
 
 
 class _BuildsInstances(_UsesTokenizer):
@@ -319,18 +340,26 @@ class CreateInstances(beam.PTransform):
 
 
 class BuildDocumentStore(beam.PTransform):
-    """(kind, uri) files of this part -> tokenized document store buckets."""
+    """(kind, uri[, split]) files of this part -> tokenized document store buckets.
 
-    def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size):
+    With ``spread`` (the default) large dumps are cut into byte ranges and files and documents are spread over
+    the runner's workers. Without it reading and cleaning are one fused step, for a caller that hands each
+    pipeline its own units (the local process pool).
+    """
+
+    def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size, spread: bool = True):
         super().__init__()
         self._cfg, self._tokenizer_uri, self._bucket_bits = cfg, tokenizer_uri, bucket_bits
-        self._work, self._part, self._vocab_size = work, part, vocab_size
+        self._work, self._part, self._vocab_size, self._spread = work, part, vocab_size, spread
 
     def expand(self, files):
-        return (files
-                | "SpreadFiles" >> beam.Reshuffle()  # files to different workers, not all read by one
-                | "Read" >> beam.ParDo(ReadSourceFile(self._cfg))
-                | "Spread" >> beam.Reshuffle()
+        if self._spread:
+            files = (files | "SplitDumps" >> beam.ParDo(SplitLargeDumps(DUMP_RANGE_BYTES))
+                     | "SpreadFiles" >> beam.Reshuffle())  # files to different workers, not all read by one
+        documents = files | "Read" >> beam.ParDo(ReadSourceFile(self._cfg))
+        if self._spread:
+            documents = documents | "Spread" >> beam.Reshuffle()
+        return (documents
                 | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))
                 | "ByBucket" >> beam.GroupByKey()
                 | "WriteBuckets" >> beam.ParDo(WriteDocumentBucket(self._work, self._part, self._vocab_size)))

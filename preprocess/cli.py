@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "run":
-            from preprocess.pipeline import skip_interactive_probe
+            from preprocess.pipeline import prepare_beam_process
 
-            skip_interactive_probe()
+            prepare_beam_process()
             return _command_run(args, rest)
         return _command_tokenizer_train(args)
     except KeyboardInterrupt:

@@ -25,8 +25,6 @@ END_MAGIC = 0x177245385090
 _PAGE = b"<page>"
 _READ_BYTES = 1 << 20
 _HEADER_LIMIT = 64 << 20  # decompressed bytes searched for the first <page> (the header is a few kB)
-
-
 MIN_RANGE_BYTES = 128 << 10  # half a bzip2 block (900 kB of text compress to about 250 kB)
 
 
@@ -46,7 +44,7 @@ def snap_to_blocks(raw: IO[bytes], size: int, ranges: list[tuple[int, int]]) -> 
     magic starts at bit 8*B + r belongs to the range starting at byte B.)"""
     cuts = [0]
     for lo, _ in ranges[1:]:
-        window = _BitWindow(raw, lo)
+        window = _BitWindow(raw, lo, read_bytes=64 << 10)  # the next block starts within about 1 MB
         magic = window.next_magic(lo * 8 - 1)
         while magic is not None and magic[1] != "block":
             magic = window.next_magic(magic[0])
@@ -96,15 +94,15 @@ class _BitWindow:
     forgotten, so memory stays at about one block.
     """
 
-    def __init__(self, raw: IO[bytes], offset: int):
+    def __init__(self, raw: IO[bytes], offset: int, read_bytes: int = _READ_BYTES):
         raw.seek(offset)
-        self._raw, self._base, self._buf = raw, offset, bytearray()
+        self._raw, self._base, self._buf, self._read_bytes = raw, offset, bytearray(), read_bytes
         self._scanned = offset  # every window starting before this byte was scanned
         self._found: list[tuple[int, str]] = []
         self.eof = False
 
     def _read_more(self) -> None:
-        chunk = self._raw.read(_READ_BYTES)
+        chunk = self._raw.read(self._read_bytes)
         if chunk:
             self._buf += chunk
         else:
@@ -120,7 +118,7 @@ class _BitWindow:
             if self.eof:
                 return None
             self._read_more()
-            hits = find_magics(bytes(self._buf), self._scanned - self._base)
+            hits = find_magics(bytes(self._buf), max(0, self._scanned - self._base))
             self._found = [(bit + self._base * 8, kind) for bit, kind in hits]
             self._scanned = self._base + len(self._buf) - 6
 

@@ -1,0 +1,37 @@
+"""preprocess.pipeline helpers: the runner is pinned, and a process that runs bundles is prepared once."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from preprocess.pipeline import FN_API_RUNNER, beam_options
+from preprocess.records import InputError
+
+
+def test_the_runner_is_pinned_so_beam_never_fetches_prism():
+    assert beam_options([]).get_all_options()["runner"] == FN_API_RUNNER
+    assert beam_options(["--runner", "DirectRunner"]).get_all_options()["runner"] == FN_API_RUNNER
+    dask = "apache_beam.runners.dask.dask_runner.DaskRunner"
+    assert beam_options([f"--runner={dask}"]).get_all_options()["runner"] == dask
+
+
+def test_multi_threading_is_refused():
+    with pytest.raises(InputError, match="multi_threading"):
+        beam_options(["--direct_running_mode", "multi_threading"])
+
+
+def test_prepared_process_samples_often_and_never_imports_ipython():
+    # In a fresh interpreter: the settings are process-wide.
+    code = (
+        "import sys\n"
+        "from preprocess.pipeline import prepare_beam_process\n"
+        "from apache_beam.runners.worker import statesampler\n"
+        "from apache_beam.utils import interactive_utils\n"
+        "prepare_beam_process()\n"
+        "assert statesampler.StateSampler('x', None).sampling_period_ms == 20\n"
+        "assert not interactive_utils.is_in_ipython()\n"
+        "assert sys.modules['IPython'] is None\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

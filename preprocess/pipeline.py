@@ -15,6 +15,7 @@ ordered by hash, so the dataset is byte-identical whatever the parts, workers or
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -36,26 +37,36 @@ BYTES_PER_BUCKET = 256 << 10   # input bytes per document-store bucket: small un
 
 
 STATE_SAMPLING_MS = 20  # Beam's default is 200 ms
+_prepared = False  # per process; a forked worker inherits the driver's settings and this flag
 
 
 def prepare_beam_process() -> None:
-    """Two start-up settings for a process that runs Beam bundles itself (the in-memory runner, pool workers).
+    """Start-up settings, once per process, for a process that runs Beam bundles itself (the in-memory runner,
+    pool workers). Call it after the imports and before the first pipeline.
 
     - Keep Beam from importing IPython in a process that is not an IPython session. Building a pipeline asks
       ``apache_beam.utils.interactive_utils.is_in_ipython``, which imports IPython just to ask; where IPython is
       installed that costs a quarter of a second of CPU per process. Marking the module absent gives Beam the
       answer a command-line run has anyway. Inside IPython (already imported) nothing changes.
+    - Move the objects created so far (Beam's import makes about 120,000) out of the cycle collector's view
+      (``gc.freeze``): they live as long as the process, and every full collection during the run would
+      traverse them again. Only once: later, it would also keep whatever garbage a finished pipeline left.
     - Sample each bundle's state (the time-per-step counters) every 20 ms instead of 200 ms. Ending a bundle
       joins the sampling thread, which sleeps one period between samples: with 200 ms every long bundle ended
       with about 0.1 s of idle wait, several per pipeline (measured: 0.1-0.3 s of a 4 s run on 2 workers).
       Waking 50 times a second costs nothing measurable. Left alone if Beam's constructor changes shape.
     """
+    global _prepared
+    if _prepared:
+        return
+    _prepared = True
     sys.modules.setdefault("IPython", None)
     from apache_beam.runners.worker import statesampler
 
     init = statesampler.StateSampler.__init__
     if init.__defaults__ and len(init.__defaults__) == 1 and "sampling_period_ms" in init.__code__.co_varnames:
         init.__defaults__ = (STATE_SAMPLING_MS,)
+    gc.freeze()
 
 
 def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions:

@@ -22,10 +22,10 @@ def test_multi_threading_is_refused():
         beam_options(["--direct_running_mode", "multi_threading"])
 
 
-def test_prepared_process_samples_often_and_never_imports_ipython():
+def test_prepared_process_samples_often_freezes_imports_once_and_never_imports_ipython():
     # In a fresh interpreter: the settings are process-wide.
     code = (
-        "import sys\n"
+        "import gc, sys\n"
         "from preprocess.pipeline import prepare_beam_process\n"
         "from apache_beam.runners.worker import statesampler\n"
         "from apache_beam.utils import interactive_utils\n"
@@ -33,5 +33,9 @@ def test_prepared_process_samples_often_and_never_imports_ipython():
         "assert statesampler.StateSampler('x', None).sampling_period_ms == 20\n"
         "assert not interactive_utils.is_in_ipython()\n"
         "assert sys.modules['IPython'] is None\n"
+        "assert gc.get_freeze_count() > 50_000\n"  # Beam's import-time objects, out of the collector's way
+        "frozen = gc.get_freeze_count()\n"
+        "prepare_beam_process()\n"
+        "assert gc.get_freeze_count() == frozen\n"  # once per process
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

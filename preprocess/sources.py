@@ -191,7 +191,8 @@ def _parse_error(uri: str, exc: ET.ParseError, reader: _CheckedReader) -> InputE
 
 
 def iter_wikipedia(uri: str, cfg: SourceConfig,
-                   byte_range: tuple[int, int] | None = None) -> Iterator[RawDocument | Rejected]:
+                   byte_range: tuple[int, int] | None = None,
+                   headers: dict[str, bytes] | None = None) -> Iterator[RawDocument | Rejected]:
     """Stream the pages of a MediaWiki ``pages-articles`` XML dump.
 
     Args:
@@ -199,6 +200,8 @@ def iter_wikipedia(uri: str, cfg: SourceConfig,
         cfg: Size limits.
         byte_range: For a .bz2 dump, only the pages of the compressed bytes ``[lo, hi)`` (see
             ``preprocess.dumpsplit``): the ranges of a file together give each page exactly once.
+        headers: A cache of dump headers by URI that the caller keeps, so that several ranges of one file
+            decompress its first block once.
 
     Yields:
         A ``RawDocument`` (kind "wiki", wikitext) per main-namespace article, and a ``Rejected``
@@ -211,7 +214,7 @@ def iter_wikipedia(uri: str, cfg: SourceConfig,
     """
     source = source_name(uri)
     if byte_range is not None:
-        yield from _iter_range(uri, source, cfg, *byte_range)
+        yield from _iter_range(uri, source, cfg, *byte_range, headers if headers is not None else {})
         return
     with open_uri(uri) as raw:
         reader = _CheckedReader(raw)
@@ -228,11 +231,14 @@ def iter_wikipedia(uri: str, cfg: SourceConfig,
             raise _read_error(uri, exc, reader.utf8.seen) from exc
 
 
-def _iter_range(uri: str, source: str, cfg: SourceConfig, lo: int, hi: int) -> Iterator[RawDocument | Rejected]:
+def _iter_range(uri: str, source: str, cfg: SourceConfig, lo: int, hi: int,
+                headers: dict[str, bytes]) -> Iterator[RawDocument | Rejected]:
     with open_uri(uri, decompress=False) as raw:
         reader = None
         try:
-            header = dumpsplit.dump_header(raw) if lo else b""
+            if lo and uri not in headers:
+                headers[uri] = dumpsplit.dump_header(raw)
+            header = headers[uri] if lo else b""
             chunks = dumpsplit.range_xml(raw, lo, hi, header)
             first = next(chunks, None)
             if first is None:

@@ -72,13 +72,14 @@ class ReadSourceFile(beam.DoFn):
     def __init__(self, cfg: SourceConfig):
         self._cfg = cfg
         self._files = Metrics.counter("preprocess", "files_read")
+        self._headers: dict[str, bytes] = {}  # dump headers, shared by the ranges of one file
 
     def process(self, element):
         kind, uri, *split = element
         self._files.inc()
         split = split[0] if split else None
         if split is not None and split[0] == "bytes":
-            yield from sources.iter_wikipedia(uri, self._cfg, byte_range=(split[1], split[2]))
+            yield from sources.iter_wikipedia(uri, self._cfg, byte_range=(split[1], split[2]), headers=self._headers)
             return
         reader = sources.iter_wikipedia if kind == "wiki" else sources.iter_book
         if split is None:

@@ -138,3 +138,14 @@ def test_not_bzip2_at_all(tmp_path):
         list(sources.iter_wikipedia(str(path), CFG, byte_range=(0, 1000)))
     assert "no bzip2 block" in str(info.value)
 
+
+
+def test_ranges_of_one_file_share_its_header(real_wiki, whole_records):
+    size = os.path.getsize(real_wiki)
+    headers: dict[str, bytes] = {}
+    got = [r for lo, hi in dumpsplit.byte_ranges(size, 4)
+           for r in _records(sources.iter_wikipedia(str(real_wiki), CFG, byte_range=(lo, hi), headers=headers))]
+    assert got == whole_records
+    with open(real_wiki, "rb") as raw:
+        assert headers == {str(real_wiki): dumpsplit.dump_header(raw)}
+    assert headers[str(real_wiki)].startswith(b"<mediawiki") and b"<dbname>enwiki</dbname>" in headers[str(real_wiki)]

@@ -2,9 +2,10 @@
 
 Beam's own multi-processing DirectRunner passes every element through the runner process over gRPC;
 on a 2-core machine it ran this job no faster than one process. Here each worker process runs whole
-in-memory pipelines on a slice of the document buckets (documents are filtered by bucket before they
-are cleaned), so data moves only through the work files. The slices meet at the same files as the
-``parts`` mode, hence the output is byte-identical to a single in-memory run.
+in-memory pipelines: for the documents stage on input units it claims one at a time (files, byte ranges of
+large dumps), for the instances stage on a range of document buckets, so data moves only through the work
+files. The slices meet at the same files as the ``parts`` mode, hence the output is byte-identical to a
+single in-memory run.
 """
 from __future__ import annotations
 

@@ -44,11 +44,8 @@ def snap_to_blocks(raw: IO[bytes], size: int, ranges: list[tuple[int, int]]) -> 
     magic starts at bit 8*B + r belongs to the range starting at byte B.)"""
     cuts = [0]
     for lo, _ in ranges[1:]:
-        window = _BitWindow(raw, lo, read_bytes=64 << 10)  # the next block starts within about 1 MB
-        magic = window.next_magic(lo * 8 - 1)
-        while magic is not None and magic[1] != "block":
-            magic = window.next_magic(magic[0])
-        cut = size if magic is None else magic[0] // 8
+        block = _BitWindow(raw, lo, read_bytes=64 << 10).next_block(lo * 8 - 1)  # within about 1 MB
+        cut = size if block is None else block // 8
         if cut > cuts[-1]:
             cuts.append(cut)
     cuts.append(size)
@@ -122,6 +119,14 @@ class _BitWindow:
             self._found = [(bit + self._base * 8, kind) for bit, kind in hits]
             self._scanned = self._base + len(self._buf) - 6
 
+    def next_block(self, after_bit: int) -> int | None:
+        """The bit offset of the first block magic after ``after_bit`` (past any end of stream: a multistream
+        file goes on), or None."""
+        magic = self.next_magic(after_bit)
+        while magic is not None and magic[1] != "block":
+            magic = self.next_magic(magic[0])
+        return None if magic is None else magic[0]
+
     def bits(self, start_bit: int, end_bit: int) -> np.ndarray:
         """Bits ``[start_bit, end_bit)`` as a 0/1 array; the bytes before ``start_bit`` are forgotten."""
         first, last = start_bit // 8 - self._base, (end_bit + 7) // 8 - self._base
@@ -156,13 +161,11 @@ def iter_blocks(raw: IO[bytes], lo: int) -> Iterator[tuple[int, bytes]]:
     makes that block fail alone, and it is then decoded together with the next candidate.
     """
     window = _BitWindow(raw, lo)
-    magic = window.next_magic(lo * 8 - 1)
-    while magic is not None and magic[1] != "block":
-        magic = window.next_magic(magic[0])
-    if magic is None and lo == 0:
+    start = window.next_block(lo * 8 - 1)
+    if start is None and lo == 0:
         raise SplitError("no bzip2 block found: not bzip2 data, or empty")
-    while magic is not None:
-        start, end, error = magic[0], window.next_magic(magic[0]), None
+    while start is not None:
+        end, error = window.next_magic(start), None
         for _ in range(3):
             if end is None:
                 raise SplitError(f"the compressed stream ends early, inside the block at byte {start // 8} "
@@ -175,9 +178,7 @@ def iter_blocks(raw: IO[bytes], lo: int) -> Iterator[tuple[int, bytes]]:
         else:
             raise SplitError(f"corrupt compressed data in the block at byte {start // 8} ({error})")
         yield start, data
-        magic = end
-        while magic is not None and magic[1] != "block":  # an end of stream: a multistream file goes on
-            magic = window.next_magic(magic[0])
+        start = window.next_block(end[0] - 1)
 
 
 def dump_header(raw: IO[bytes]) -> bytes:

@@ -142,8 +142,8 @@ def _documents_task(task) -> None:
 
 def _instances_task(task) -> None:
     options_args, buckets, tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id = task
-    _run(options_args, lambda p: p | "Buckets" >> beam.Create(buckets) | transforms.CreateInstances(
-        tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id))
+    _run(options_args, lambda p: p | "Buckets" >> beam.Create(buckets, reshuffle=False) | transforms.CreateInstances(
+        tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id, spread=False))
 
 
 def _count_task(task) -> list[tuple]:

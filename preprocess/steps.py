@@ -158,7 +158,7 @@ class _Run:
             tokenizer_uri = self._tokenizer_copy(f"documents-p{part:04d}")
             build = transforms.BuildDocumentStore(self.cfg.sources, tokenizer_uri, self.bucket_bits, self.work, part,
                                                   self.tok.vocab_size)
-            self._beam(lambda p: p | "Files" >> beam.Create(files) | build)
+            self._beam(lambda p: p | "Files" >> beam.Create(files, reshuffle=False) | build)
         metas = [meta for uri, meta in stages.read_metas(storage.join(self.work, "docs")).items()
                  if uri.replace("\\", "/").endswith(f"/p{part:04d}.json")]
         summary = {"step": "documents", "part": part, "parts": self.cfg.parts, "files": len(files),
@@ -185,7 +185,7 @@ class _Run:
             tokenizer_uri = self._tokenizer_copy(f"instances-p{part:04d}")
             create = transforms.CreateInstances(tokenizer_uri, self.work, self.cfg.instances, self.cfg.seed, part,
                                                 self.tok.vocab_size, self.tok.mask_id)
-            self._beam(lambda p: p | "Buckets" >> beam.Create(buckets) | create)
+            self._beam(lambda p: p | "Buckets" >> beam.Create(buckets, reshuffle=False) | create)
         rows = sum(meta["rows"] for uri, meta in stages.read_metas(storage.join(self.work, "pieces")).items()
                    if uri.replace("\\", "/").endswith(f"/p{part:04d}.json"))
         summary = {"step": "instances", "part": part, "parts": self.cfg.parts, "buckets": len(buckets),

@@ -13,6 +13,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
+from apache_beam.utils import shared
 
 from preprocess import docstore, dumpsplit, schema, shards, sources, storage, text
 from preprocess.config import InstanceConfig, SourceConfig
@@ -31,8 +32,17 @@ def _rejected_tuple(rejected: Rejected) -> tuple:
     return (rejected.source, rejected.doc_id, rejected.outcome, rejected.reason, rejected.detail)
 
 
+_TOKENIZERS = shared.Shared()  # one loaded tokenizer per process, whatever the number of DoFns and pipelines
+
+
+def share_tokenizer(tokenizer_uri: str, tokenizer) -> None:
+    """Offers an already loaded ``tokenizer`` to the DoFns of this process (and of processes forked from it) that
+    would load ``tokenizer_uri``. The caller keeps it alive (the process-wide cache holds a weak reference)."""
+    _TOKENIZERS.acquire(lambda: tokenizer, tag=tokenizer_uri)
+
+
 class _UsesTokenizer(beam.DoFn):
-    """Loads the run's tokenizer once per worker (DoFn.setup), not once per element."""
+    """Gets the run's tokenizer once per worker process (DoFn.setup), not once per element or per DoFn."""
 
     def __init__(self, tokenizer_uri: str):
         self._tokenizer_uri = tokenizer_uri
@@ -41,7 +51,7 @@ class _UsesTokenizer(beam.DoFn):
     def setup(self):
         from preprocess.tokenizer import load_tokenizer
 
-        self.tokenizer = load_tokenizer(self._tokenizer_uri)
+        self.tokenizer = _TOKENIZERS.acquire(lambda: load_tokenizer(self._tokenizer_uri), tag=self._tokenizer_uri)
 
 
 class SplitLargeDumps(beam.DoFn):
@@ -321,16 +331,24 @@ class WritePieceGroup(beam.DoFn):
 
 
 class CreateInstances(beam.PTransform):
-    """Buckets of this part -> instances written as sorted pieces, random next resolved by a keyed join."""
+    """Buckets of this part -> instances written as sorted pieces, random next resolved by a keyed join.
 
-    def __init__(self, tokenizer_uri, work, cfg: InstanceConfig, seed, part, vocab_size, mask_id):
+    With ``spread`` (the default) the buckets are redistributed over the runner's workers first; without it
+    they stay where they are, for a caller that hands each pipeline its own buckets (the local process pool).
+    """
+
+    def __init__(self, tokenizer_uri, work, cfg: InstanceConfig, seed, part, vocab_size, mask_id,
+                 spread: bool = True):
         super().__init__()
         self._args = (tokenizer_uri, work, cfg, seed)
         self._part, self._vocab_size, self._mask_id, self._work = part, vocab_size, mask_id, work
+        self._spread = spread
 
     def expand(self, buckets):
-        planned = (buckets | "Spread" >> beam.Reshuffle()
-                   | "Plan" >> beam.ParDo(PlanAndBuildInstances(*self._args)))
+        if self._spread:
+            buckets = buckets | "Spread" >> beam.Reshuffle()
+        # Two filters rather than a multi-output ParDo: Beam's DaskRunner does not route tagged outputs.
+        planned = buckets | "Plan" >> beam.ParDo(PlanAndBuildInstances(*self._args))
         done = planned | "Done" >> beam.FlatMap(lambda kv: [kv[1]] if kv[0] == "done" else [])
         resolved = (planned | "Requests" >> beam.FlatMap(lambda kv: [kv[1]] if kv[0] == "request" else [])
                     | "ByTargetBucket" >> beam.GroupByKey()

@@ -54,6 +54,23 @@ def test_clean_and_tokenize_keys_documents_and_rejections_by_bucket(bert_vocab):
     assert tok.decode(tokens[: lengths[0]].tolist()).startswith("article 1 is about a river")
 
 
+def test_dofns_of_a_process_share_one_tokenizer(tmp_path, bert_vocab):
+    # The driver offers the tokenizer it loaded: DoFns (in-process or in forked workers) do not load it again.
+    offered = load_tokenizer(str(bert_vocab))
+    offered_uri = str(tmp_path / "offered")
+    transforms.share_tokenizer(offered_uri, offered)
+    dofn = transforms.CleanAndTokenize(SOURCES, offered_uri, 0)  # nothing to load at that path: it must not try
+    dofn.setup()
+    assert dofn.tokenizer is offered
+    # Without an offer the first DoFn loads it and the others of the process reuse that one.
+    first, second = (transforms.PlanAndBuildInstances(str(bert_vocab), str(tmp_path), InstanceConfig(), 1)
+                     for _ in range(2))
+    first.setup()
+    second.setup()
+    assert first.tokenizer is second.tokenizer is not offered
+    assert first.tokenizer.identity() == offered.identity()
+
+
 def _tokenize_one(vocab, raw):
     dofn = transforms.CleanAndTokenize(SOURCES, str(vocab), 0)
     dofn.setup()
@@ -121,11 +138,15 @@ def test_create_instances_resolves_random_next_across_buckets(small_store, bert_
     work = small_store
     cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
     tok = load_tokenizer(str(bert_vocab))
-    with test_pipeline() as p:
-        groups = (p | beam.Create([0, 1])
-                  | transforms.CreateInstances(str(bert_vocab), work, cfg, 7, 0, tok.vocab_size, tok.mask_id))
-        assert_that(groups | beam.Distinct(), equal_to([0, 1]))
-    tables = [docstore.read_table(shards.piece_uri(work, g, 0)) for g in (0, 1)]
+    pieces = {}
+    for spread in (True, False):  # without spreading (the local pool's pipelines) the pieces are the same
+        with test_pipeline() as p:
+            groups = (p | beam.Create([0, 1]) | transforms.CreateInstances(
+                str(bert_vocab), work, cfg, 7, 0, tok.vocab_size, tok.mask_id, spread=spread))
+            assert_that(groups | beam.Distinct(), equal_to([0, 1]))
+        pieces[spread] = [docstore.read_table(shards.piece_uri(work, g, 0)) for g in (0, 1)]
+    assert all(a.equals(b) for a, b in zip(pieces[True], pieces[False]))
+    tables = pieces[False]
     planned = sum(storage.read_json(f"{work}/planned/b{b:06d}.json")["instances"] for b in (0, 1))
     assert sum(t.num_rows for t in tables) == planned > 0
     for group, table in enumerate(tables):

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import logging
 import sys
 import time
@@ -173,6 +175,19 @@ def _configure_logging(verbose: bool) -> None:
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
 
 
+@contextlib.contextmanager
+def _cycle_collector_paused():
+    """Imports create objects that live as long as the process (about 120,000 for Apache Beam), so the collections
+    they trigger find no garbage: pausing the collector meanwhile saves ~0.1 s of start-up on every run."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
@@ -181,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "run":
-            from preprocess.pipeline import prepare_beam_process
-
+            with _cycle_collector_paused():
+                from preprocess.pipeline import prepare_beam_process  # Apache Beam: most of the start-up time
             prepare_beam_process()
             return _command_run(args, rest)
         return _command_tokenizer_train(args)

@@ -46,3 +46,20 @@ def test_prepared_process_samples_often_freezes_imports_once_and_never_imports_i
         "assert gc.get_freeze_count() == frozen\n"  # once per process
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_collector_is_paused_only_while_importing():
+    import gc
+
+    from preprocess.cli import _cycle_collector_paused
+
+    with _cycle_collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()  # a caller that had turned it off keeps it off
+    try:
+        with _cycle_collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -141,9 +141,9 @@ def _documents_task(task) -> None:
 
 
 def _instances_task(task) -> None:
-    options_args, buckets, tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id = task
+    options_args, buckets, tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id, provenance = task
     _run(options_args, lambda p: p | "Buckets" >> beam.Create(buckets, reshuffle=False) | transforms.CreateInstances(
-        tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id, spread=False))
+        tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id, spread=False, provenance=provenance))
 
 
 def _count_task(task) -> list[tuple]:
@@ -202,7 +202,7 @@ def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: i
         bar.update()
         bar.set_postfix_str("instances")
         tasks = [(options_args, [b for b in range(lo, hi) if b in non_empty], tokenizer_uri, work, cfg.instances,
-                  cfg.seed, i, tok.vocab_size, tok.mask_id) for i, (lo, hi) in enumerate(ranges)]
+                  cfg.seed, i, tok.vocab_size, tok.mask_id, cfg.output.provenance) for i, (lo, hi) in enumerate(ranges)]
         list(pool.map(_instances_task, [t for t in tasks if t[1]]))
         bar.update()
         bar.set_postfix_str("shards")

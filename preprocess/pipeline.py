@@ -283,7 +283,7 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
 
     def instances(part):
         return transforms.CreateInstances(tokenizer_uri, work, cfg.instances, cfg.seed, part, tok.vocab_size,
-                                          tok.mask_id)
+                                          tok.mask_id, provenance=cfg.output.provenance)
 
     index = stages.IndexCorpus(work, num_buckets, cfg.instances)
     write_shards = stages.WriteShards(work, staging, cfg.output, out_schema)

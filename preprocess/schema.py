@@ -42,12 +42,6 @@ def instance_schema(vocab_size: int, provenance: bool, metadata: dict | None = N
     return pa.schema(fields, metadata=meta)
 
 
-def piece_schema(vocab_size: int) -> pa.Schema:
-    """Intermediate sorted runs: the instance columns plus the shuffle key, always with provenance."""
-    base = instance_schema(vocab_size, provenance=True)
-    return pa.schema([pa.field("order_key", pa.uint64(), nullable=False), *base])
-
-
 def document_schema(vocab_size: int) -> pa.Schema:
     """The tokenized document store: one document per row, sorted by ``doc_hash`` within a file."""
     tok = token_type(vocab_size)

@@ -32,11 +32,12 @@ def _ragged(flat: np.ndarray, lengths: np.ndarray, value_type: pa.DataType) -> p
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, value_type))
 
 
-def batch_table(finalized, keys, next_label: np.ndarray, doc_a, doc_b: list[str], vocab_size: int) -> pa.Table:
-    """A finished batch (preprocess.batch.FinalizedBatch) as rows of the piece schema."""
-    n = len(finalized.lengths)
+def batch_table(finalized, keys, next_label: np.ndarray, doc_a: list[str] | None, doc_b: list[str] | None,
+                vocab_size: int) -> pa.Table:
+    """A finished batch (preprocess.batch.FinalizedBatch) as rows of the piece schema; without provenance
+    (``doc_a`` and ``doc_b`` None) the doc_a and doc_b columns are left out."""
     tok = schema.token_type(vocab_size)
-    doc_a = pa.array([doc_a] * n if isinstance(doc_a, str) else doc_a, pa.string())
+    provenance = {} if doc_a is None else {"doc_a": pa.array(doc_a, pa.string()), "doc_b": pa.array(doc_b, pa.string())}
     return pa.table({
         "order_key": pa.array(keys.order, pa.uint64()),
         "tiebreak": pa.array(keys.tiebreak, pa.uint64()),
@@ -45,8 +46,7 @@ def batch_table(finalized, keys, next_label: np.ndarray, doc_a, doc_b: list[str]
         "masked_positions": _ragged(finalized.masked_positions.astype(np.uint16), finalized.masked_counts, pa.uint16()),
         "masked_labels": _ragged(finalized.masked_labels, finalized.masked_counts, tok),
         "next_sentence_label": pa.array(next_label, pa.int8()),
-        "doc_a": doc_a,
-        "doc_b": pa.array(doc_b, pa.string()),
+        **provenance,
         "truncated": pa.array(finalized.truncated, pa.bool_()),
     })
 

@@ -184,7 +184,8 @@ class _Run:
         if buckets:
             tokenizer_uri = self._tokenizer_copy(f"instances-p{part:04d}")
             create = transforms.CreateInstances(tokenizer_uri, self.work, self.cfg.instances, self.cfg.seed, part,
-                                                self.tok.vocab_size, self.tok.mask_id)
+                                                self.tok.vocab_size, self.tok.mask_id,
+                                                provenance=self.cfg.output.provenance)
             self._beam(lambda p: p | "Buckets" >> beam.Create(buckets, reshuffle=False) | create)
         rows = sum(meta["rows"] for uri, meta in stages.read_metas(storage.join(self.work, "pieces")).items()
                    if uri.replace("\\", "/").endswith(f"/p{part:04d}.json"))

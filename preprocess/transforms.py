@@ -167,11 +167,15 @@ class CountBucket(beam.DoFn):
 
 
 class _BuildsInstances(_UsesTokenizer):
-    """Reads the corpus index (written by the index stage) on first use, when it is sure to exist."""
+    """Reads the corpus index (written by the index stage) on first use, when it is sure to exist.
 
-    def __init__(self, tokenizer_uri: str, work: str, cfg: InstanceConfig, seed: int):
+    With ``provenance`` the instances carry the ids of their source documents (doc_a, doc_b); without it no
+    document id is copied, sent or written: the output would drop them.
+    """
+
+    def __init__(self, tokenizer_uri: str, work: str, cfg: InstanceConfig, seed: int, provenance: bool = True):
         super().__init__(tokenizer_uri)
-        self._work, self._cfg, self._seed = work, cfg, seed
+        self._work, self._cfg, self._seed, self._provenance = work, cfg, seed, provenance
         self._index = None
         self._instances = Metrics.counter("preprocess", "instances")
 
@@ -252,14 +256,15 @@ class PlanAndBuildInstances(_BuildsInstances):
         order = self._by_group(keys)
         plans, ranks, keys = plans[order], ranks[order], keys.take(order)
         ranges = plans[:, _A_START:_B_END + 1] + loaded.token_starts[ranks][:, None]
-        doc_a = [loaded.doc_ids[rank] for rank in ranks.tolist()]
+        doc_a = [loaded.doc_ids[rank] for rank in ranks.tolist()] if self._provenance else None
         for start in range(0, len(ranges), CHUNK_ROWS):
             rows = slice(start, start + CHUNK_ROWS)
             finalized = finalize_batch(loaded.tokens, ranges[rows, :2], ranges[rows, 2:], keys.random[rows],
                                        self._cfg, self.vocab)
             chunk_keys = keys.take(np.arange(len(ranges))[rows])
-            yield from self._emit(finalized, chunk_keys, np.zeros(len(chunk_keys.order), np.int8), doc_a[rows],
-                                  doc_a[rows])
+            chunk_docs = doc_a[rows] if doc_a is not None else None
+            yield from self._emit(finalized, chunk_keys, np.zeros(len(chunk_keys.order), np.int8), chunk_docs,
+                                  chunk_docs)
 
     def _requests(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys):
         targets = plans[:, _RANDOM_DOC]
@@ -269,7 +274,8 @@ class PlanAndBuildInstances(_BuildsInstances):
             rows = np.flatnonzero(target_buckets == bucket)
             lengths = a_ranges[rows, 1] - a_ranges[rows, 0]
             yield "request", (int(bucket), {
-                "doc_a": [loaded.doc_ids[rank] for rank in ranks[rows].tolist()], "keys": keys.take(rows),
+                "doc_a": [loaded.doc_ids[rank] for rank in ranks[rows].tolist()] if self._provenance else None,
+                "keys": keys.take(rows),
                 "targets": targets[rows], "target_b_length": plans[rows, _TARGET_B_LENGTH],
                 "a_tokens": loaded.tokens[ragged_arange(a_ranges[rows, 0], lengths)], "a_lengths": lengths})
 
@@ -298,8 +304,7 @@ class ResolveRandomNext(_BuildsInstances):
         keys = InstanceKeys.concat([r["keys"] for r in requests])
         order = self._by_group(keys)
         keys = keys.take(order)
-        doc_a = [doc for r in requests for doc in r["doc_a"]]
-        doc_a = [doc_a[i] for i in order.tolist()]
+        doc_a = doc_b = None
         ranks = (np.concatenate([r["targets"] for r in requests]) - self._offsets()[bucket])[order]
         a_lengths = np.concatenate([r["a_lengths"] for r in requests])
         a_tokens = np.concatenate([r["a_tokens"] for r in requests]).astype(loaded.tokens.dtype)
@@ -310,8 +315,11 @@ class ResolveRandomNext(_BuildsInstances):
                                    keys.random) + len(a_tokens)
         pool = np.concatenate([a_tokens, loaded.tokens])
         finalized = finalize_batch(pool, a_ranges, b_ranges, keys.random, self._cfg, self.vocab)
-        yield from self._emit(finalized, keys, np.ones(len(ranks), np.int8), doc_a,
-                              [loaded.doc_ids[rank] for rank in ranks.tolist()])
+        if self._provenance:
+            doc_a = [doc for r in requests for doc in r["doc_a"]]
+            doc_a = [doc_a[i] for i in order.tolist()]
+            doc_b = [loaded.doc_ids[rank] for rank in ranks.tolist()]
+        yield from self._emit(finalized, keys, np.ones(len(ranks), np.int8), doc_a, doc_b)
 
 
 class WritePieceGroup(beam.DoFn):
@@ -335,12 +343,13 @@ class CreateInstances(beam.PTransform):
 
     With ``spread`` (the default) the buckets are redistributed over the runner's workers first; without it
     they stay where they are, for a caller that hands each pipeline its own buckets (the local process pool).
+    ``provenance``: whether the pieces carry doc_a and doc_b (only a --provenance output needs them).
     """
 
     def __init__(self, tokenizer_uri, work, cfg: InstanceConfig, seed, part, vocab_size, mask_id,
-                 spread: bool = True):
+                 spread: bool = True, provenance: bool = True):
         super().__init__()
-        self._args = (tokenizer_uri, work, cfg, seed)
+        self._args = (tokenizer_uri, work, cfg, seed, provenance)
         self._part, self._vocab_size, self._mask_id, self._work = part, vocab_size, mask_id, work
         self._spread = spread
 

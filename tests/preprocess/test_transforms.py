@@ -139,14 +139,18 @@ def test_create_instances_resolves_random_next_across_buckets(small_store, bert_
     cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
     tok = load_tokenizer(str(bert_vocab))
     pieces = {}
-    for spread in (True, False):  # without spreading (the local pool's pipelines) the pieces are the same
+    # Without spreading (the local pool's pipelines) the pieces are the same; without provenance they lack
+    # only the document ids.
+    for spread, provenance in ((True, True), (False, True), (False, False)):
         with test_pipeline() as p:
             groups = (p | beam.Create([0, 1]) | transforms.CreateInstances(
-                str(bert_vocab), work, cfg, 7, 0, tok.vocab_size, tok.mask_id, spread=spread))
+                str(bert_vocab), work, cfg, 7, 0, tok.vocab_size, tok.mask_id, spread=spread, provenance=provenance))
             assert_that(groups | beam.Distinct(), equal_to([0, 1]))
-        pieces[spread] = [docstore.read_table(shards.piece_uri(work, g, 0)) for g in (0, 1)]
-    assert all(a.equals(b) for a, b in zip(pieces[True], pieces[False]))
-    tables = pieces[False]
+        pieces[spread, provenance] = [docstore.read_table(shards.piece_uri(work, g, 0)) for g in (0, 1)]
+    assert all(a.equals(b) for a, b in zip(pieces[True, True], pieces[False, True]))
+    assert all(a.drop_columns(["doc_a", "doc_b"]).equals(b)
+               for a, b in zip(pieces[False, True], pieces[False, False]))
+    tables = pieces[False, True]
     planned = sum(storage.read_json(f"{work}/planned/b{b:06d}.json")["instances"] for b in (0, 1))
     assert sum(t.num_rows for t in tables) == planned > 0
     for group, table in enumerate(tables):

@@ -471,6 +471,32 @@ def timed(*args, **kwargs):
 
 
 pipeline.run_beam = timed
+
+# The local process pool (--direct_num_workers N > 1) runs its pipelines inside its workers: each stage is one
+# pool.map, and every task reports its worker's CPU with its result (forked workers share this __main__).
+import concurrent.futures.process as futures_process
+
+POOL_STAGES = {"_documents_task": "documents", "_count_task": "index", "_instances_task": "instances",
+               "_shards_task": "shards"}
+original_map = futures_process.ProcessPoolExecutor.map
+
+
+def call_timed(packed):
+    fn, arg = packed
+    c0 = time.process_time()
+    result = fn(arg)
+    return result, time.process_time() - c0
+
+
+def timed_map(self, fn, iterable, **kwargs):
+    c0, w0 = time.process_time(), time.perf_counter()
+    pairs = list(original_map(self, call_timed, [(fn, arg) for arg in iterable], **kwargs))
+    stages.append({"stage": POOL_STAGES.get(fn.__name__, fn.__name__), "wall_s": time.perf_counter() - w0,
+                   "driver_cpu_s": time.process_time() - c0, "workers_cpu_s": sum(cpu for _, cpu in pairs)})
+    return iter([result for result, _ in pairs])
+
+
+futures_process.ProcessPoolExecutor.map = timed_map
 try:
     rc = cli.main(sys.argv[1:])
 finally:
@@ -510,7 +536,8 @@ def stage_breakdown(inputs: dict, tokenizer: Path, work: Path, mode: str, beam: 
         "workers_cpu_not_reaped_within_stage_s": round(run["cpu_s"] - raw["cpu_at_exit_s"] - in_stages_workers, 3),
         "note": "driver_outside_beam: interpreter start, imports, tokenizer load, file sizing, manifest (everything "
                 "of the driver process outside the Beam pipelines); "
-                "workers_cpu_s is the CPU of the worker subprocesses reaped during that stage",
+                "workers_cpu_s is the CPU of the worker subprocesses reaped during that stage, or with the local "
+                "process pool the CPU its workers spent in that stage's tasks (pipelines then counts pool.map calls)",
     }
 
 

@@ -301,7 +301,8 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
             # One pipeline: worker processes start once, and the runner may overlap the stages.
             bar.set_postfix_str("documents → index → instances → shards")
             run_beam(options, log, lambda p: (
-                p | "Files" >> beam.Create(file_parts[0], reshuffle=False) | documents(0) | index | instances(0) | write_shards))
+                p | "Files" >> beam.Create(file_parts[0], reshuffle=False)  # documents() spreads the files
+                | documents(0) | index | instances(0) | write_shards))
             bar.update()
             return
         for part, part_files in enumerate(file_parts):

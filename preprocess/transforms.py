@@ -304,7 +304,6 @@ class ResolveRandomNext(_BuildsInstances):
         keys = InstanceKeys.concat([r["keys"] for r in requests])
         order = self._by_group(keys)
         keys = keys.take(order)
-        doc_a = doc_b = None
         ranks = (np.concatenate([r["targets"] for r in requests]) - self._offsets()[bucket])[order]
         a_lengths = np.concatenate([r["a_lengths"] for r in requests])
         a_tokens = np.concatenate([r["a_tokens"] for r in requests]).astype(loaded.tokens.dtype)
@@ -315,6 +314,7 @@ class ResolveRandomNext(_BuildsInstances):
                                    keys.random) + len(a_tokens)
         pool = np.concatenate([a_tokens, loaded.tokens])
         finalized = finalize_batch(pool, a_ranges, b_ranges, keys.random, self._cfg, self.vocab)
+        doc_a = doc_b = None
         if self._provenance:
             doc_a = [doc for r in requests for doc in r["doc_a"]]
             doc_a = [doc_a[i] for i in order.tolist()]

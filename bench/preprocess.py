@@ -369,7 +369,7 @@ def startup_cost(log: Path) -> dict:
 
 def irreducible(inputs: dict, tokenizer: Path) -> dict:
     """Read + clean + split + tokenize every input file in this process, timed per phase."""
-    from preprocess import config, sources, text
+    from preprocess import books, config, sources, text
     from preprocess.records import Rejected
     from preprocess.tokenizer import load_tokenizer
 
@@ -382,7 +382,7 @@ def irreducible(inputs: dict, tokenizer: Path) -> dict:
     gc.collect()
     wall0, cpu0 = time.perf_counter(), clock()
     for kind, uri in files:
-        reader = (sources.iter_wikipedia if kind == "wiki" else sources.iter_book)(uri, cfg)
+        reader = (sources.iter_wikipedia if kind == "wiki" else books.iter_book)(uri, cfg)
         while True:
             t0 = clock()
             raw = next(reader, None)
@@ -610,7 +610,7 @@ def profile_in_memory(inputs: dict, tokenizer: Path, work: Path) -> dict:
 
     irreducible_entry = {
         "sources.iter_wikipedia": cum("preprocess.sources", "iter_wikipedia"),
-        "sources.iter_book": cum("preprocess.sources", "iter_book"),
+        "books.iter_book": cum("preprocess.books", "iter_book"),
         "text.to_document": cum("preprocess.text", "to_document"),
         "tokenizer.encode_batch": cum("preprocess.tokenizer", "encode_batch"),
     }
@@ -873,7 +873,7 @@ def main(argv=None) -> int:
             "instance_tokens": e2e["workers_1"]["runs"][0]["instance_tokens"],
         },
         "method": {
-            "irreducible": "this process, time.process_time around sources.iter_* + text.to_document + "
+            "irreducible": "this process, time.process_time around sources.iter_wikipedia or books.iter_book + text.to_document + "
                            "tokenizer.encode_batch over every input file; median of the repetitions",
             "pipeline_cpu": "os.wait4 rusage of the `python -m preprocess run` child: user+system CPU of it and "
                             "every descendant it reaped (Beam's worker subprocesses are waited for by the runner); "

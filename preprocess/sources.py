@@ -1,9 +1,9 @@
-"""Streaming readers for the raw corpora: MediaWiki XML dumps and plain-text books.
+"""Streaming reader for MediaWiki XML dumps, and what every reader shares: opening local paths and URIs,
+turning read errors into one clear message, and expanding input patterns (``preprocess.books`` reads books).
 
-Readers never hold a whole file in memory: dumps are parsed incrementally with ``iterparse``
-and books are read line by line. File-level problems (unreadable URI, truncated or corrupt
-compression, malformed XML) raise ``InputError``; page- and book-level problems are yielded as
-``Rejected`` records so the run can go on and count them.
+Readers never hold a whole file in memory: dumps are parsed incrementally with ``iterparse``.
+File-level problems (unreadable URI, truncated or corrupt compression, malformed XML) raise ``InputError``;
+page-level problems are yielded as ``Rejected`` records so the run can go on and count them.
 """
 from __future__ import annotations
 
@@ -23,11 +23,10 @@ import smart_open
 from preprocess import dumpsplit
 from preprocess.config import SourceConfig
 from preprocess.records import InputError, RawDocument, Rejected
-from preprocess.text import BookChunker, split_long_line
 
-_READ_LINE_LIMIT = 1 << 20   # a "line" longer than this is cut, so a file without newlines streams
+READ_LINE_LIMIT = 1 << 20   # a "line" longer than this is cut, so a file without newlines streams
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_UTF8_BOM = b"\xef\xbb\xbf"
+UTF8_BOM = b"\xef\xbb\xbf"
 
 # Expat error codes (xml.parsers.expat.errors) that mean "the input stopped in the middle".
 _XML_ENDED_EARLY = {3, 5, 6}  # no element found, unclosed token, partial character
@@ -43,7 +42,7 @@ def _is_remote(uri: str) -> bool:
     return "://" in uri
 
 
-def _is_empty_local(uri: str) -> bool:
+def is_empty_local(uri: str) -> bool:
     # A 0-byte .bz2 raises EOFError like a truncated one; it is an empty file, not a truncated one.
     return not _is_remote(uri) and os.path.isfile(uri) and os.path.getsize(uri) == 0
 
@@ -83,9 +82,9 @@ def open_uri(uri: str, mode: str = "rb", decompress: bool = True) -> IO:
                          f"{_open_hint(uri, exc)}") from exc
 
 
-def _read_error(uri: str, exc: BaseException, decoded: int | None = None) -> InputError:
+def read_error(uri: str, exc: BaseException, decoded: int | None = None) -> InputError:
     """Turn an exception raised while reading (decompressing) a stream into one clear InputError."""
-    if isinstance(exc, EOFError) and decoded == 0 and _is_empty_local(uri):
+    if isinstance(exc, EOFError) and decoded == 0 and is_empty_local(uri):
         return InputError(f"{uri}: empty file (0 bytes); re-download it or remove it from the inputs")
     if isinstance(exc, EOFError):
         return InputError(
@@ -101,7 +100,7 @@ def _read_error(uri: str, exc: BaseException, decoded: int | None = None) -> Inp
     return InputError(f"cannot read {uri}: {type(exc).__name__}: {exc}; {_open_hint(uri, exc)}")
 
 
-class _Utf8Check:
+class Utf8Check:
     """Finds the offset of the first byte that is not valid UTF-8 in a stream fed piece by piece."""
 
     def __init__(self):
@@ -129,7 +128,7 @@ class _CheckedReader:
 
     def __init__(self, raw: IO[bytes]):
         self._raw = raw
-        self.utf8 = _Utf8Check()
+        self.utf8 = Utf8Check()
         self.eof = self.nonblank = self.root_seen = False
 
     def read(self, size: int = -1) -> bytes:
@@ -225,10 +224,10 @@ def iter_wikipedia(uri: str, cfg: SourceConfig,
         except ET.ParseError as exc:
             cause = reader.probe()
             if cause is not None:
-                raise _read_error(uri, cause, reader.utf8.seen) from exc
+                raise read_error(uri, cause, reader.utf8.seen) from exc
             raise _parse_error(uri, exc, reader) from exc
         except Exception as exc:  # decompression and transport errors surface from read()
-            raise _read_error(uri, exc, reader.utf8.seen) from exc
+            raise read_error(uri, exc, reader.utf8.seen) from exc
 
 
 def _iter_range(uri: str, source: str, cfg: SourceConfig, lo: int, hi: int,
@@ -252,7 +251,7 @@ def _iter_range(uri: str, source: str, cfg: SourceConfig, lo: int, hi: int,
         except ET.ParseError as exc:
             raise _parse_error(f"{uri} (the pages in compressed bytes {lo}-{hi})", exc, reader) from exc
         except Exception as exc:  # transport errors
-            raise _read_error(uri, exc) from exc
+            raise read_error(uri, exc) from exc
 
 
 def _iter_pages(uri: str, source: str, cfg: SourceConfig, reader: _CheckedReader,
@@ -318,134 +317,6 @@ def _page_record(page: ET.Element, source: str, dbname: str,
     else:
         return RawDocument(doc_id=doc_id, source=source, kind="wiki", text=text)
     return Rejected(source=source, doc_id=doc_id, outcome=outcome, reason=reason, detail=detail)
-
-
-# Project Gutenberg boilerplate markers, matched on raw bytes (they are ASCII).
-_PG_START_RE = re.compile(
-    rb"^\s*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG E-?(?:BOOK|TEXT)", re.I)
-_PG_OLD_HEADER_END_RE = re.compile(rb"^\s*\*+\s*END\s*\*?\s*THE SMALL PRINT", re.I)
-_PG_END_RE = re.compile(
-    rb"^\s*(?:\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG|END OF (?:THE )?PROJECT GUTENBERG)",
-    re.I)
-
-
-def _iter_pieces(uri: str) -> Iterator[bytes]:
-    """Yield the lines of a file as bytes, cutting lines longer than ``_READ_LINE_LIMIT``."""
-    with open_uri(uri) as stream:
-        seen = 0
-        try:
-            while True:
-                piece = stream.readline(_READ_LINE_LIMIT)
-                if not piece:
-                    return
-                seen += len(piece)
-                yield piece
-        except Exception as exc:
-            if isinstance(exc, EOFError) and seen == 0 and _is_empty_local(uri):
-                return
-            raise _read_error(uri, exc, seen) from exc
-
-
-def _scan_book(uri: str) -> tuple[int, int | None, int | None, int | None]:
-    """First pass over a book: size, first invalid UTF-8 byte, and the body's line range.
-
-    Returns:
-        (bytes, bad_utf8_offset, first body piece index, end piece index or None). The body
-        starts after the Gutenberg start marker (or after the old "*END*THE SMALL PRINT!" header
-        when there is no start marker) and ends before the first end marker after it.
-    """
-    utf8 = _Utf8Check()
-    start = old_header_end = None
-    ends: list[int] = []
-    for index, piece in enumerate(_iter_pieces(uri)):
-        utf8.feed(piece)
-        if start is None and _PG_START_RE.match(piece):
-            start = index
-        elif old_header_end is None and _PG_OLD_HEADER_END_RE.match(piece):
-            old_header_end = index
-        elif _PG_END_RE.match(piece):
-            ends.append(index)
-    utf8.feed(b"", final=True)  # a file that ends inside a multi-byte character
-    header_end = start if start is not None else old_header_end
-    body_start = 0 if header_end is None else header_end + 1
-    end = next((i for i in ends if i >= body_start), None)
-    return utf8.seen, utf8.bad_offset, body_start, end
-
-
-def _decoded_lines(uri: str, decoder, start: int, end: int | None) -> Iterator[str]:
-    """Second pass: the decoded lines of pieces ``start`` to ``end`` (exclusive)."""
-    carry = ""
-    for number, piece in enumerate(_iter_pieces(uri)):
-        if number < start:
-            continue
-        if end is not None and number >= end:
-            break
-        if number == 0 and piece.startswith(_UTF8_BOM):
-            piece = piece[len(_UTF8_BOM):]
-        line, carry = carry + decoder.decode(piece), ""
-        if len(piece) < _READ_LINE_LIMIT or piece.endswith(b"\n"):
-            yield line.rstrip("\r\n")
-            continue
-        # Cut by the line-length limit: keep a cut word whole.
-        space = line.rfind(" ")
-        if space > 0:
-            line, carry = line[:space], line[space + 1:]
-        yield line
-    if carry:
-        yield carry
-
-
-def iter_book(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Rejected]:
-    """Stream one plain-text book as chunks of raw text.
-
-    The file is read twice, line by line: a first pass checks that it is UTF-8 and finds the
-    Project Gutenberg boilerplate, so the encoding decision covers the whole book and is the
-    same on every run; the second pass decodes and chunks it.
-
-    Args:
-        uri: A local path or URI of one book (optionally compressed).
-        cfg: Chunk size, encoding fallback and boilerplate stripping.
-
-    Yields:
-        ``RawDocument`` chunks (kind "book", doc_id "book:{name}:{index:05d}", at most
-        ``cfg.book_document_max_chars`` characters, cut at chapter headings and paragraph
-        boundaries), or a single failed ``Rejected``: "not_utf8" (when the book is not UTF-8
-        and ``cfg.book_encoding_fallback`` is None) or "empty_file".
-
-    Raises:
-        InputError: The URI cannot be opened or read.
-    """
-    source = source_name(uri)
-
-    def reject(reason: str, detail: str) -> Rejected:
-        return Rejected(source=source, doc_id=f"book:{source}", outcome="failed", reason=reason,
-                        detail=detail)
-
-    total, bad_offset, body_start, body_end = _scan_book(uri)
-    if total == 0:
-        yield reject("empty_file", "0 bytes")
-        return
-    if bad_offset is not None and cfg.book_encoding_fallback is None:
-        yield reject("not_utf8", f"byte offset {bad_offset}")
-        return
-    if not cfg.strip_gutenberg_boilerplate:
-        body_start, body_end = 0, None
-    if bad_offset is None:
-        decoder = codecs.getincrementaldecoder("utf-8")()
-    else:
-        # Fallbacks other than latin-1 can meet undefined bytes; replace them, do not fail.
-        decoder = codecs.getincrementaldecoder(cfg.book_encoding_fallback)(errors="replace")
-
-    chunker, index = BookChunker(cfg.book_document_max_chars), 0
-    lines = _decoded_lines(uri, decoder, body_start, body_end)
-    parts = (p for line in lines for p in split_long_line(line, cfg.book_document_max_chars))
-    for text in itertools.chain((t for p in parts for t in chunker.add(p)), chunker.finish()):
-        if text.strip():
-            yield RawDocument(doc_id=f"book:{source}:{index:05d}", source=source, kind="book",
-                              text=text)
-            index += 1
-    if index == 0:
-        yield reject("empty_file", "no text (only whitespace or Project Gutenberg boilerplate)")
 
 
 def _list_s3(uri: str) -> list[str]:

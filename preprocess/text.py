@@ -1,7 +1,7 @@
 """Pure text cleaning: wikitext and book text to plain paragraphs, paragraphs to sentences.
 
 Everything here is a pure function of its arguments (no I/O, no Beam), so the readers in
-``preprocess.sources`` and the Beam transforms can share it and tests can call it directly.
+``preprocess.sources`` and ``preprocess.books`` and the Beam transforms can share it and tests can call it directly.
 Paragraphs are separated by a single "\\n" in every cleaned text.
 """
 from __future__ import annotations
@@ -428,7 +428,7 @@ def to_document(raw: RawDocument, cfg: SourceConfig) -> Document | Rejected:
     """Clean a raw document and split it into sentences; never raises.
 
     Args:
-        raw: A page or book chunk as read by ``preprocess.sources``.
+        raw: A page or book chunk as read by ``preprocess.sources`` or ``preprocess.books``.
         cfg: Length limits.
 
     Returns:

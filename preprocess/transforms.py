@@ -15,7 +15,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 
-from preprocess import docstore, dumpsplit, schema, shards, sources, storage, text
+from preprocess import books, docstore, dumpsplit, schema, shards, sources, storage, text
 from preprocess.config import InstanceConfig, SourceConfig
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
 from preprocess.hashing import document_hash, rng_for
@@ -91,7 +91,7 @@ class ReadSourceFile(beam.DoFn):
         if split is not None and split[0] == "bytes":
             yield from sources.iter_wikipedia(uri, self._cfg, byte_range=(split[1], split[2]), headers=self._headers)
             return
-        reader = sources.iter_wikipedia if kind == "wiki" else sources.iter_book
+        reader = sources.iter_wikipedia if kind == "wiki" else books.iter_book
         if split is None:
             yield from reader(uri, self._cfg)
             return

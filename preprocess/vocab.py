@@ -1,7 +1,7 @@
 """Sampling cleaned sentences from the corpus to train a vocabulary."""
 from __future__ import annotations
 
-from preprocess import sources, text
+from preprocess import books, sources, text
 from preprocess.config import SourceConfig
 from preprocess.hashing import rng_for
 from preprocess.records import RawDocument
@@ -13,7 +13,7 @@ def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_senten
     reservoir: list[str] = []
     seen = 0
     for kind, uri in files:
-        reader = sources.iter_wikipedia if kind == "wiki" else sources.iter_book
+        reader = sources.iter_wikipedia if kind == "wiki" else books.iter_book
         for item in reader(uri, cfg):
             if not isinstance(item, RawDocument):
                 continue

@@ -12,7 +12,7 @@ import pytest
 from preprocess import sources
 from preprocess.config import SourceConfig
 from preprocess.records import InputError, RawDocument, Rejected
-from preprocess.text import clean_wikitext
+from preprocess.wikitext import clean_wikitext
 
 WIKI_NAME = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 CFG = SourceConfig()

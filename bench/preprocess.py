@@ -437,6 +437,7 @@ def prepare_tokenizer(inputs: dict, work: Path) -> tuple[Path, dict]:
 # Stage breakdown (diagnostics): the CLI run with pipeline.run_beam wrapped to time each Beam pipeline
 
 STAGE_TIMER = r"""
+import concurrent.futures.process as futures_process
 import json, os, resource, sys, time
 entered = time.process_time()
 import preprocess.pipeline as pipeline
@@ -474,8 +475,6 @@ pipeline.run_beam = timed
 
 # The local process pool (--direct_num_workers N > 1) runs its pipelines inside its workers: each stage is one
 # pool.map, and every task reports its worker's CPU with its result (forked workers share this __main__).
-import concurrent.futures.process as futures_process
-
 POOL_STAGES = {"_documents_task": "documents", "_count_task": "index", "_instances_task": "instances",
                "_shards_task": "shards"}
 original_map = futures_process.ProcessPoolExecutor.map
@@ -873,8 +872,8 @@ def main(argv=None) -> int:
             "instance_tokens": e2e["workers_1"]["runs"][0]["instance_tokens"],
         },
         "method": {
-            "irreducible": "this process, time.process_time around sources.iter_wikipedia or books.iter_book + text.to_document + "
-                           "tokenizer.encode_batch over every input file; median of the repetitions",
+            "irreducible": "this process, time.process_time around sources.iter_wikipedia or books.iter_book + "
+                           "text.to_document + tokenizer.encode_batch over every input file; median of the repetitions",
             "pipeline_cpu": "os.wait4 rusage of the `python -m preprocess run` child: user+system CPU of it and "
                             "every descendant it reaped (Beam's worker subprocesses are waited for by the runner); "
                             "cross-checked against a psutil sample of the tree every "

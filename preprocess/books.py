@@ -13,8 +13,11 @@ from typing import Iterator
 
 from preprocess.config import SourceConfig
 from preprocess.records import RawDocument, Rejected
-from preprocess.sources import READ_LINE_LIMIT, UTF8_BOM, Utf8Check, is_empty_local, open_uri, read_error, source_name
+from preprocess.sources import Utf8Check, is_empty_local, open_uri, read_error, source_name
 from preprocess.text import BookChunker, split_long_line
+
+_READ_LINE_LIMIT = 1 << 20   # a "line" longer than this is cut, so a file without newlines streams
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 # Project Gutenberg boilerplate markers, matched on raw bytes (they are ASCII).
 _PG_START_RE = re.compile(
@@ -26,12 +29,12 @@ _PG_END_RE = re.compile(
 
 
 def _iter_pieces(uri: str) -> Iterator[bytes]:
-    """Yield the lines of a file as bytes, cutting lines longer than ``READ_LINE_LIMIT``."""
+    """Yield the lines of a file as bytes, cutting lines longer than ``_READ_LINE_LIMIT``."""
     with open_uri(uri) as stream:
         seen = 0
         try:
             while True:
-                piece = stream.readline(READ_LINE_LIMIT)
+                piece = stream.readline(_READ_LINE_LIMIT)
                 if not piece:
                     return
                 seen += len(piece)
@@ -76,10 +79,10 @@ def _decoded_lines(uri: str, decoder, start: int, end: int | None) -> Iterator[s
             continue
         if end is not None and number >= end:
             break
-        if number == 0 and piece.startswith(UTF8_BOM):
-            piece = piece[len(UTF8_BOM):]
+        if number == 0 and piece.startswith(_UTF8_BOM):
+            piece = piece[len(_UTF8_BOM):]
         line, carry = carry + decoder.decode(piece), ""
-        if len(piece) < READ_LINE_LIMIT or piece.endswith(b"\n"):
+        if len(piece) < _READ_LINE_LIMIT or piece.endswith(b"\n"):
             yield line.rstrip("\r\n")
             continue
         # Cut by the line-length limit: keep a cut word whole.

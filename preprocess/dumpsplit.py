@@ -250,4 +250,5 @@ class IterReader(io.RawIOBase):
         return size
 
 
-__all__ = ["SplitError", "byte_ranges", "snap_to_blocks", "splittable", "decode_block", "dump_header", "find_magics", "iter_blocks", "range_xml", "IterReader"]
+__all__ = ["SplitError", "byte_ranges", "snap_to_blocks", "splittable", "decode_block", "dump_header", "find_magics",
+           "iter_blocks", "range_xml", "IterReader"]

@@ -76,7 +76,7 @@ def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions
         args.append("--default_sdk_harness_log_level=WARNING")  # worker processes otherwise log every bundle
     if not any(a.split("=", 1)[0] in ("--pipeline_type_check", "--no_pipeline_type_check") for a in args):
         # Our transforms declare no type hints, so construction-time checking only infers them from the lambdas'
-        # bytecode: a third of the time to build the pipeline, and it checks nothing a user can change.
+        # bytecode: about half the time to build the pipeline, and it checks nothing a user can change.
         args.append("--no_pipeline_type_check")
     runner = None
     for i, arg in enumerate(args):

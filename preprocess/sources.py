@@ -24,9 +24,7 @@ from preprocess import dumpsplit
 from preprocess.config import SourceConfig
 from preprocess.records import InputError, RawDocument, Rejected
 
-READ_LINE_LIMIT = 1 << 20   # a "line" longer than this is cut, so a file without newlines streams
 _GLOB_CHARS = re.compile(r"[*?\[]")
-UTF8_BOM = b"\xef\xbb\xbf"
 
 # Expat error codes (xml.parsers.expat.errors) that mean "the input stopped in the middle".
 _XML_ENDED_EARLY = {3, 5, 6}  # no element found, unclosed token, partial character

@@ -18,9 +18,7 @@ import xml.etree.ElementTree as ET
 import zlib
 from typing import IO, Iterator
 
-import smart_open
-
-from preprocess import dumpsplit
+from preprocess import dumpsplit, storage
 from preprocess.config import SourceConfig
 from preprocess.records import InputError, RawDocument, Rejected
 
@@ -60,7 +58,7 @@ def _open_hint(uri: str, exc: BaseException) -> str:
 
 
 def open_uri(uri: str, mode: str = "rb", decompress: bool = True) -> IO:
-    """Open a local path or URI with smart_open, decompressing by extension (.bz2, .gz, .xz, ...).
+    """Open a local path or URI (``storage.open_file``), decompressing by extension (.bz2, .gz, .xz, ...).
 
     Args:
         uri: A local path or a URI smart_open understands (s3://, gs://, file://, ...).
@@ -74,7 +72,7 @@ def open_uri(uri: str, mode: str = "rb", decompress: bool = True) -> IO:
         InputError: The URI cannot be opened; the message keeps the original reason.
     """
     try:
-        return smart_open.open(uri, mode, compression="infer_from_extension" if decompress else "disable")
+        return storage.open_file(uri, mode, decompress=decompress)
     except Exception as exc:  # FileNotFoundError, botocore ClientError, NoCredentialsError, ...
         raise InputError(f"cannot open {uri}: {type(exc).__name__}: {exc}; "
                          f"{_open_hint(uri, exc)}") from exc

@@ -8,18 +8,16 @@ Objects pickle as their model bytes or vocabulary, so Beam can ship them to work
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
-from typing import Iterable
 
 import numpy as np
 import sentencepiece as spm
-import smart_open
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
+from preprocess import storage
 from preprocess.records import InputError
 
 # Batch encoding runs in Beam workers that already use one process per core, which Hugging Face's Rust
@@ -35,7 +33,6 @@ _ACCEPTED = ("a directory written by Tokenizer.save() (it holds tokenizer.json),
              "a SentencePiece .model file or a WordPiece vocab.txt file")
 # "[unused0]", "[PAD]", ...: reserved slots, never a sensible random replacement.
 _BRACKETED_TOKEN = re.compile(r"^\[[^\[\]]+\]$")
-_MIN_SENTENCEPIECE_VOCAB = len(SPECIAL_TOKENS) + 256 + 1  # specials + byte-fallback pieces + one more
 
 
 class Tokenizer:
@@ -127,9 +124,9 @@ class Tokenizer:
         if local is not None:
             os.makedirs(local, exist_ok=True)
             directory = local
-        _write_bytes(_join(directory, self.file_name), self._payload)
+        _write_bytes(storage.join(directory, self.file_name), self._payload)
         meta = {**self.identity(), "file": self.file_name}
-        _write_bytes(_join(directory, META_FILE), (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+        _write_bytes(storage.join(directory, META_FILE), (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
 
     def __getstate__(self) -> dict:
         # Only the file bytes travel: small, and independent of the libraries' own pickling support.
@@ -141,6 +138,20 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
                 f"source={self._source!r})")
+
+
+def _single_text_encoder(sp: spm.SentencePieceProcessor):
+    """text -> ids through the binding's own one-text call, or None where this sentencepiece version has none.
+
+    Its list call starts and joins a thread per call, even with num_threads=1: on a machine whose cores are all
+    busy, each start waits for a core, which left two workers idle ~10% of their tokenizing time. Per text, the
+    binding call (skipping ``Encode``'s argument handling) costs the same CPU as the list call, on this thread.
+    """
+    native = getattr(getattr(sp, "_processor", None), "_EncodeAsIds", None)
+    if native is None:
+        return None
+    options = (sp._enable_sampling, sp._nbest_size, sp._alpha, sp._add_bos, sp._add_eos, sp._reverse)
+    return lambda text: native(text, *options)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -158,6 +169,7 @@ class SentencePieceTokenizer(Tokenizer):
                              f"point tokenizer.path at a valid .model file or retrain it") from None
         # Lowercasing is part of the model's normalizer ("nmt_nfkc_cf" case-folds), not a setting.
         self.lowercase = self._sp.Normalize("ABC") == self._sp.Normalize("abc")
+        self._encode_one = _single_text_encoder(self._sp)
         return [self._sp.IdToPiece(i) for i in range(self._sp.GetPieceSize())]
 
     def _missing_fix(self) -> str:
@@ -179,7 +191,8 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.Encode(text, out_type=int)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # One C++ call for the list is ~20% faster than a Python loop; one thread, as Beam owns the cores.
+        if self._encode_one is not None:
+            return [self._encode_one(text) for text in texts]
         return self._sp.Encode(texts if isinstance(texts, list) else list(texts), out_type=int, num_threads=1)
 
     def decode(self, ids) -> str:
@@ -300,7 +313,7 @@ def load_tokenizer(path: str, lowercase: bool = True) -> Tokenizer:
 
 def _load_saved(directory: str) -> Tokenizer:
     """Loads a directory written by ``Tokenizer.save()`` and checks it against its recorded identity."""
-    meta_path = _join(directory, META_FILE)
+    meta_path = storage.join(directory, META_FILE)
     local = _local_path(directory)
     if local is not None and not os.path.isfile(meta_path):
         present = ", ".join(sorted(os.listdir(local))[:10]) or "nothing"
@@ -313,8 +326,8 @@ def _load_saved(directory: str) -> Tokenizer:
     if not isinstance(meta, dict) or meta.get("kind") not in _KINDS or not isinstance(meta.get("file"), str):
         raise InputError(f"{meta_path}: not a tokenizer meta file written by Tokenizer.save() (a Hugging Face "
                          f"tokenizer.json is not one); point tokenizer.path at the vocab.txt or .model file instead")
-    tokenizer = _KINDS[meta["kind"]](_read_bytes(_join(directory, meta["file"])), bool(meta.get("lowercase")),
-                                     source=_join(directory, meta["file"]))
+    tokenizer = _KINDS[meta["kind"]](_read_bytes(storage.join(directory, meta["file"])), bool(meta.get("lowercase")),
+                                     source=storage.join(directory, meta["file"]))
     recorded = {key: meta.get(key) for key in tokenizer.identity()}
     if recorded != tokenizer.identity():
         raise InputError(f"{directory}: {meta['file']} does not match {META_FILE} (recorded {recorded}, "
@@ -322,80 +335,20 @@ def _load_saved(directory: str) -> Tokenizer:
     return tokenizer
 
 
-def train_sentencepiece(sentences: Iterable[str], vocab_size: int, output_dir: str, *, lowercase: bool = False,
-                        model_type: str = "unigram", seed: int = 12345, character_coverage: float = 0.9999,
-                        max_sentence_length: int = 16384, input_sentence_size: int = 0,
-                        extra_options: dict | None = None) -> SentencePieceTokenizer:
-    """Trains a SentencePiece model with the BERT special tokens at ids 0-4 and saves it.
-
-    Training runs on one thread with a fixed seed, so the same sentences give the same model bytes.
-
-    Args:
-        sentences: Training text, one sentence per item (blank items are skipped).
-        vocab_size: Number of pieces, including the 5 special tokens and 256 byte-fallback pieces.
-        output_dir: Local directory or URI prefix to save ``spm.model`` and ``tokenizer.json`` into.
-        lowercase: Case-fold text ("nmt_nfkc_cf" normalizer) instead of plain NFKC ("nmt_nfkc").
-        model_type: "unigram" (default) or "bpe".
-        seed: Seeds SentencePiece's generator (used when sampling ``input_sentence_size`` sentences).
-        character_coverage: Share of characters covered by pieces; the rest fall back to bytes.
-        max_sentence_length: Longer sentences (in bytes) are skipped by the trainer.
-        input_sentence_size: Sample at most this many sentences (0: use all).
-        extra_options: More SentencePieceTrainer options, overriding the ones above.
-
-    Returns:
-        The trained tokenizer (already saved to ``output_dir``).
-
-    Raises:
-        ValueError: ``vocab_size`` is too small, or training failed (e.g. too little text for the size).
-    """
-    if vocab_size < _MIN_SENTENCEPIECE_VOCAB:
-        raise ValueError(f"vocab_size must be at least {_MIN_SENTENCEPIECE_VOCAB} (5 special tokens + 256 "
-                         f"byte-fallback pieces + text pieces), got {vocab_size}")
-    options = dict(
-        model_type=model_type, vocab_size=vocab_size,
-        pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
-        # Control symbols (unlike user-defined ones) are never produced from text, so a literal
-        # "[MASK]" in a document cannot turn into the mask id. They take ids 2, 3, 4 in this order.
-        control_symbols=list(SPECIAL_TOKENS[2:]),
-        byte_fallback=True, character_coverage=character_coverage,
-        normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
-        max_sentence_length=max_sentence_length, input_sentence_size=input_sentence_size,
-        shuffle_input_sentence=True, num_threads=1, minloglevel=2,
-    )
-    options.update(extra_options or {})
-    spm.set_random_generator_seed(seed)
-    nonblank = (sentence for sentence in sentences if sentence and not sentence.isspace())
-    model = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.Train(sentence_iterator=nonblank, model_writer=model, **options)
-    except RuntimeError as error:
-        raise ValueError(f"SentencePiece training failed: {error} (with vocab_size={vocab_size}: if the vocabulary "
-                         f"is too large for the text, lower vocab_size or pass more sentences)") from None
-    tokenizer = SentencePieceTokenizer(model.getvalue(), lowercase=lowercase, source=f"trained for {output_dir}")
-    tokenizer.save(output_dir)
-    return tokenizer
-
-
 def _local_path(path: str) -> str | None:
     """The local filesystem path for a plain path or file:// URI; None for a remote URI."""
-    if path.startswith("file://"):
-        return path[len("file://"):]
-    return None if "://" in path else path
-
-
-def _join(directory: str, name: str) -> str:
-    return f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)
+    return storage.local_path(path) if storage.is_local(path) else None
 
 
 def _read_bytes(path: str) -> bytes:
     try:
-        with smart_open.open(path, "rb") as handle:
+        with storage.open_file(path, "rb") as handle:
             return handle.read()
-    except Exception as error:  # smart_open raises each transport's own errors (OSError, botocore, ...)
+    except Exception as error:  # object stores raise each transport's own errors (OSError, botocore, ...)
         raise InputError(f"{path}: cannot read the tokenizer file ({type(error).__name__}: {error}); check the "
                          f"path and access rights, and that it is {_ACCEPTED}") from None
 
 
 def _write_bytes(path: str, data: bytes) -> None:
-    with smart_open.open(path, "wb") as handle:
+    with storage.open_file(path, "wb") as handle:
         handle.write(data)

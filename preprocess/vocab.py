@@ -1,10 +1,18 @@
-"""Sampling cleaned sentences from the corpus to train a vocabulary."""
+"""Training a vocabulary: a sample of cleaned sentences from the corpus, and SentencePiece trained on it."""
 from __future__ import annotations
+
+import io
+from typing import Iterable
+
+import sentencepiece as spm
 
 from preprocess import books, sources, text
 from preprocess.config import SourceConfig
 from preprocess.hashing import rng_for
 from preprocess.records import RawDocument
+from preprocess.tokenizer import SPECIAL_TOKENS, SentencePieceTokenizer
+
+_MIN_SENTENCEPIECE_VOCAB = len(SPECIAL_TOKENS) + 256 + 1  # specials + byte-fallback pieces + one more
 
 
 def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_sentences: int, seed: int) -> list[str]:
@@ -27,3 +35,57 @@ def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_senten
                     if slot < max_sentences:
                         reservoir[slot] = sentence
     return reservoir
+
+
+def train_sentencepiece(sentences: Iterable[str], vocab_size: int, output_dir: str, *, lowercase: bool = False,
+                        model_type: str = "unigram", seed: int = 12345, character_coverage: float = 0.9999,
+                        max_sentence_length: int = 16384, input_sentence_size: int = 0,
+                        extra_options: dict | None = None) -> SentencePieceTokenizer:
+    """Trains a SentencePiece model with the BERT special tokens at ids 0-4 and saves it.
+
+    Training runs on one thread with a fixed seed, so the same sentences give the same model bytes.
+
+    Args:
+        sentences: Training text, one sentence per item (blank items are skipped).
+        vocab_size: Number of pieces, including the 5 special tokens and 256 byte-fallback pieces.
+        output_dir: Local directory or URI prefix to save ``spm.model`` and ``tokenizer.json`` into.
+        lowercase: Case-fold text ("nmt_nfkc_cf" normalizer) instead of plain NFKC ("nmt_nfkc").
+        model_type: "unigram" (default) or "bpe".
+        seed: Seeds SentencePiece's generator (used when sampling ``input_sentence_size`` sentences).
+        character_coverage: Share of characters covered by pieces; the rest fall back to bytes.
+        max_sentence_length: Longer sentences (in bytes) are skipped by the trainer.
+        input_sentence_size: Sample at most this many sentences (0: use all).
+        extra_options: More SentencePieceTrainer options, overriding the ones above.
+
+    Returns:
+        The trained tokenizer (already saved to ``output_dir``).
+
+    Raises:
+        ValueError: ``vocab_size`` is too small, or training failed (e.g. too little text for the size).
+    """
+    if vocab_size < _MIN_SENTENCEPIECE_VOCAB:
+        raise ValueError(f"vocab_size must be at least {_MIN_SENTENCEPIECE_VOCAB} (5 special tokens + 256 "
+                         f"byte-fallback pieces + text pieces), got {vocab_size}")
+    options = dict(
+        model_type=model_type, vocab_size=vocab_size,
+        pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
+        # Control symbols (unlike user-defined ones) are never produced from text, so a literal
+        # "[MASK]" in a document cannot turn into the mask id. They take ids 2, 3, 4 in this order.
+        control_symbols=list(SPECIAL_TOKENS[2:]),
+        byte_fallback=True, character_coverage=character_coverage,
+        normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+        max_sentence_length=max_sentence_length, input_sentence_size=input_sentence_size,
+        shuffle_input_sentence=True, num_threads=1, minloglevel=2,
+    )
+    options.update(extra_options or {})
+    spm.set_random_generator_seed(seed)
+    nonblank = (sentence for sentence in sentences if sentence and not sentence.isspace())
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.Train(sentence_iterator=nonblank, model_writer=model, **options)
+    except RuntimeError as error:
+        raise ValueError(f"SentencePiece training failed: {error} (with vocab_size={vocab_size}: if the vocabulary "
+                         f"is too large for the text, lower vocab_size or pass more sentences)") from None
+    tokenizer = SentencePieceTokenizer(model.getvalue(), lowercase=lowercase, source=f"trained for {output_dir}")
+    tokenizer.save(output_dir)
+    return tokenizer

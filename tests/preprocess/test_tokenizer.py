@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from preprocess import tokenizer as tok
+from preprocess import vocab
 from preprocess.records import InputError
 
 SYLLABLES = ["ka", "lo", "mi", "ran", "te", "sto", "vel", "quo", "bri", "na", "dor", "est", "ple", "ux", "zen"]
@@ -36,7 +37,7 @@ def sp_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sp(sentences, sp_dir):
-    return tok.train_sentencepiece(iter(sentences), vocab_size=400, output_dir=sp_dir)
+    return vocab.train_sentencepiece(iter(sentences), vocab_size=400, output_dir=sp_dir)
 
 
 WORDPIECE_VOCAB = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
@@ -102,14 +103,14 @@ def test_sentencepiece_replacement_ids_exclude_specials(sp):
 
 
 def test_sentencepiece_training_is_deterministic(sentences, sp, sp_dir, tmp_path):
-    again = tok.train_sentencepiece(sentences, vocab_size=400, output_dir=str(tmp_path / "again"))
+    again = vocab.train_sentencepiece(sentences, vocab_size=400, output_dir=str(tmp_path / "again"))
     with open(os.path.join(sp_dir, "spm.model"), "rb") as first, open(tmp_path / "again" / "spm.model", "rb") as second:
         assert first.read() == second.read()
     assert again.identity() == sp.identity()
 
 
 def test_sentencepiece_lowercase_model(sentences, tmp_path):
-    lower = tok.train_sentencepiece(sentences[:200], vocab_size=300, output_dir=str(tmp_path), lowercase=True)
+    lower = vocab.train_sentencepiece(sentences[:200], vocab_size=300, output_dir=str(tmp_path), lowercase=True)
     assert lower.lowercase is True and lower.identity()["lowercase"] is True
     assert lower.encode("KALO MITE") == lower.encode("kalo mite")
     assert tok.load_tokenizer(str(tmp_path / "spm.model")).lowercase is True
@@ -128,8 +129,8 @@ def test_sentencepiece_save_load_round_trip(sp, sp_dir, sentences):
         assert loaded.encode_batch(sentences[:50]) == sp.encode_batch(sentences[:50])
 
 
-def test_remote_uri_branch_reads_through_smart_open(sp, sp_dir, monkeypatch, tmp_path):
-    # Force the object-store code path (no exists/isdir checks) while smart_open reads file:// URIs.
+def test_remote_uri_branch_reads_file_uris(sp, sp_dir, monkeypatch, tmp_path):
+    # Force the object-store code path (no exists/isdir checks); storage.open_file reads the file:// URIs.
     monkeypatch.setattr(tok, "_local_path", lambda path: None)
     assert tok.load_tokenizer("file://" + sp_dir).identity() == sp.identity()
     assert tok.load_tokenizer("file://" + sp_dir + "/spm.model").identity() == sp.identity()
@@ -144,6 +145,14 @@ def test_sentencepiece_pickle_round_trip(sp, sentences):
     assert np.array_equal(clone.is_continuation, sp.is_continuation)
 
 
+def test_sentencepiece_batches_give_the_same_ids_one_text_at_a_time(sp, sentences, monkeypatch):
+    assert sp._encode_one is not None  # sentencepiece 0.2.2, as pinned; other versions fall back to Encode(list)
+    expected = [sp._sp.Encode(s, out_type=int) for s in sentences[:40]]
+    assert sp.encode_batch(sentences[:40]) == expected
+    monkeypatch.setattr(sp, "_encode_one", None)
+    assert sp.encode_batch(sentences[:40]) == expected
+
+
 def test_encode_batch_matches_encode(sp, sentences, wp_path):
     wordpiece = tok.load_tokenizer(wp_path)
     for tokenizer in (sp, wordpiece):
@@ -154,9 +163,9 @@ def test_encode_batch_matches_encode(sp, sentences, wp_path):
 
 def test_train_rejects_too_small_vocab(sentences, tmp_path):
     with pytest.raises(ValueError, match="at least"):
-        tok.train_sentencepiece(sentences, vocab_size=100, output_dir=str(tmp_path))
+        vocab.train_sentencepiece(sentences, vocab_size=100, output_dir=str(tmp_path))
     with pytest.raises(ValueError, match="lower vocab_size"):
-        tok.train_sentencepiece(["ab ab."] * 10, vocab_size=5000, output_dir=str(tmp_path))
+        vocab.train_sentencepiece(["ab ab."] * 10, vocab_size=5000, output_dir=str(tmp_path))
 
 
 # WordPiece.

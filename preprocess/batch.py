@@ -24,9 +24,13 @@ STREAM_B_START, STREAM_TRIM_A, STREAM_TRIM_B, STREAM_POSITIONS, STREAM_DECISION,
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
+    """splitmix64's finaliser, in place: every caller passes a fresh array (fewer temporaries of its size)."""
+    z ^= z >> np.uint64(30)
+    z *= _MIX1
+    z ^= z >> np.uint64(27)
+    z *= _MIX2
+    z ^= z >> np.uint64(31)
+    return z
 
 
 def random_bits(keys: np.ndarray, stream: int, counters: np.ndarray) -> np.ndarray:
@@ -112,8 +116,6 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
         keys: uint64 per instance; all of its randomness derives from it.
     """
     dtype = pool.dtype
-    pool = np.concatenate([pool, np.asarray([vocab.cls_id, vocab.sep_id], dtype=dtype)])
-    cls_index, sep_index = len(pool) - 2, len(pool) - 1
     a0, a1 = a_ranges[:, 0].astype(np.int64), a_ranges[:, 1].astype(np.int64)
     b0, b1 = b_ranges[:, 0].astype(np.int64), b_ranges[:, 1].astype(np.int64)
     trim_a, trim_b = truncation_counts(a1 - a0, b1 - b0, cfg.max_seq_length - 3)
@@ -124,65 +126,74 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
     if (len_a < 1).any() or (len_b < 1).any():
         raise ValueError("empty segment: documents must not contain empty sentences")
     lengths = len_a + len_b + 3
-    row_starts = np.cumsum(lengths) - lengths
-    source = np.empty(int(lengths.sum()), np.int64)
-    source[row_starts] = cls_index
-    source[ragged_arange(row_starts + 1, len_a)] = ragged_arange(a0, len_a)
-    source[row_starts + 1 + len_a] = sep_index
-    source[ragged_arange(row_starts + 2 + len_a, len_b)] = ragged_arange(b0, len_b)
-    source[row_starts + lengths - 1] = sep_index
-    tokens = pool[source]
+    # Rows as a dense (n, width) matrix: a few whole-matrix passes instead of ragged gathers and scatters.
+    # Column c of a row reads A's token c-1 up to [SEP], then B's; the cells past the row's end read the pool's
+    # zero padding (never used), and [CLS]/[SEP] are written over their columns.
+    width = int(lengths.max())
+    cols = np.arange(width)[None, :]
+    rows = np.arange(len(lengths))
+    pool = np.concatenate([pool, np.zeros(width + 1, dtype=dtype)])
+    tokens = pool[np.where(cols <= len_a[:, None], (a0 - 1)[:, None], (b0 - len_a - 2)[:, None]) + cols]
+    valid = cols < lengths[:, None]
+    separators = [(rows, len_a + 1), (rows, lengths - 1)]
+    tokens[:, 0] = vocab.cls_id
+    for columns in separators:
+        tokens[columns] = vocab.sep_id
 
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    cols = np.arange(len(tokens)) - np.repeat(row_starts, lengths)
     never_mask = np.zeros(len(vocab.is_continuation), dtype=bool)
     never_mask[list(vocab.never_mask_ids)] = True
-    candidate = ~never_mask[tokens]
-    candidate[row_starts] = False
-    candidate[row_starts + 1 + len_a] = False
-    candidate[row_starts + lengths - 1] = False
+    candidate = valid & ~never_mask[tokens]
+    candidate[:, 0] = False
+    for columns in separators:
+        candidate[columns] = False
     num_to_predict = np.minimum(cfg.max_predictions_per_seq,
                                 np.maximum(1, np.rint(lengths * cfg.masked_lm_prob).astype(np.int64)))
-    chosen = (_choose_whole_words(tokens, candidate, rows, cols, row_starts, lengths, num_to_predict, keys, vocab)
-              if cfg.whole_word_mask else _choose_positions(candidate, rows, cols, lengths, num_to_predict, keys))
+    if cfg.whole_word_mask:
+        rows_flat, cols_flat = np.nonzero(valid)
+        row_starts = np.cumsum(lengths) - lengths
+        chosen = np.zeros_like(valid)
+        chosen[valid] = _choose_whole_words(tokens[valid], candidate[valid], rows_flat, cols_flat, row_starts,
+                                            lengths, num_to_predict, keys, vocab)
+    else:
+        chosen = _choose_positions(candidate, num_to_predict, keys)
 
-    chosen_flat = np.flatnonzero(chosen)
-    chosen_rows, chosen_cols = rows[chosen_flat], cols[chosen_flat]
-    labels = tokens[chosen_flat].copy()
+    chosen_rows, chosen_cols = np.nonzero(chosen)  # row-major: ascending columns within a row
+    labels = tokens[chosen_rows, chosen_cols]
     decision = _uniform(row_random_bits(keys, STREAM_DECISION, chosen_rows, chosen_cols))
     replacement = vocab.replacement_ids[(_uniform(row_random_bits(keys, STREAM_REPLACEMENT, chosen_rows, chosen_cols))
                                          * len(vocab.replacement_ids)).astype(np.int64)]
     shown = np.where(decision < 0.8, vocab.mask_id, np.where(decision < 0.9, labels, replacement))
-    tokens[chosen_flat] = shown.astype(dtype)
+    tokens[chosen_rows, chosen_cols] = shown.astype(dtype)
     return FinalizedBatch(
-        input_ids=tokens, lengths=lengths, segment_a_len=len_a + 2, masked_positions=chosen_cols,
+        input_ids=tokens[valid], lengths=lengths, segment_a_len=len_a + 2, masked_positions=chosen_cols,
         masked_counts=np.bincount(chosen_rows, minlength=len(lengths)), masked_labels=labels,
         truncated=(trim_a + trim_b) > 0)
 
 
-def _choose_positions(candidate, rows, cols, lengths, num_to_predict, keys) -> np.ndarray:
-    """Uniformly random positions without replacement: the candidates with the smallest random keys.
+def _choose_positions(candidate: np.ndarray, num_to_predict: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Uniformly random positions without replacement: per row, the candidates with the smallest random keys.
 
     A position's key is its 53-bit random number (the double ``random_uniform`` would give, scaled) with the
     column in the low bits, so keys are unique within a row and order as a stable sort of the doubles would.
     Each row's ``take`` smallest keys are found by a partial sort of its few smallest, not a sort of the row.
+
+    Args:
+        candidate: (rows, width) bool, the positions that may be chosen.
     """
-    width = int(lengths.max())
+    rows, width = candidate.shape
+    cols = np.arange(width, dtype=np.uint64)[None, :]
     col_bits = max(1, width - 1).bit_length()
-    bits = row_random_bits(keys, STREAM_POSITIONS, rows, cols)
-    score = ((bits >> np.uint64(11)) << np.uint64(col_bits)) | cols.astype(np.uint64)
+    bits = _bits_from_base(_stream_base(keys, STREAM_POSITIONS)[:, None], cols)
     never = np.uint64(0xFFFFFFFFFFFFFFFF)
-    matrix = np.full((len(lengths), width), never, np.uint64)
-    matrix[rows, cols] = np.where(candidate, score, never)
-    available = np.bincount(rows[candidate], minlength=len(lengths))
-    take = np.minimum(num_to_predict, available)
+    score = np.where(candidate, ((bits >> np.uint64(11)) << np.uint64(col_bits)) | cols, never)
+    take = np.minimum(num_to_predict, candidate.sum(axis=1))
     most = int(take.max(initial=0))
     if most == 0:
-        return np.zeros(len(rows), bool)
-    smallest = np.partition(matrix, most - 1, axis=1)[:, :most] if most < width else matrix
+        return np.zeros_like(candidate)
+    smallest = np.partition(score, most - 1, axis=1)[:, :most] if most < width else score.copy()
     smallest.sort(axis=1)
-    threshold = smallest[np.arange(len(lengths)), np.maximum(take - 1, 0)]
-    return (score <= threshold[rows]) & candidate & (take[rows] > 0)
+    threshold = smallest[np.arange(rows), np.maximum(take - 1, 0)]
+    return (score <= threshold[:, None]) & candidate & (take > 0)[:, None]
 
 
 def _choose_whole_words(tokens, candidate, rows, cols, row_starts, lengths, num_to_predict, keys, vocab):

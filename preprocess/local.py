@@ -31,6 +31,17 @@ def wants_local_pool(beam_args: list[str]) -> int:
     return workers if workers > 1 and mode == "multi_processing" else 0
 
 
+def runs_in_one_worker(beam_args: list[str]) -> bool:
+    """True when Beam's DirectRunner runs the pipeline in this process alone (its in-memory mode, the default)."""
+    args = " ".join(beam_args).replace("=", " ").split()
+    runner = args[args.index("--runner") + 1] if "--runner" in args else "DirectRunner"
+    if runner.rsplit(".", 1)[-1] not in ("DirectRunner", "direct"):
+        return False
+    workers = int(args[args.index("--direct_num_workers") + 1]) if "--direct_num_workers" in args else 1
+    mode = args[args.index("--direct_running_mode") + 1] if "--direct_running_mode" in args else "in_memory"
+    return workers == 1 or mode == "in_memory"
+
+
 def in_memory_args(beam_args: list[str]) -> list[str]:
     """The user's options without the ones that ask for Beam's own worker processes."""
     drop = {"--direct_num_workers", "--direct_running_mode", "--runner"}

@@ -278,15 +278,18 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
     out_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, {
         "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]})
 
+    spread = not local.runs_in_one_worker(beam_args)
+
     def documents(part):
-        return transforms.BuildDocumentStore(cfg.sources, tokenizer_uri, bucket_bits, work, part, tok.vocab_size)
+        return transforms.BuildDocumentStore(cfg.sources, tokenizer_uri, bucket_bits, work, part, tok.vocab_size,
+                                             spread=spread)
 
     def instances(part):
         return transforms.CreateInstances(tokenizer_uri, work, cfg.instances, cfg.seed, part, tok.vocab_size,
-                                          tok.mask_id, provenance=cfg.output.provenance)
+                                          tok.mask_id, spread=spread, provenance=cfg.output.provenance)
 
-    index = stages.IndexCorpus(work, num_buckets, cfg.instances)
-    write_shards = stages.WriteShards(work, staging, cfg.output, out_schema)
+    index = stages.IndexCorpus(work, num_buckets, cfg.instances, spread=spread)
+    write_shards = stages.WriteShards(work, staging, cfg.output, out_schema, spread=spread)
     pool_workers = local.wants_local_pool(beam_args)
     steps = 4 if pool_workers else 1 if cfg.parts == 1 else len(file_parts) + cfg.parts + 2
     show = progress if progress is not None else sys.stderr.isatty()

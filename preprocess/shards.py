@@ -3,8 +3,9 @@
 Every instance carries a 128-bit shuffle key derived from (seed, document, duplicate, index). The
 global order of the dataset is the key order, so shard ``s`` of ``S`` holds the rows ranked
 ``[s*R//S, (s+1)*R//S)``: shards are equal to within one row, and every shard is a uniformly
-random sample of the corpus in random order. Pieces are key-range groups written sorted, so a
-shard is assembled from the few groups that overlap its rank range with bounded memory.
+random sample of the corpus in random order. Pieces are the rows of one key-range group from one
+part, so a shard is assembled from the few groups that overlap its rank range (each sorted by key
+as it is read) with bounded memory.
 """
 from __future__ import annotations
 

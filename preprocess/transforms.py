@@ -125,8 +125,8 @@ class CleanAndTokenize(_UsesTokenizer):
             return
         self._documents.inc()
         dtype = schema.token_numpy_dtype(self.tokenizer.vocab_size)
-        tokens = np.concatenate([np.asarray(ids, dtype=dtype) for ids in encoded])
-        lengths = np.asarray([len(ids) for ids in encoded], dtype=np.uint32)
+        lengths = np.fromiter(map(len, encoded), np.uint32, len(encoded))
+        tokens = np.fromiter(itertools.chain.from_iterable(encoded), dtype, int(lengths.sum()))
         yield bucket, ("doc", (document_hash(element.doc_id), element.doc_id, element.source,
                                tokens.tobytes(), lengths.tobytes()))
 
@@ -323,14 +323,18 @@ class ResolveRandomNext(_BuildsInstances):
 
 
 class WritePieceGroup(beam.DoFn):
-    """(group, [record batches]) -> pieces/gNNNNNN/pPPPP.arrow (sorted by key) + .json (rows, statistics)."""
+    """(group, [record batches]) -> pieces/gNNNNNN/pPPPP.arrow + .json (rows, statistics).
+
+    The rows stay in the order they arrived: the shard that reads the group sorts it by key anyway (with the
+    other parts' pieces), which also gives the shard a layout that does not depend on the order here.
+    """
 
     def __init__(self, work: str, part: int, vocab_size: int, mask_id: int):
         self._work, self._part, self._vocab_size, self._mask_id = work, part, vocab_size, mask_id
 
     def process(self, element):
         group, batches = element
-        table = shards.sort_by_key(pa.concat_tables([shards.from_ipc(b) for b in batches]))
+        table = pa.concat_tables([shards.from_ipc(b) for b in batches])
         uri = shards.piece_uri(self._work, group, self._part)
         docstore.write_table(uri, table)
         storage.write_json(uri[:-len(".arrow")] + ".json",

@@ -11,6 +11,17 @@ def test_pool_only_for_local_multi_processing():
                                    "--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]) == 0
 
 
+def test_one_worker_in_this_process_only_for_the_in_memory_direct_runner():
+    assert local.runs_in_one_worker([])
+    assert local.runs_in_one_worker(["--direct_num_workers", "1"])
+    assert local.runs_in_one_worker(["--runner=apache_beam.runners.direct.direct_runner.DirectRunner"])
+    assert local.runs_in_one_worker(["--direct_num_workers", "2"])  # in-memory mode: still one worker
+    assert not local.runs_in_one_worker(["--direct_num_workers", "2", "--direct_running_mode", "multi_threading"])
+    assert not local.runs_in_one_worker(["--direct_num_workers=2", "--direct_running_mode=multi_processing"])
+    assert not local.runs_in_one_worker(["--runner", "apache_beam.runners.dask.dask_runner.DaskRunner"])
+    assert not local.runs_in_one_worker(["--runner", "DataflowRunner"])
+
+
 def test_in_memory_args_drop_the_worker_options_only():
     args = ["--direct_num_workers", "2", "--direct_running_mode=multi_processing", "--runner", "DirectRunner",
             "--default_sdk_harness_log_level=INFO"]

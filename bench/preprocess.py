@@ -6,7 +6,8 @@
 Measures, on this machine (3.5 to 7 minutes on 2 cores; --quick: one repetition, about 1.5 minutes):
 
 1. Irreducible work: decompress + XML parse + wikitext/book cleaning + sentence split + tokenize of
-   the inputs, in this process, without Beam (``time.process_time``).
+   the inputs, done standalone by ``bench/irreducible.py`` (no Beam) in a child process whose whole CPU
+   is counted, as the pipeline's is; its report also gives the CPU of the work alone.
 2. End to end: ``python -m preprocess run`` with the phase-1 config, in-memory (``--direct_num_workers
    1``) and with two worker processes (``--direct_num_workers 2 --direct_running_mode
    multi_processing``): wall time, CPU time of the whole process tree (``os.wait4``: the CPU of every
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import bz2
 import datetime
-import gc
 import glob
 import hashlib
 import importlib.metadata
@@ -356,7 +356,8 @@ def _cpu_check(r: dict) -> str:
 
 def startup_cost(log: Path) -> dict:
     """CPU of starting the CLI's interpreter with the pipeline modules imported (paid once per run)."""
-    code = "import preprocess.cli, preprocess.pipeline, preprocess.transforms, preprocess.tokenizer"
+    # As `python -m preprocess run` imports them for a local run.
+    code = "from preprocess import cli; cli.load_pipeline_modules([]); import preprocess.transforms, preprocess.tokenizer"
     driver = run_measured([sys.executable, "-c", code], log)
     worker = run_measured([sys.executable, "-c", "import apache_beam.runners.worker.sdk_worker_main, "
                            "preprocess.transforms, preprocess.tokenizer"], log.with_name(log.stem + "-worker.log"))
@@ -367,51 +368,17 @@ def startup_cost(log: Path) -> dict:
 # --------------------------------------------------------------------------------------------------
 # Irreducible work
 
-def irreducible(inputs: dict, tokenizer: Path) -> dict:
-    """Read + clean + split + tokenize every input file in this process, timed per phase."""
-    from preprocess import books, config, sources, text
-    from preprocess.records import Rejected
-    from preprocess.tokenizer import load_tokenizer
-
-    cfg = config.load(REPO / CONFIG).sources
-    tok = load_tokenizer(str(tokenizer))
-    clock = time.process_time
-    read_s = clean_s = tok_s = 0.0
-    documents = sentences = tokens = rejected = 0
-    files = [("wiki", u) for u in inputs["wiki"]] + [("book", u) for u in inputs["books"]]
-    gc.collect()
-    wall0, cpu0 = time.perf_counter(), clock()
-    for kind, uri in files:
-        reader = (sources.iter_wikipedia if kind == "wiki" else books.iter_book)(uri, cfg)
-        while True:
-            t0 = clock()
-            raw = next(reader, None)
-            t1 = clock()
-            read_s += t1 - t0
-            if raw is None:
-                break
-            if isinstance(raw, Rejected):
-                rejected += 1
-                continue
-            doc = text.to_document(raw, cfg)
-            t2 = clock()
-            clean_s += t2 - t1
-            if isinstance(doc, Rejected):
-                rejected += 1
-                continue
-            # As the pipeline's CleanAndTokenize: empty encodings dropped, short documents skipped.
-            encoded = [ids for ids in tok.encode_batch(list(doc.sentences)) if ids]
-            tok_s += clock() - t2
-            if len(encoded) < cfg.min_document_sentences:
-                rejected += 1
-                continue
-            documents += 1
-            sentences += len(encoded)
-            tokens += sum(len(ids) for ids in encoded)
-    cpu, wall = clock() - cpu0, time.perf_counter() - wall0
-    return {"cpu_s": round(cpu, 3), "wall_s": round(wall, 3), "read_cpu_s": round(read_s, 3),
-            "clean_split_cpu_s": round(clean_s, 3), "tokenize_cpu_s": round(tok_s, 3),
-            "documents": documents, "sentences": sentences, "corpus_tokens": tokens, "rejected": rejected}
+def irreducible(inputs: dict, tokenizer: Path, log: Path) -> dict:
+    """The irreducible work done standalone: ``bench/irreducible.py`` as a child process (interpreter, the imports
+    the work needs, tokenizer load, read + clean + split + tokenize), measured like the pipeline's process tree.
+    Its own report splits off the CPU of the work itself (``work_cpu_s``) and its phases."""
+    cmd = [sys.executable, str(REPO / "bench" / "irreducible.py"), "--config", str(REPO / CONFIG),
+           "--tokenizer", str(tokenizer), "--wiki", *inputs["wiki"], "--books", *inputs["books"]]
+    run = run_measured(cmd, log)
+    work = json.loads([line for line in log.read_text().splitlines() if line.startswith("{")][-1])
+    return {"cpu_s": run["cpu_s"], "wall_s": run["wall_s"], **work,
+            "startup_cpu_s": round(run["cpu_s"] - work["work_cpu_s"], 3),
+            "foreign_load_cores": run["foreign_load_cores"]}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -653,10 +620,10 @@ def diagnose(inputs, x4, tokenizer, work, modes, mem_runs, irr, say) -> dict:
         + diagnostics["stages_workers_1"]["driver_outside_beam_cpu_s"]
     diagnostics["derived"] = {
         "documents_stage_cpu_over_irreducible_workers_1":
-            round(st1["documents"]["cpu_s"] / irr["cpu_s"], 3) if separate else None,
+            round(st1["documents"]["cpu_s"] / irr["work_cpu_s"], 3) if separate else None,
         "instances_stage_cpu_over_irreducible_workers_1":
-            round(st1["instances"]["cpu_s"] / irr["cpu_s"], 3) if separate else None,
-        "cpu_ratio_workers_1_if_instances_were_free": round(non_instance / irr["cpu_s"], 3) if separate else None,
+            round(st1["instances"]["cpu_s"] / irr["work_cpu_s"], 3) if separate else None,
+        "cpu_ratio_workers_1_if_instances_were_free": round(non_instance / irr["work_cpu_s"], 3) if separate else None,
         "note": "the irreducible work excludes building the BERT instances (masking, NSP pairs), which the "
                 "pipeline must do; these ratios separate that from the overhead on the same work",
     }
@@ -725,24 +692,24 @@ def main(argv=None) -> int:
     tokenizer, tok_info = prepare_tokenizer(inputs, work)
     say(f"tokenizer {'reused' if tok_info['reused'] else 'trained'}: {tokenizer}")
 
-    # 1. Irreducible work (before any sampler thread exists in this process).
+    # 1. Irreducible work, done standalone by a child process.
     irr_runs = []
-    for _ in range(reps):
+    for rep in range(reps):
         load_before = wait_for_quiet(min(QUIET_WAIT, QUIET_BUDGET[0]))
-        busy0 = _busy_cpu()
-        r = irreducible(inputs, tokenizer)
-        r["foreign_load_cores"] = round(max(0.0, _busy_cpu() - busy0 - r["cpu_s"]) / r["wall_s"], 3)
+        r = irreducible(inputs, tokenizer, logs / f"irreducible-{rep}.log")
         r["foreign_load_before_cores"] = load_before
         irr_runs.append(r)
     irr = dict(irr_runs[0])
-    for key in ("cpu_s", "wall_s", "read_cpu_s", "clean_split_cpu_s", "tokenize_cpu_s"):
+    for key in ("cpu_s", "wall_s", "work_cpu_s", "work_wall_s", "startup_cpu_s", "read_cpu_s", "clean_split_cpu_s",
+                "tokenize_cpu_s"):
         irr[key] = _median(irr_runs, key)
     irr["cpu_s_runs"] = [r["cpu_s"] for r in irr_runs]
     irr["foreign_load_cores_runs"] = [r["foreign_load_cores"] for r in irr_runs]
     irr.pop("foreign_load_cores")
     irr.pop("foreign_load_before_cores")
-    say(f"irreducible: {irr['cpu_s']:.2f} CPU-s (read {irr['read_cpu_s']:.2f}, clean+split "
-        f"{irr['clean_split_cpu_s']:.2f}, tokenize {irr['tokenize_cpu_s']:.2f}), {irr['corpus_tokens']:,} tokens")
+    say(f"irreducible, standalone: {irr['cpu_s']:.2f} CPU-s = start-up {irr['startup_cpu_s']:.2f} + work "
+        f"{irr['work_cpu_s']:.2f} (read {irr['read_cpu_s']:.2f}, clean+split {irr['clean_split_cpu_s']:.2f}, "
+        f"tokenize {irr['tokenize_cpu_s']:.2f}), {irr['corpus_tokens']:,} tokens")
 
     startup = startup_cost(logs / "startup.log")
     say(f"startup: driver imports {startup['driver_import_cpu_s']:.2f} CPU-s, "
@@ -774,8 +741,10 @@ def main(argv=None) -> int:
             "corpus_tokens_per_cpu_s": round(tokens / cpu, 1),
             "corpus_tokens_per_wall_s": round(tokens / wall, 1),
             "cpu_ratio_vs_irreducible": round(cpu / irr["cpu_s"], 3),
-            "cpu_ratio_vs_irreducible_excluding_driver_startup": round(
-                (cpu - startup["driver_import_cpu_s"]) / irr["cpu_s"], 3),
+            # The work alone, without the standalone program's start-up; and the pipeline without its own.
+            "cpu_ratio_vs_irreducible_work_only": round(cpu / irr["work_cpu_s"], 3),
+            "cpu_ratio_excluding_both_startups": round(
+                (cpu - startup["driver_import_cpu_s"]) / irr["work_cpu_s"], 3),
             "peak_tree_rss_bytes": int(statistics.median(r["peak_tree_rss_bytes"] for r in rs)),  # all runs
             "ru_maxrss_bytes": max(r["ru_maxrss_bytes"] for r in rs),
             "foreign_load_cores_runs": [r["foreign_load_cores"] for r in rs],
@@ -872,8 +841,10 @@ def main(argv=None) -> int:
             "instance_tokens": e2e["workers_1"]["runs"][0]["instance_tokens"],
         },
         "method": {
-            "irreducible": "this process, time.process_time around sources.iter_wikipedia or books.iter_book + "
-                           "text.to_document + tokenizer.encode_batch over every input file; median of the repetitions",
+            "irreducible": "bench/irreducible.py as a child process, measured like the pipeline (os.wait4 rusage): "
+                           "interpreter, the imports the work needs, tokenizer load, then sources.iter_wikipedia or "
+                           "books.iter_book + text.to_document + tokenizer.encode_batch over every input file "
+                           "(work_cpu_s: time.process_time around that loop alone); median of the repetitions",
             "pipeline_cpu": "os.wait4 rusage of the `python -m preprocess run` child: user+system CPU of it and "
                             "every descendant it reaped (Beam's worker subprocesses are waited for by the runner); "
                             "cross-checked against a psutil sample of the tree every "
@@ -905,7 +876,8 @@ def main(argv=None) -> int:
     print(f"Preprocess benchmark, {machine['slug']} ({machine['cpu_model']}), {results['mode']}, {reps} rep(s)")
     print(f"  input: {results['input']['file_count']} files, {_mib(results['input']['bytes'])} MiB, "
           f"{w1['corpus_tokens']:,} corpus tokens, {results['input']['documents_used']} documents")
-    print(f"  irreducible: {irr['cpu_s']:.2f} CPU-s = {irr['corpus_tokens'] / irr['cpu_s']:,.0f} tokens/CPU-s")
+    print(f"  irreducible, standalone: {irr['cpu_s']:.2f} CPU-s = {irr['corpus_tokens'] / irr['cpu_s']:,.0f} "
+          f"tokens/CPU-s (the work alone: {irr['work_cpu_s']:.2f} CPU-s)")
     print(f"  1 worker (in-memory): wall {w1['wall_s']:.2f} s, CPU {w1['cpu_s']:.2f} s = "
           f"{w1['corpus_tokens_per_cpu_s']:,.0f} tokens/CPU-s, ratio {ratio_1:.2f} [{ok('cpu_ratio_workers_1')} <= 1.5]")
     print(f"  2 workers (multi_processing): wall {w2['wall_s']:.2f} s, CPU {w2['cpu_s']:.2f} s = "

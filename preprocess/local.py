@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import apache_beam as beam
 
-from preprocess import docstore, dumpsplit, shards, stages, storage, transforms
+from preprocess import docstore, dumpsplit, handoff, shards, stages, storage, transforms
 
 
 def wants_local_pool(beam_args: list[str]) -> int:
@@ -108,7 +108,10 @@ def _run(options_args, build) -> None:
 
     pipeline = beam.Pipeline(options=beam_options(options_args))
     build(pipeline)
-    pipeline.run().wait_until_finish()
+    try:
+        pipeline.run().wait_until_finish()
+    finally:
+        handoff.clear()  # payloads a failed pipeline left behind
 
 
 _claimed = None  # the pool's shared count of claimed document units (set in each worker by _init_worker)
@@ -154,7 +157,8 @@ def _documents_task(task) -> None:
 def _instances_task(task) -> None:
     options_args, buckets, tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id, provenance = task
     _run(options_args, lambda p: p | "Buckets" >> beam.Create(buckets, reshuffle=False) | transforms.CreateInstances(
-        tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id, spread=False, provenance=provenance))
+        tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id, spread=False, provenance=provenance,
+        by_reference=True))
 
 
 def _count_task(task) -> list[tuple]:

@@ -27,7 +27,7 @@ import uuid
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from preprocess import configlib, local, schema, shards, sources, stages, storage, transforms
+from preprocess import configlib, handoff, local, schema, shards, sources, stages, storage, transforms
 from preprocess.config import PreprocessConfig
 from preprocess.records import InputError
 
@@ -142,8 +142,11 @@ class WorkerLog:
 def run_beam(options: PipelineOptions, log: WorkerLog, build) -> None:
     pipeline = beam.Pipeline(options=options)
     build(pipeline)
-    with log:
-        pipeline.run().wait_until_finish()
+    try:
+        with log:
+            pipeline.run().wait_until_finish()
+    finally:
+        handoff.clear()  # payloads a failed pipeline left behind
 
 
 def staging_for(output: str) -> str:
@@ -286,7 +289,8 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
 
     def instances(part):
         return transforms.CreateInstances(tokenizer_uri, work, cfg.instances, cfg.seed, part, tok.vocab_size,
-                                          tok.mask_id, spread=spread, provenance=cfg.output.provenance)
+                                          tok.mask_id, spread=spread, provenance=cfg.output.provenance,
+                                          by_reference=not spread)
 
     index = stages.IndexCorpus(work, num_buckets, cfg.instances, spread=spread)
     write_shards = stages.WriteShards(work, staging, cfg.output, out_schema, spread=spread)

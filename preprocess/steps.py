@@ -79,7 +79,8 @@ def run_step(cfg: PreprocessConfig, *, step: str | None, part: int | None, wikip
     staging = _staging(output)
     work = storage.join(staging, "_work")
     _claim(work, cfg, sized, tok, bucket_bits)
-    run = _Run(cfg, options, log, sized, tok, bucket_bits, staging, work, output)
+    run = _Run(cfg, options, log, sized, tok, bucket_bits, staging, work, output,
+               one_process=local.runs_in_one_worker(list(beam_args)))
     if step == "documents":
         return run.documents(part)
     if step == "instances":
@@ -133,9 +134,11 @@ def marker(work: str, step: str, part: int) -> str:
 
 class _Run:
     def __init__(self, cfg, options: PipelineOptions, log: WorkerLog, sized, tok, bucket_bits, staging, work,
-                 output):
+                 output, one_process: bool = False):
         self.cfg, self.options, self.log, self.sized, self.tok = cfg, options, log, sized, tok
         self.bucket_bits, self.staging, self.work, self.output = bucket_bits, staging, work, output
+        # Beam runs each step's pipeline in this process: nothing to spread, payloads handed by reference.
+        self.spread = not one_process
 
     def _tokenizer_copy(self, name: str) -> str:
         """A private copy for this process's workers: parts never write the same file at once."""
@@ -157,7 +160,7 @@ class _Run:
         if files:
             tokenizer_uri = self._tokenizer_copy(f"documents-p{part:04d}")
             build = transforms.BuildDocumentStore(self.cfg.sources, tokenizer_uri, self.bucket_bits, self.work, part,
-                                                  self.tok.vocab_size)
+                                                  self.tok.vocab_size, spread=self.spread)
             self._beam(lambda p: p | "Files" >> beam.Create(files, reshuffle=False) | build)
         metas = [meta for uri, meta in stages.read_metas(storage.join(self.work, "docs")).items()
                  if uri.replace("\\", "/").endswith(f"/p{part:04d}.json")]
@@ -175,7 +178,7 @@ class _Run:
         num_buckets = 1 << self.bucket_bits
         if not storage.exists(storage.join(self.work, transforms.INDEX_NAME)):
             # Whichever part gets here first builds it; all compute the same bytes, written atomically.
-            index = stages.IndexCorpus(self.work, num_buckets, self.cfg.instances)
+            index = stages.IndexCorpus(self.work, num_buckets, self.cfg.instances, spread=self.spread)
             self._beam(lambda p: p | "Start" >> beam.Create([None]) | index)
         counts = storage.read_json(storage.join(self.work, transforms.INDEX_NAME))["counts"]
         non_empty = {bucket for bucket, count, _ in counts if count}
@@ -184,8 +187,8 @@ class _Run:
         if buckets:
             tokenizer_uri = self._tokenizer_copy(f"instances-p{part:04d}")
             create = transforms.CreateInstances(tokenizer_uri, self.work, self.cfg.instances, self.cfg.seed, part,
-                                                self.tok.vocab_size, self.tok.mask_id,
-                                                provenance=self.cfg.output.provenance)
+                                                self.tok.vocab_size, self.tok.mask_id, spread=self.spread,
+                                                provenance=self.cfg.output.provenance, by_reference=not self.spread)
             self._beam(lambda p: p | "Buckets" >> beam.Create(buckets, reshuffle=False) | create)
         rows = sum(meta["rows"] for uri, meta in stages.read_metas(storage.join(self.work, "pieces")).items()
                    if uri.replace("\\", "/").endswith(f"/p{part:04d}.json"))
@@ -202,7 +205,7 @@ class _Run:
         self.tok.save(tokenizer_uri)
         out_schema = schema.instance_schema(self.tok.vocab_size, self.cfg.output.provenance, {
             "max_seq_length": self.cfg.instances.max_seq_length, "vocab_sha256": self.tok.identity()["vocab_sha256"]})
-        write_shards = stages.WriteShards(self.work, self.staging, self.cfg.output, out_schema)
+        write_shards = stages.WriteShards(self.work, self.staging, self.cfg.output, out_schema, spread=self.spread)
         # A finish that died midway left no manifest, so nothing looks complete; running it again redoes the shards.
         self._beam(lambda p: p | "Start" >> beam.Create([None]) | write_shards)
         return publish_dataset(self.cfg, self.tok, self.sized, self.bucket_bits, self.work, self.staging, self.output,

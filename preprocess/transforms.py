@@ -15,7 +15,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 
-from preprocess import books, docstore, dumpsplit, schema, shards, sources, storage, text
+from preprocess import books, docstore, dumpsplit, handoff, schema, shards, sources, storage, text
 from preprocess.config import InstanceConfig, SourceConfig
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
 from preprocess.hashing import document_hash, rng_for
@@ -170,12 +170,15 @@ class _BuildsInstances(_UsesTokenizer):
     """Reads the corpus index (written by the index stage) on first use, when it is sure to exist.
 
     With ``provenance`` the instances carry the ids of their source documents (doc_a, doc_b); without it no
-    document id is copied, sent or written: the output would drop them.
+    document id is copied, sent or written: the output would drop them. With ``by_reference`` the batches and
+    requests cross the GroupByKeys as ``preprocess.handoff`` references (one-process runners only).
     """
 
-    def __init__(self, tokenizer_uri: str, work: str, cfg: InstanceConfig, seed: int, provenance: bool = True):
+    def __init__(self, tokenizer_uri: str, work: str, cfg: InstanceConfig, seed: int, provenance: bool = True,
+                 by_reference: bool = False):
         super().__init__(tokenizer_uri)
         self._work, self._cfg, self._seed, self._provenance = work, cfg, seed, provenance
+        self._by_reference = by_reference
         self._index = None
         self._instances = Metrics.counter("preprocess", "instances")
 
@@ -214,7 +217,9 @@ class _BuildsInstances(_UsesTokenizer):
         self._instances.inc(table.num_rows)
         bounds = np.flatnonzero(np.diff(groups)) + 1  # rows come ordered by group (_by_group)
         for start, end in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(groups)]])):
-            yield int(groups[start]), shards.to_ipc(table.slice(int(start), int(end - start)))
+            batch = table.slice(int(start), int(end - start))
+            yield int(groups[start]), handoff.send(batch if self._by_reference else shards.to_ipc(batch),
+                                                   self._by_reference)
 
 
 class PlanAndBuildInstances(_BuildsInstances):
@@ -273,11 +278,12 @@ class PlanAndBuildInstances(_BuildsInstances):
         for bucket in np.unique(target_buckets):
             rows = np.flatnonzero(target_buckets == bucket)
             lengths = a_ranges[rows, 1] - a_ranges[rows, 0]
-            yield "request", (int(bucket), {
+            yield "request", (int(bucket), handoff.send({
                 "doc_a": [loaded.doc_ids[rank] for rank in ranks[rows].tolist()] if self._provenance else None,
                 "keys": keys.take(rows),
                 "targets": targets[rows], "target_b_length": plans[rows, _TARGET_B_LENGTH],
-                "a_tokens": loaded.tokens[ragged_arange(a_ranges[rows, 0], lengths)], "a_lengths": lengths})
+                "a_tokens": loaded.tokens[ragged_arange(a_ranges[rows, 0], lengths)], "a_lengths": lengths},
+                self._by_reference))
 
 
 # Columns of a bucket's plan table (one row of InstancePlan fields per instance).
@@ -291,7 +297,7 @@ class ResolveRandomNext(_BuildsInstances):
         bucket, requests = element
         loaded = docstore.load_bucket(self._work, bucket)
         chunk, rows = [], 0
-        for request in requests:
+        for request in map(handoff.receive, requests):
             chunk.append(request)
             rows += len(request["targets"])
             if rows >= CHUNK_ROWS:
@@ -334,7 +340,8 @@ class WritePieceGroup(beam.DoFn):
 
     def process(self, element):
         group, batches = element
-        table = pa.concat_tables([shards.from_ipc(b) for b in batches])
+        received = (handoff.receive(b) for b in batches)
+        table = pa.concat_tables([b if isinstance(b, pa.Table) else shards.from_ipc(b) for b in received])
         uri = shards.piece_uri(self._work, group, self._part)
         docstore.write_table(uri, table)
         storage.write_json(uri[:-len(".arrow")] + ".json",
@@ -348,12 +355,14 @@ class CreateInstances(beam.PTransform):
     With ``spread`` (the default) the buckets are redistributed over the runner's workers first; without it
     they stay where they are, for a caller that hands each pipeline its own buckets (the local process pool).
     ``provenance``: whether the pieces carry doc_a and doc_b (only a --provenance output needs them).
+    ``by_reference``: for a runner that runs the whole pipeline in this process, the batches and requests cross
+    the GroupByKeys by reference (``preprocess.handoff``) instead of being encoded and copied.
     """
 
     def __init__(self, tokenizer_uri, work, cfg: InstanceConfig, seed, part, vocab_size, mask_id,
-                 spread: bool = True, provenance: bool = True):
+                 spread: bool = True, provenance: bool = True, by_reference: bool = False):
         super().__init__()
-        self._args = (tokenizer_uri, work, cfg, seed, provenance)
+        self._args = (tokenizer_uri, work, cfg, seed, provenance, by_reference)
         self._part, self._vocab_size, self._mask_id, self._work = part, vocab_size, mask_id, work
         self._spread = spread
 

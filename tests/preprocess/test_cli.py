@@ -9,7 +9,8 @@ import pytest
 from preprocess import cli
 from tests.preprocess.conftest import REPO_ROOT, SAMPLES
 
-CLIENTS = ("pymongo", "boto3", "botocore", "google.cloud.storage", "smart_open")
+CLIENTS = ("pymongo", "boto3", "botocore", "google.cloud.storage", "smart_open", "apache_beam.io.gcp.bigquery",
+           "requests")
 
 
 @pytest.mark.parametrize("beam_args, local", [

@@ -141,18 +141,22 @@ def test_create_instances_resolves_random_next_across_buckets(small_store, bert_
     pieces = {}
     # Without spreading (the local pool's pipelines) the pieces are the same; without provenance they lack
     # only the document ids.
-    for spread, provenance in ((True, True), (False, True), (False, False)):
+    # Handing batches over by reference (one-process runners) changes nothing either.
+    for spread, provenance, by_reference in ((True, True, False), (False, True, False), (False, False, False),
+                                             (False, True, True)):
         with test_pipeline() as p:
             groups = (p | beam.Create([0, 1]) | transforms.CreateInstances(
-                str(bert_vocab), work, cfg, 7, 0, tok.vocab_size, tok.mask_id, spread=spread, provenance=provenance))
+                str(bert_vocab), work, cfg, 7, 0, tok.vocab_size, tok.mask_id, spread=spread, provenance=provenance,
+                by_reference=by_reference))
             assert_that(groups | beam.Distinct(), equal_to([0, 1]))
         # A piece's rows come in arrival order (the shard sorts them): compare them in key order.
-        pieces[spread, provenance] = [shards.sort_by_key(docstore.read_table(shards.piece_uri(work, g, 0)))
-                                      for g in (0, 1)]
-    assert all(a.equals(b) for a, b in zip(pieces[True, True], pieces[False, True]))
+        pieces[spread, provenance, by_reference] = [
+            shards.sort_by_key(docstore.read_table(shards.piece_uri(work, g, 0))) for g in (0, 1)]
+    assert all(a.equals(b) for a, b in zip(pieces[True, True, False], pieces[False, True, False]))
+    assert all(a.equals(b) for a, b in zip(pieces[False, True, True], pieces[False, True, False]))
     assert all(a.drop_columns(["doc_a", "doc_b"]).equals(b)
-               for a, b in zip(pieces[False, True], pieces[False, False]))
-    tables = pieces[False, True]
+               for a, b in zip(pieces[False, True, False], pieces[False, False, False]))
+    tables = pieces[False, True, False]
     planned = sum(storage.read_json(f"{work}/planned/b{b:06d}.json")["instances"] for b in (0, 1))
     assert sum(t.num_rows for t in tables) == planned > 0
     for group, table in enumerate(tables):

@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""The irreducible work of preprocessing, done standalone: read + clean + split + tokenize, nothing else.
+
+    python bench/irreducible.py --config CONFIG --tokenizer DIR --wiki DUMP... --books BOOK...
+
+Decompresses and parses the dumps, reads the books, cleans the wikitext, splits sentences and tokenizes, with
+the pipeline's own functions (``sources.iter_wikipedia``, ``books.iter_book``, ``text.to_document``,
+``encode_batch``) and nothing more: no Apache Beam, no instances, no output. It imports only what that work
+needs, so the CPU of this whole process (interpreter, imports, tokenizer load, work) is what a standalone
+program doing the work costs; ``bench/preprocess.py`` runs it as a child and compares the pipeline's whole
+process tree with it. Prints one JSON line: counts and the CPU of the work itself, by phase.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Run as a script, sys.path[0] is bench/, where bench/preprocess.py would shadow the ``preprocess`` package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
+
+
+def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str) -> dict:
+    """Read + clean + split + tokenize every file in this process, timed per phase (``time.process_time``)."""
+    from preprocess import books, config, sources, text
+    from preprocess.records import Rejected
+    from preprocess.tokenizer import load_tokenizer
+
+    cfg = config.load(config_path).sources
+    tok = load_tokenizer(tokenizer)
+    clock = time.process_time
+    read_s = clean_s = tok_s = 0.0
+    documents = sentences = tokens = rejected = 0
+    files = [("wiki", u) for u in wiki] + [("book", u) for u in books_]
+    gc.collect()
+    wall0, cpu0 = time.perf_counter(), clock()
+    for kind, uri in files:
+        reader = (sources.iter_wikipedia if kind == "wiki" else books.iter_book)(uri, cfg)
+        while True:
+            t0 = clock()
+            raw = next(reader, None)
+            t1 = clock()
+            read_s += t1 - t0
+            if raw is None:
+                break
+            if isinstance(raw, Rejected):
+                rejected += 1
+                continue
+            doc = text.to_document(raw, cfg)
+            t2 = clock()
+            clean_s += t2 - t1
+            if isinstance(doc, Rejected):
+                rejected += 1
+                continue
+            # As the pipeline's CleanAndTokenize: empty encodings dropped, short documents skipped.
+            encoded = [ids for ids in tok.encode_batch(list(doc.sentences)) if ids]
+            tok_s += clock() - t2
+            if len(encoded) < cfg.min_document_sentences:
+                rejected += 1
+                continue
+            documents += 1
+            sentences += len(encoded)
+            tokens += sum(len(ids) for ids in encoded)
+    cpu, wall = clock() - cpu0, time.perf_counter() - wall0
+    return {"work_cpu_s": round(cpu, 3), "work_wall_s": round(wall, 3), "read_cpu_s": round(read_s, 3),
+            "clean_split_cpu_s": round(clean_s, 3), "tokenize_cpu_s": round(tok_s, 3),
+            "documents": documents, "sentences": sentences, "corpus_tokens": tokens, "rejected": rejected}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--wiki", nargs="*", default=[])
+    parser.add_argument("--books", nargs="*", default=[])
+    args = parser.parse_args()
+    result = measure(args.wiki, args.books, args.tokenizer, args.config)
+    print(json.dumps(result), flush=True)
+    gc.freeze()  # as the pipeline's entry point: no collection over every object at exit
+
+
+if __name__ == "__main__":
+    main()

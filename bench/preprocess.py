@@ -7,7 +7,9 @@ Measures, on this machine (3.5 to 7 minutes on 2 cores; --quick: one repetition,
 
 1. Irreducible work: decompress + XML parse + wikitext/book cleaning + sentence split + tokenize of
    the inputs, done standalone by ``bench/irreducible.py`` (no Beam) in a child process whose whole CPU
-   is counted, as the pipeline's is; its report also gives the CPU of the work alone.
+   is counted, as the pipeline's is; its report also gives the CPU of the work alone. Each repetition
+   runs it right before the pipeline runs of item 2, and the CPU ratio is the median of the
+   repetitions' own ratios (this VM's speed drifts by up to 30 % within minutes).
 2. End to end: ``python -m preprocess run`` with the phase-1 config, in-memory (``--direct_num_workers
    1``) and with two worker processes (``--direct_num_workers 2 --direct_running_mode
    multi_processing``): wall time, CPU time of the whole process tree (``os.wait4``: the CPU of every
@@ -692,34 +694,25 @@ def main(argv=None) -> int:
     tokenizer, tok_info = prepare_tokenizer(inputs, work)
     say(f"tokenizer {'reused' if tok_info['reused'] else 'trained'}: {tokenizer}")
 
-    # 1. Irreducible work, done standalone by a child process.
-    irr_runs = []
-    for rep in range(reps):
-        load_before = wait_for_quiet(min(QUIET_WAIT, QUIET_BUDGET[0]))
-        r = irreducible(inputs, tokenizer, logs / f"irreducible-{rep}.log")
-        r["foreign_load_before_cores"] = load_before
-        irr_runs.append(r)
-    irr = dict(irr_runs[0])
-    for key in ("cpu_s", "wall_s", "work_cpu_s", "work_wall_s", "startup_cpu_s", "read_cpu_s", "clean_split_cpu_s",
-                "tokenize_cpu_s"):
-        irr[key] = _median(irr_runs, key)
-    irr["cpu_s_runs"] = [r["cpu_s"] for r in irr_runs]
-    irr["foreign_load_cores_runs"] = [r["foreign_load_cores"] for r in irr_runs]
-    irr.pop("foreign_load_cores")
-    irr.pop("foreign_load_before_cores")
-    say(f"irreducible, standalone: {irr['cpu_s']:.2f} CPU-s = start-up {irr['startup_cpu_s']:.2f} + work "
-        f"{irr['work_cpu_s']:.2f} (read {irr['read_cpu_s']:.2f}, clean+split {irr['clean_split_cpu_s']:.2f}, "
-        f"tokenize {irr['tokenize_cpu_s']:.2f}), {irr['corpus_tokens']:,} tokens")
-
     startup = startup_cost(logs / "startup.log")
     say(f"startup: driver imports {startup['driver_import_cpu_s']:.2f} CPU-s, "
         f"worker imports {startup['worker_import_cpu_s']:.2f} CPU-s")
 
-    # 2. End to end, alternating the modes so drift hits both alike.
+    # 1 and 2. Each repetition does the irreducible work standalone (a child process), then runs the pipeline with
+    # 1 and with 2 workers: this VM's speed drifts by up to 30 % within minutes, and runs side by side see the same.
     modes = {"workers_1": ["--direct_num_workers", "1"],
              "workers_2": ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]}
+    irr_runs: list[dict] = []
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for rep in range(reps):
+        load_before = wait_for_quiet(min(QUIET_WAIT, QUIET_BUDGET[0]))
+        r = irreducible(inputs, tokenizer, logs / f"irreducible-{rep}.log")
+        r["foreign_load_before_cores"] = load_before
+        r["contended"] = r["foreign_load_cores"] > CONTENDED_LOAD
+        irr_runs.append(r)
+        say(f"irreducible #{rep + 1}, standalone: {r['cpu_s']:.2f} CPU-s = start-up {r['startup_cpu_s']:.2f} + work "
+            f"{r['work_cpu_s']:.2f} (read {r['read_cpu_s']:.2f}, clean+split {r['clean_split_cpu_s']:.2f}, "
+            f"tokenize {r['tokenize_cpu_s']:.2f}), {r['corpus_tokens']:,} tokens")
         for mode, beam in modes.items():
             r = run_pipeline(inputs, tokenizer, work / "out" / mode, 1, beam, logs / f"{mode}-{rep}.log")
             runs[mode].append(r)
@@ -727,12 +720,26 @@ def main(argv=None) -> int:
                 f"(sampled {r['sampled_tree_cpu_s']:.2f}, {r['processes_seen']} processes), "
                 f"peak tree RSS {_mib(r['peak_tree_rss_bytes'])} MiB; cpu check {r['cpu_accounting_check']}; "
                 f"other load {r['foreign_load_cores']:.2f} cores")
+    irr = dict(irr_runs[0])
+    for key in ("cpu_s", "wall_s", "work_cpu_s", "work_wall_s", "startup_cpu_s", "read_cpu_s", "clean_split_cpu_s",
+                "tokenize_cpu_s"):
+        irr[key] = _median(irr_runs, key)
+    irr["cpu_s_runs"] = [r["cpu_s"] for r in irr_runs]
+    irr["work_cpu_s_runs"] = [r["work_cpu_s"] for r in irr_runs]
+    irr["foreign_load_cores_runs"] = [r["foreign_load_cores"] for r in irr_runs]
+    for key in ("foreign_load_cores", "foreign_load_before_cores", "contended"):
+        irr.pop(key)
+
     e2e = {}
     for mode, rs in runs.items():
         # Other processes skew wall time far more than CPU time: wall medians use the quiet runs when any.
         quiet = [r for r in rs if not r["contended"]]
         cpu, wall = _median(quiet or rs, "cpu_s"), _median(quiet or rs, "wall_s")
         tokens = rs[0]["corpus_tokens"]
+        # Each repetition's pipeline CPU over the irreducible CPU measured just before it; the median is the figure.
+        paired = [(r["cpu_s"] / i["cpu_s"], r["cpu_s"] / i["work_cpu_s"]) for r, i in zip(rs, irr_runs)
+                  if not (r["contended"] or i["contended"])] or \
+                 [(r["cpu_s"] / i["cpu_s"], r["cpu_s"] / i["work_cpu_s"]) for r, i in zip(rs, irr_runs)]
         e2e[mode] = {
             "beam_args": modes[mode],
             "wall_s": wall, "cpu_s": cpu, "wall_s_runs": [r["wall_s"] for r in rs], "cpu_s_runs": [r["cpu_s"] for r in rs],
@@ -740,9 +747,11 @@ def main(argv=None) -> int:
             "corpus_tokens": tokens,
             "corpus_tokens_per_cpu_s": round(tokens / cpu, 1),
             "corpus_tokens_per_wall_s": round(tokens / wall, 1),
-            "cpu_ratio_vs_irreducible": round(cpu / irr["cpu_s"], 3),
-            # The work alone, without the standalone program's start-up; and the pipeline without its own.
-            "cpu_ratio_vs_irreducible_work_only": round(cpu / irr["work_cpu_s"], 3),
+            "cpu_ratio_vs_irreducible": round(statistics.median(p for p, _ in paired), 3),
+            "cpu_ratio_vs_irreducible_runs": [round(p, 3) for p, _ in paired],
+            "cpu_ratio_of_medians": round(cpu / irr["cpu_s"], 3),
+            # Against the work alone, without the standalone program's start-up; and without either start-up.
+            "cpu_ratio_vs_irreducible_work_only": round(statistics.median(w for _, w in paired), 3),
             "cpu_ratio_excluding_both_startups": round(
                 (cpu - startup["driver_import_cpu_s"]) / irr["work_cpu_s"], 3),
             "peak_tree_rss_bytes": int(statistics.median(r["peak_tree_rss_bytes"] for r in rs)),  # all runs
@@ -853,6 +862,10 @@ def main(argv=None) -> int:
                         "(shared pages counted once per process); ru_maxrss is the largest single process",
             "medians": "wall and CPU figures are medians over the uncontended repetitions (all of them when every "
                        "run was contended), RSS over all repetitions; per-run values under runs",
+            "cpu_ratio": "each repetition runs the irreducible work, then the pipeline with 1 and with 2 workers; "
+                         "cpu_ratio_vs_irreducible is the median over the repetitions of pipeline CPU / the "
+                         "irreducible CPU of the same repetition (the VM's speed drifts between repetitions); "
+                         "cpu_ratio_of_medians divides the medians instead",
         },
         "startup": startup,
         "irreducible": irr,

@@ -183,9 +183,12 @@ def _choose_positions(candidate: np.ndarray, num_to_predict: np.ndarray, keys: n
     rows, width = candidate.shape
     cols = np.arange(width, dtype=np.uint64)[None, :]
     col_bits = max(1, width - 1).bit_length()
-    bits = _bits_from_base(_stream_base(keys, STREAM_POSITIONS)[:, None], cols)
+    score = _bits_from_base(_stream_base(keys, STREAM_POSITIONS)[:, None], cols)  # a fresh (rows, width) array
+    score >>= np.uint64(11)
+    score <<= np.uint64(col_bits)
+    score |= cols
     never = np.uint64(0xFFFFFFFFFFFFFFFF)
-    score = np.where(candidate, ((bits >> np.uint64(11)) << np.uint64(col_bits)) | cols, never)
+    score[~candidate] = never
     take = np.minimum(num_to_predict, candidate.sum(axis=1))
     most = int(take.max(initial=0))
     if most == 0:

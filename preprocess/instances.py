@@ -111,6 +111,10 @@ def plan_instances(offsets: np.ndarray, doc_index: int, num_docs: int, rng: rand
     plans: list[InstancePlan] = []
     offsets = offsets.tolist()
     num_sentences = len(offsets) - 1
+    # rng.randrange(num_docs - 1), inlined below (``_below``): the same draws, without a call per instance.
+    other_docs = num_docs - 1
+    other_bits = other_docs.bit_length()
+    new_plan = tuple.__new__  # InstancePlan's fields by position: ~4x cheaper than keyword construction
     chunk_start = 0  # first sentence of the current chunk
     while chunk_start < num_sentences:
         # The reference adds sentences until the chunk reaches the target or the document ends: the chunk's
@@ -125,16 +129,17 @@ def plan_instances(offsets: np.ndarray, doc_index: int, num_docs: int, rng: rand
         a_start_tok = offsets[chunk_start]
         a_end_tok = offsets[chunk_start + a_end]
         if chunk_sentences == 1 or random_float() < cfg.random_next_prob:
-            other = _below(getrandbits, num_docs - 1)
-            plans.append(InstancePlan(
-                index=len(plans), a_start=a_start_tok, a_end=a_end_tok, b_start=0, b_end=0,
-                is_random_next=True, target_b_length=target_seq_length - (a_end_tok - a_start_tok),
-                random_doc=other + 1 if other >= doc_index else other))
+            other = getrandbits(other_bits)
+            while other >= other_docs:
+                other = getrandbits(other_bits)
+            # (index, a_start, a_end, b_start, b_end, is_random_next, target_b_length, random_doc)
+            plans.append(new_plan(InstancePlan, (
+                len(plans), a_start_tok, a_end_tok, 0, 0,
+                True, target_seq_length - (a_end_tok - a_start_tok), other + 1 if other >= doc_index else other)))
             # The sentences after A were not used: put them back so they are not wasted.
             i -= chunk_sentences - a_end
         else:
-            plans.append(InstancePlan(
-                index=len(plans), a_start=a_start_tok, a_end=a_end_tok, b_start=a_end_tok,
-                b_end=offsets[i + 1], is_random_next=False, target_b_length=0, random_doc=-1))
+            plans.append(new_plan(InstancePlan, (
+                len(plans), a_start_tok, a_end_tok, a_end_tok, offsets[i + 1], False, 0, -1)))
         chunk_start = i + 1
     return plans

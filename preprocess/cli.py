@@ -219,6 +219,9 @@ def load_pipeline_modules(beam_args: list[str]) -> None:
     """Import Apache Beam and the pipeline modules (most of a run's start-up time) as cheaply as the run allows."""
     hidden = _BEAM_OPTIONAL_CLIENTS if _runs_locally(beam_args) else ()
     with _cycle_collector_paused(), _modules_hidden(hidden):
+        # Text cleaning first: blingfire's import calls inspect.getframeinfo, which resolves the real path of every
+        # module already imported; before Beam's ~1,000 modules that is 0.1 s of CPU less.
+        import preprocess.text  # noqa: F401
         from preprocess.pipeline import prepare_beam_process
     prepare_beam_process()
 

@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 
+from preprocess import beamargs
 from preprocess import config as config_module
 from preprocess.configlib import ConfigError
 from preprocess.records import InputError
@@ -193,14 +194,6 @@ def _cycle_collector_paused():
 _BEAM_OPTIONAL_CLIENTS = ("pymongo", "bson", "boto3", "botocore", "google.cloud.storage", "apache_beam.io.gcp.bigquery")
 
 
-def _runs_locally(beam_args: list[str]) -> bool:
-    """True unless --runner names a runner other than Beam's DirectRunner (Dataflow, for one, stages files
-    through Beam's GCS file system)."""
-    args = " ".join(beam_args).replace("=", " ").split()
-    runner = args[args.index("--runner") + 1] if "--runner" in args[:-1] else "DirectRunner"
-    return runner.rsplit(".", 1)[-1] in ("DirectRunner", "direct")
-
-
 @contextlib.contextmanager
 def _modules_hidden(names: tuple[str, ...]):
     """Importing any of ``names`` (not yet imported) raises ImportError meanwhile; afterwards they import as usual."""
@@ -217,7 +210,8 @@ def _modules_hidden(names: tuple[str, ...]):
 
 def load_pipeline_modules(beam_args: list[str]) -> None:
     """Import Apache Beam and the pipeline modules (most of a run's start-up time) as cheaply as the run allows."""
-    hidden = _BEAM_OPTIONAL_CLIENTS if _runs_locally(beam_args) else ()
+    # Other runners may use Beam's file systems (Dataflow stages files through its GCS one).
+    hidden = _BEAM_OPTIONAL_CLIENTS if beamargs.is_direct_runner(beam_args) else ()
     with _cycle_collector_paused(), _modules_hidden(hidden):
         # Text cleaning first: blingfire's import calls inspect.getframeinfo, which resolves the real path of every
         # module already imported; before Beam's ~1,000 modules that is 0.1 s of CPU less.

@@ -20,44 +20,6 @@ import apache_beam as beam
 from preprocess import docstore, dumpsplit, handoff, shards, stages, storage, transforms
 
 
-def wants_local_pool(beam_args: list[str]) -> int:
-    """N when the local runner is asked for N > 1 worker processes, else 0."""
-    args = " ".join(beam_args).replace("=", " ").split()
-    runner = args[args.index("--runner") + 1] if "--runner" in args else "DirectRunner"
-    if runner not in ("DirectRunner", "direct") or "--direct_num_workers" not in args:
-        return 0
-    workers = int(args[args.index("--direct_num_workers") + 1])
-    mode = args[args.index("--direct_running_mode") + 1] if "--direct_running_mode" in args else "in_memory"
-    return workers if workers > 1 and mode == "multi_processing" else 0
-
-
-def runs_in_one_worker(beam_args: list[str]) -> bool:
-    """True when Beam's DirectRunner runs the pipeline in this process alone (its in-memory mode, the default)."""
-    args = " ".join(beam_args).replace("=", " ").split()
-    runner = args[args.index("--runner") + 1] if "--runner" in args else "DirectRunner"
-    if runner.rsplit(".", 1)[-1] not in ("DirectRunner", "direct"):
-        return False
-    workers = int(args[args.index("--direct_num_workers") + 1]) if "--direct_num_workers" in args else 1
-    mode = args[args.index("--direct_running_mode") + 1] if "--direct_running_mode" in args else "in_memory"
-    return workers == 1 or mode == "in_memory"
-
-
-def in_memory_args(beam_args: list[str]) -> list[str]:
-    """The user's options without the ones that ask for Beam's own worker processes."""
-    drop = {"--direct_num_workers", "--direct_running_mode", "--runner"}
-    out, skip = [], False
-    for arg in beam_args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in drop:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
-
-
 def estimated_cost(kind: str, uri: str, size: int) -> float:
     """Relative cleaning work of a file: compressed dumps expand ~4x, and wikitext costs about twice as much per
     byte as book text (measured on the benchmark corpus)."""

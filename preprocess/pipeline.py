@@ -27,7 +27,7 @@ import uuid
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from preprocess import configlib, handoff, local, schema, shards, sources, stages, storage, transforms
+from preprocess import beamargs, configlib, handoff, local, schema, shards, sources, stages, storage, transforms
 from preprocess.config import PreprocessConfig
 from preprocess.records import InputError
 
@@ -221,7 +221,7 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
         transforms.share_tokenizer(tokenizer_uri, tok)  # in-process and forked workers need not load it again
         work = storage.join(staging, "_work")
         file_parts = split_parts(sized, min(cfg.parts, len(sized)))
-        bucket_bits = bucket_bits_for(sized, max(cfg.parts, local.wants_local_pool(list(beam_args))))
+        bucket_bits = bucket_bits_for(sized, max(cfg.parts, beamargs.local_pool_size(list(beam_args))))
         _run_stages(cfg, options, log, file_parts, bucket_bits, work, staging, tokenizer_uri, tok, progress,
                     list(beam_args), sized)
         return publish_dataset(cfg, tok, sized, bucket_bits, work, staging, output, started, log)
@@ -281,7 +281,7 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
     out_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, {
         "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]})
 
-    spread = not local.runs_in_one_worker(beam_args)
+    spread = not beamargs.runs_in_one_process(beam_args)
 
     def documents(part):
         return transforms.BuildDocumentStore(cfg.sources, tokenizer_uri, bucket_bits, work, part, tok.vocab_size,
@@ -294,15 +294,15 @@ def _run_stages(cfg: PreprocessConfig, options, log, file_parts, bucket_bits: in
 
     index = stages.IndexCorpus(work, num_buckets, cfg.instances, spread=spread)
     write_shards = stages.WriteShards(work, staging, cfg.output, out_schema, spread=spread)
-    pool_workers = local.wants_local_pool(beam_args)
+    pool_workers = beamargs.local_pool_size(beam_args)
     steps = 4 if pool_workers else 1 if cfg.parts == 1 else len(file_parts) + cfg.parts + 2
     show = progress if progress is not None else sys.stderr.isatty()
     tqdm.monitor_interval = 0  # no monitor thread: the local pool forks its workers only from a single thread
     with tqdm(total=steps, desc="preprocess", unit="stage", file=sys.stderr, disable=not show) as bar:
         if pool_workers:
             with log:
-                local.run_stages(cfg, pool_workers, local.in_memory_args(beam_args), sized_files, bucket_bits, work,
-                                 staging, tokenizer_uri, tok, out_schema, bar)
+                local.run_stages(cfg, pool_workers, beamargs.without_worker_options(beam_args), sized_files,
+                                 bucket_bits, work, staging, tokenizer_uri, tok, out_schema, bar)
             return
         if cfg.parts == 1:
             # One pipeline: worker processes start once, and the runner may overlap the stages.

@@ -28,7 +28,7 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from preprocess import configlib, local, schema, sources, stages, storage, transforms
+from preprocess import beamargs, configlib, schema, sources, stages, storage, transforms
 from preprocess.config import PreprocessConfig
 from preprocess.pipeline import (WorkerLog, beam_options, bucket_bits_for, publish_dataset, resolve_inputs, run_beam,
                                  split_parts, staging_for)
@@ -53,7 +53,7 @@ def check_request(cfg: PreprocessConfig, step: str | None, part: int | None, bea
     if part is not None and not 0 <= part < cfg.parts:
         raise InputError(f"--part {part}: the run has {cfg.parts} part(s) (--parts N or parts in the config), "
                          f"so K goes from 0 to {cfg.parts - 1}")
-    if local.wants_local_pool(beam_args):
+    if beamargs.local_pool_size(beam_args):
         raise InputError("--part/--step run one part in this process (or on --runner); for all cores of one machine "
                          "drop --part/--step and use --direct_num_workers N --direct_running_mode multi_processing")
     if overwrite:
@@ -80,7 +80,7 @@ def run_step(cfg: PreprocessConfig, *, step: str | None, part: int | None, wikip
     work = storage.join(staging, "_work")
     _claim(work, cfg, sized, tok, bucket_bits)
     run = _Run(cfg, options, log, sized, tok, bucket_bits, staging, work, output,
-               one_process=local.runs_in_one_worker(list(beam_args)))
+               one_process=beamargs.runs_in_one_process(list(beam_args)))
     if step == "documents":
         return run.documents(part)
     if step == "instances":

@@ -329,11 +329,8 @@ class ResolveRandomNext(_BuildsInstances):
 
 
 class WritePieceGroup(beam.DoFn):
-    """(group, [record batches]) -> pieces/gNNNNNN/pPPPP.arrow + .json (rows, statistics).
-
-    The rows stay in the order they arrived: the shard that reads the group sorts it by key anyway (with the
-    other parts' pieces), which also gives the shard a layout that does not depend on the order here.
-    """
+    """(group, [record batches]) -> pieces/gNNNNNN/pPPPP.arrow + .json (rows, statistics). Rows stay in arrival
+    order: the shard sorts the group by key (with the other parts' pieces), whatever the order here."""
 
     def __init__(self, work: str, part: int, vocab_size: int, mask_id: int):
         self._work, self._part, self._vocab_size, self._mask_id = work, part, vocab_size, mask_id
@@ -350,7 +347,7 @@ class WritePieceGroup(beam.DoFn):
 
 
 class CreateInstances(beam.PTransform):
-    """Buckets of this part -> instances written as sorted pieces, random next resolved by a keyed join.
+    """Buckets of this part -> instances written as pieces by key range, random next resolved by a keyed join.
 
     With ``spread`` (the default) the buckets are redistributed over the runner's workers first; without it
     they stay where they are, for a caller that hands each pipeline its own buckets (the local process pool).

@@ -1,31 +1,5 @@
-"""The local process pool: when it is used, which options it keeps, and how it shares out the files."""
+"""The local process pool: how it shares out the files."""
 from preprocess import local
-
-
-def test_pool_only_for_local_multi_processing():
-    assert local.wants_local_pool(["--direct_num_workers", "4", "--direct_running_mode", "multi_processing"]) == 4
-    assert local.wants_local_pool(["--direct_num_workers=2", "--direct_running_mode=multi_processing"]) == 2
-    assert local.wants_local_pool(["--direct_num_workers", "2"]) == 0  # in-memory mode: Beam's own
-    assert local.wants_local_pool(["--direct_num_workers", "1", "--direct_running_mode", "multi_processing"]) == 0
-    assert local.wants_local_pool(["--runner", "apache_beam.runners.dask.dask_runner.DaskRunner",
-                                   "--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]) == 0
-
-
-def test_one_worker_in_this_process_only_for_the_in_memory_direct_runner():
-    assert local.runs_in_one_worker([])
-    assert local.runs_in_one_worker(["--direct_num_workers", "1"])
-    assert local.runs_in_one_worker(["--runner=apache_beam.runners.direct.direct_runner.DirectRunner"])
-    assert local.runs_in_one_worker(["--direct_num_workers", "2"])  # in-memory mode: still one worker
-    assert not local.runs_in_one_worker(["--direct_num_workers", "2", "--direct_running_mode", "multi_threading"])
-    assert not local.runs_in_one_worker(["--direct_num_workers=2", "--direct_running_mode=multi_processing"])
-    assert not local.runs_in_one_worker(["--runner", "apache_beam.runners.dask.dask_runner.DaskRunner"])
-    assert not local.runs_in_one_worker(["--runner", "DataflowRunner"])
-
-
-def test_in_memory_args_drop_the_worker_options_only():
-    args = ["--direct_num_workers", "2", "--direct_running_mode=multi_processing", "--runner", "DirectRunner",
-            "--default_sdk_harness_log_level=INFO"]
-    assert local.in_memory_args(args) == ["--default_sdk_harness_log_level=INFO"]
 
 
 def test_a_large_dump_is_split_into_byte_ranges_and_units_come_largest_first():

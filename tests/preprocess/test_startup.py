@@ -13,17 +13,6 @@ CLIENTS = ("pymongo", "boto3", "botocore", "google.cloud.storage", "smart_open",
            "requests")
 
 
-@pytest.mark.parametrize("beam_args, local", [
-    ([], True), (["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"], True),
-    (["--runner", "DirectRunner"], True), (["--runner=direct"], True),
-    (["--runner", "apache_beam.runners.direct.direct_runner.DirectRunner"], True),
-    (["--runner", "DataflowRunner", "--temp_location", "gs://b/tmp"], False),
-    (["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"], False), (["--runner", "FlinkRunner"], False),
-])
-def test_only_local_runs_hide_the_clients(beam_args, local):
-    assert cli._runs_locally(beam_args) is local
-
-
 def test_hidden_modules_fail_to_import_only_meanwhile():
     name = "json.tool"  # a real module: importable before and after
     sys.modules.pop(name, None)

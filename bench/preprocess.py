@@ -359,7 +359,8 @@ def _cpu_check(r: dict) -> str:
 def startup_cost(log: Path) -> dict:
     """CPU of starting the CLI's interpreter with the pipeline modules imported (paid once per run)."""
     # As `python -m preprocess run` imports them for a local run.
-    code = "from preprocess import cli; cli.load_pipeline_modules([]); import preprocess.transforms, preprocess.tokenizer"
+    code = ("from preprocess import cli; cli.load_pipeline_modules([]); "
+            "import preprocess.transforms, preprocess.tokenizer")
     driver = run_measured([sys.executable, "-c", code], log)
     worker = run_measured([sys.executable, "-c", "import apache_beam.runners.worker.sdk_worker_main, "
                            "preprocess.transforms, preprocess.tokenizer"], log.with_name(log.stem + "-worker.log"))
@@ -737,9 +738,9 @@ def main(argv=None) -> int:
         cpu, wall = _median(quiet or rs, "cpu_s"), _median(quiet or rs, "wall_s")
         tokens = rs[0]["corpus_tokens"]
         # Each repetition's pipeline CPU over the irreducible CPU measured just before it; the median is the figure.
-        paired = [(r["cpu_s"] / i["cpu_s"], r["cpu_s"] / i["work_cpu_s"]) for r, i in zip(rs, irr_runs)
-                  if not (r["contended"] or i["contended"])] or \
-                 [(r["cpu_s"] / i["cpu_s"], r["cpu_s"] / i["work_cpu_s"]) for r, i in zip(rs, irr_runs)]
+        pairs = list(zip(rs, irr_runs))
+        pairs = [(r, i) for r, i in pairs if not (r["contended"] or i["contended"])] or pairs
+        paired = [(r["cpu_s"] / i["cpu_s"], r["cpu_s"] / i["work_cpu_s"]) for r, i in pairs]
         e2e[mode] = {
             "beam_args": modes[mode],
             "wall_s": wall, "cpu_s": cpu, "wall_s_runs": [r["wall_s"] for r in rs], "cpu_s_runs": [r["cpu_s"] for r in rs],

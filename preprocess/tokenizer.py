@@ -144,8 +144,8 @@ def _single_text_encoder(sp: spm.SentencePieceProcessor):
     """text -> ids through the binding's own one-text call, or None where this sentencepiece version has none.
 
     Its list call starts and joins a thread per call, even with num_threads=1: on a machine whose cores are all
-    busy, each start waits for a core, which left two workers idle ~10% of their tokenizing time. Per text, the
-    binding call (skipping ``Encode``'s argument handling) costs the same CPU as the list call, on this thread.
+    busy, each start waits for a core, which left each of two pool workers idle ~0.2 s on the benchmark. Per
+    text, the binding call (skipping ``Encode``'s argument handling) costs the same CPU as the list call.
     """
     native = getattr(getattr(sp, "_processor", None), "_EncodeAsIds", None)
     if native is None:

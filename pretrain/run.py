@@ -32,7 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest complete checkpoint in output_dir (if there is one)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the resolved DeepSpeed config and the batch arithmetic, then exit")
+                        help="print the resolved DeepSpeed config, the batch arithmetic and the per-GPU memory of "
+                             "the model states, then exit")
     parser.add_argument("--world-size", type=int, default=None, help="with --dry-run: the number of GPUs to plan for")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
     return parser.parse_args(argv)
@@ -41,6 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def dry_run(cfg, world_size: int) -> None:
     from pretrain.config import batch_plan
     from pretrain.engine import deepspeed_config
+    from pretrain.memory import DEFAULT_VOCAB, estimate_for_run
     from pretrain.schedule import lr_at
 
     plan = batch_plan(cfg.train, world_size)
@@ -51,6 +53,18 @@ def dry_run(cfg, world_size: int) -> None:
     print(f"{cfg.train.max_steps:,} steps x {plan.global_batch:,} sequences = "
           f"{cfg.train.max_steps * plan.global_batch:,} samples; warm-up {warmup:,} steps to lr {cfg.optimizer.lr:g}, "
           f"then {cfg.schedule.decay} decay to {lr_at(cfg.train.max_steps - 1, cfg.optimizer.lr, cfg.schedule):.3g}")
+    vocab = _dataset_vocab_size(cfg.data.path)
+    print(f"\n{estimate_for_run(cfg, world_size, vocab).table()}")
+    if vocab is None and not cfg.model.vocab_size and not cfg.model.init_from:
+        print(f"  (vocabulary assumed: {DEFAULT_VOCAB:,} ids, bert-base-uncased's rounded up to a multiple of 8; "
+              "data.path has no dataset to read it from)")
+
+
+def _dataset_vocab_size(path: str) -> int | None:
+    manifest = Path(path) / "manifest.json" if path else None
+    if manifest is None or not manifest.is_file():
+        return None
+    return int(json.loads(manifest.read_text())["tokenizer"]["vocab_size"])
 
 
 def main(argv=None) -> int:

@@ -119,9 +119,11 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     ckpt_dir = out / "checkpoints"
     found = checkpoints.newest(ckpt_dir) if resume else None
     ds_config = ds.deepspeed_config(cfg, plan, out)
-    load_from = found
+    load_from, timings = found, {}  # seconds of the checkpoint work, for summary.json
     if found is not None and found.info["world_size"] != world and cfg.zero.stage > 0:
+        began = time.perf_counter()
         load_from = _universal(found, rank)
+        timings["universal_conversion_s"] = round(time.perf_counter() - began, 2)
         ds_config["checkpoint"]["load_universal"] = True
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +141,9 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
                                rank=rank, seed=cfg.seed, window_batches=cfg.data.window_batches)
     step, consumed, skipped_total = 0, 0, 0
     if found is not None:
+        began = time.perf_counter()
         state = ds.load(engine, load_from.directory, load_from.tag)[CLIENT_KEY]
+        timings["checkpoint_load_s"] = round(time.perf_counter() - began, 2)
         loader.load_state_dict(state["data"])
         step, consumed, skipped_total = state["step"], state["consumed_samples"], state["skipped_steps"]
         if state["world_size"] == world:
@@ -208,16 +212,18 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
             if signalled:
                 name = signal.Signals(stop.signal).name if stop.signal else "a signal on another rank"
                 monitor.info(f"received {name}: saving at step {step} and exiting for requeue")
-                _save(engine, cfg, loader, out, step, consumed, skipped_total, world)
+                _save(engine, cfg, loader, out, step, consumed, skipped_total, world, monitor, timings)
                 status = PREEMPTED
                 break
             if last or (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0):
                 if consecutive:  # keep the last checkpoint from before the trouble as the newest
                     monitor.info(f"step {step}: not checkpointing during a run of skipped steps")
                 else:
-                    _save(engine, cfg, loader, out, step, consumed, skipped_total, world)
+                    _save(engine, cfg, loader, out, step, consumed, skipped_total, world, monitor, timings)
         if status == 0 and cfg.checkpoint.export_hf:
+            began = time.perf_counter()
             _export(engine, model, data, out)
+            timings["export_hf_s"] = round(time.perf_counter() - began, 2)
     except Diverged as error:
         monitor.info(str(error))
         status = DIVERGED
@@ -227,7 +233,7 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     if rank == 0:
         summary = {"status": {0: "done", PREEMPTED: "preempted", DIVERGED: "diverged"}[status], "step": step,
                    "consumed_samples": consumed, "skipped_steps": skipped_total, "world_size": world,
-                   "wall_seconds": round(time.time() - started, 1)}
+                   "wall_seconds": round(time.time() - started, 1), "timings": timings}
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info(f"{summary['status']}: step {step}/{cfg.train.max_steps}, {consumed:,} samples, "
                  f"{skipped_total} skipped steps, {summary['wall_seconds']} s on {world} ranks; outputs in {out}")
@@ -256,8 +262,9 @@ def _metrics(window, *, step, lr, grad_norm, loss_scale, skipped, elapsed, consu
             "sequences_per_second": s["sequences"] / max(elapsed, 1e-9), "mfu": mfu, "consumed_samples": consumed}
 
 
-def _save(engine, cfg, loader, out, step, consumed, skipped, world) -> None:
+def _save(engine, cfg, loader, out, step, consumed, skipped, world, monitor, timings) -> None:
     ckpt_dir, tag = out / "checkpoints", checkpoints.tag_for(step)
+    began = time.perf_counter()
     if engine.global_rank == 0 and (ckpt_dir / tag).exists():
         shutil.rmtree(ckpt_dir / tag)  # leftovers of a save that crashed before its marker
     dist.barrier()
@@ -273,6 +280,9 @@ def _save(engine, cfg, loader, out, step, consumed, skipped, world) -> None:
                                             "zero_stage": cfg.zero.stage, "precision": cfg.train.precision})
         checkpoints.prune(ckpt_dir, cfg.checkpoint.keep_last)
     dist.barrier()
+    seconds = round(time.perf_counter() - began, 2)
+    timings.setdefault("checkpoint_save_s", []).append(seconds)
+    monitor.info(f"saved checkpoint {tag} in {seconds} s")
 
 
 def _universal(found: checkpoints.Checkpoint, rank: int) -> checkpoints.Checkpoint:

@@ -1,5 +1,6 @@
 """Data-parallel training on 2 CPU processes: ZeRO 0-3 against one process, exact resume, another world size,
 and the four launch paths (deepspeed, mpiexec, torchrun, srun)."""
+import json
 import shutil
 
 import pytest
@@ -47,6 +48,9 @@ def test_zero_stage_on_two_ranks_matches_one_process(stage, reference, sample_da
             "model.attention_probs_dropout_prob": 0.0})]))
         assert "converting it to a universal checkpoint" in result.stdout
         assert "resumed from" in result.stdout and "at step 3 (96 samples consumed) on 1 ranks" in result.stdout
+        timings = json.loads((resumed / "summary.json").read_text())["timings"]
+        assert timings["universal_conversion_s"] > 0 and timings["checkpoint_load_s"] > 0
+        assert len(json.loads((out / "summary.json").read_text())["timings"]["checkpoint_save_s"]) == 2
         after = losses(resumed)
         for step in range(CHECKPOINT_AT + 1, STEPS + 1):
             assert after[step] == pytest.approx(got[step], rel=1e-5, abs=1e-5), step

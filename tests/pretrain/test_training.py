@@ -193,7 +193,7 @@ def test_a_dataset_that_does_not_fit_the_model_is_refused(sample_dataset, tmp_pa
     assert "Traceback" not in result.stdout
 
 
-def test_dry_run_prints_the_deepspeed_config_and_the_batch_arithmetic():
+def test_dry_run_prints_the_deepspeed_config_the_batch_arithmetic_and_the_memory_estimate():
     result = subprocess.run([sys.executable, RUN, "--config", str(REPO / "configs/pretrain/bert_large_phase1_seq128.yaml"),
                              "--dry-run", "--world-size", "64"], cwd=REPO, text=True, capture_output=True,
                             env=environment())
@@ -202,6 +202,10 @@ def test_dry_run_prints_the_deepspeed_config_and_the_batch_arithmetic():
     assert ds_config["train_batch_size"] == 65536 and ds_config["train_micro_batch_size_per_gpu"] == 64
     assert ds_config["gradient_accumulation_steps"] == 16 and ds_config["fp16"]["enabled"]
     assert "global batch 65536 = micro-batch 64 x 64 ranks x 16 accumulation steps" in result.stdout
+    # BERT-Large (bert-base-uncased's vocabulary rounded to 30,528) with fp16 LAMB at ZeRO 0: 16 bytes a parameter.
+    assert "Model states per GPU: 336,232,258 parameters, ZeRO 0, fp16, lamb, 64 data-parallel ranks" in result.stdout
+    total = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["total"])
+    assert float(total.split()[1]) == round(16 * 336_232_258 / 2 ** 30, 2)
 
 
 def test_lamb_with_activation_checkpointing_trains(one_rank, sample_dataset, tmp_path):

@@ -189,7 +189,8 @@ def padding_share(lengths: np.ndarray, micro_batches: np.ndarray) -> float:
 
 
 def measure_padding(dataset: Path, seq: int) -> dict:
-    lengths = ShardedInstances(dataset).lengths
+    data = ShardedInstances(dataset)
+    lengths = data.lengths_of(np.arange(len(data)))
     grouped = np.concatenate([split_global_batch(rows, accumulation=GLOBAL_BATCH // MICRO_BATCH, world_size=1,
                                                  micro_batch=MICRO_BATCH).reshape(-1, MICRO_BATCH)
                               for rows in epoch_batches(lengths, epoch=0, seed=SEED, global_batch=GLOBAL_BATCH)])
@@ -216,7 +217,7 @@ def measure_loader(dataset: Path, seq: int, seconds: float) -> dict:
     return {"micro_batch": micro, "accumulation": GLOBAL_BATCH // micro, "open_dataset_s": round(open_s, 3),
             "steps": steps, "wall_s": round(wall, 3), "samples_per_s": round(samples / wall),
             # every row is read once an epoch, so the mean row length converts samples to real tokens
-            "tokens_per_s": round(samples / wall * float(data.lengths.mean())),
+            "tokens_per_s": round(samples / wall * float(data.lengths_of(np.arange(len(data))).mean())),
             "ms_per_micro_batch": round(1000 * wall * micro / samples, 3)}
 
 

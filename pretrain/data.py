@@ -2,9 +2,11 @@
 
 * The manifest is checked against what the model expects (format version, vocabulary size and hash,
   special ids, sequence length); a mismatch is refused with a message that says what differs.
-* Each epoch's order is a permutation seeded from (seed, epoch). Rows are grouped by length within
-  windows of that permutation, so a batch holds sequences of similar length and is padded only to
-  its longest row (rounded up to a multiple of 8): little compute goes to padding.
+* Shards are read in place through memory maps: opening a dataset of any size reads no rows, and a rank
+  holds no per-row arrays (its private memory does not grow with the dataset).
+* The order of an epoch (``pretrain.sampling``): a seeded permutation evaluated on the fly, grouped by
+  length within windows, so a batch holds sequences of similar length and is padded only to its longest
+  row (rounded up to a multiple of 8): little compute goes to padding.
 * Every global batch is split into per-rank micro-batches: ranks read disjoint rows, and all of them
   see sequences of similar length, so no rank waits on a longer one.
 * The position is (epoch, global batch index), independent of the number of ranks:
@@ -12,7 +14,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from preprocess.schema import DatasetFormatError, check_manifest
+from pretrain.sampling import ORDER_VERSION, EpochOrder, epoch_batches
 
 PAD_MULTIPLE = 8
 
@@ -37,7 +39,13 @@ class Expected:
 
 
 class ShardedInstances:
-    """All rows of a dataset directory, memory-mapped; columns as flat numpy arrays plus offsets."""
+    """The rows of a dataset directory, read in place from its memory-mapped shards.
+
+    Opening a dataset reads each shard's footer and record-batch headers, never its rows: a rank's own
+    memory for the dataset is a few numbers per record batch (of 4,096 rows), whatever the number of rows.
+    The rows' bytes stay in the page cache, which the ranks of a node share. Rows are numbered shard by
+    shard in manifest order.
+    """
 
     def __init__(self, directory: str | Path, expected: Expected | None = None):
         directory = Path(directory)
@@ -51,49 +59,161 @@ class ShardedInstances:
         if expected is not None:
             check_compatible(self.manifest, expected, str(directory))
         self.pad_id = self.manifest["tokenizer"]["special_ids"]["[PAD]"]
-        columns = {name: [] for name in ("input_ids", "masked_positions", "masked_labels")}
-        segment_a, nsp = [], []
-        for shard in self.manifest["shards"]:
-            table = ipc.open_file(pa.memory_map(str(directory / shard["name"]))).read_all()
-            for name in columns:
-                columns[name].append(table.column(name).combine_chunks())
-            segment_a.append(table.column("segment_a_len").to_numpy())
-            nsp.append(table.column("next_sentence_label").to_numpy())
-        self.input_ids = _Ragged(columns["input_ids"])
-        self.masked_positions = _Ragged(columns["masked_positions"])
-        self.masked_labels = _Ragged(columns["masked_labels"])
-        self.segment_a_len = np.concatenate(segment_a) if segment_a else np.zeros(0, np.int32)
-        self.next_sentence_label = np.concatenate(nsp) if nsp else np.zeros(0, np.int8)
-        self.lengths = self.input_ids.lengths
+        self._shards = [_MappedShard(directory / entry["name"], int(entry["rows"])) for entry in self.manifest["shards"]]
+        self._shard_starts = np.zeros(len(self._shards) + 1, np.int64)
+        np.cumsum([shard.num_rows for shard in self._shards], out=self._shard_starts[1:])
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return int(self._shard_starts[-1])
 
     def check(self, expected: Expected) -> None:
         """Refuse this dataset if it does not fit the model (see ``check_compatible``)."""
         check_compatible(self.manifest, expected, str(self.directory))
 
+    def locate(self, rows: np.ndarray) -> list[tuple[_MappedShard, np.ndarray, np.ndarray, np.ndarray]]:
+        """``rows`` grouped by shard: (shard, positions in ``rows``, record batch, row within the batch)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"rows outside the dataset's {len(self)}")
+        shard_of = np.searchsorted(self._shard_starts, rows, side="right") - 1
+        order = np.argsort(shard_of, kind="stable")
+        bounds = np.searchsorted(shard_of[order], np.arange(len(self._shards) + 1))
+        groups = []
+        for index in np.flatnonzero(np.diff(bounds)):
+            selection = order[bounds[index]:bounds[index + 1]]
+            shard = self._shards[index]
+            groups.append((shard, selection, *shard.locate(rows[selection] - self._shard_starts[index])))
+        return groups
 
-class _Ragged:
-    """List arrays of several shards as one values array plus row offsets (zero-copy for one chunk)."""
+    def list_lengths(self, column: str, rows: np.ndarray) -> np.ndarray:
+        """The number of values in ``column`` of each row (int64, in the order of ``rows``)."""
+        lengths = np.zeros(len(rows), np.int64)
+        for shard, selection, batch, row in self.locate(rows):
+            lengths[selection] = shard.list_bounds(column, batch, row)[1]
+        return lengths
 
-    def __init__(self, arrays: list[pa.ListArray]):
-        values, offsets, base = [], [np.zeros(1, np.int64)], 0
-        for array in arrays:
-            own = np.asarray(array.offsets, dtype=np.int64)
-            values.append(array.flatten().to_numpy(zero_copy_only=False))
-            offsets.append(own[1:] - own[0] + base)
-            base += int(own[-1] - own[0])
-        self.values = np.concatenate(values) if values else np.zeros(0, np.uint16)
-        self.offsets = np.concatenate(offsets)
-        self.lengths = np.diff(self.offsets)
+    def lengths_of(self, rows: np.ndarray) -> np.ndarray:
+        """Tokens in each row."""
+        return self.list_lengths("input_ids", rows)
 
-    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(flat values of ``rows`` in order, their lengths)."""
-        lengths = self.lengths[rows]
-        starts = self.offsets[rows]
-        index = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
-        return self.values[index], lengths
+    def gather(self, column: str, located: list, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(the values of list column ``column`` of the ``count`` located rows, concatenated in row order;
+        each row's number of values)."""
+        starts = np.zeros(count, np.int64)
+        lengths = np.zeros(count, np.int64)
+        for shard, selection, batch, row in located:
+            starts[selection], lengths[selection] = shard.list_bounds(column, batch, row)
+        out_starts = np.cumsum(lengths) - lengths
+        out = None
+        for shard, selection, _, _ in located:
+            values = shard.values(column)
+            if out is None:
+                out = np.empty(int(lengths.sum()), values.dtype)
+            out[_ranges(out_starts[selection], lengths[selection])] = values[_ranges(starts[selection], lengths[selection])]
+        return (out if out is not None else np.zeros(0, np.int64)), lengths
+
+    def scalars(self, column: str, located: list, count: int) -> np.ndarray:
+        """The values of scalar column ``column`` of the ``count`` located rows, in row order."""
+        out = np.zeros(count, np.int64)
+        for shard, selection, batch, row in located:
+            out[selection] = shard.scalar(column, batch, row)
+        return out
+
+
+_LIST_COLUMNS = ("input_ids", "masked_positions", "masked_labels")
+_SCALAR_COLUMNS = ("segment_a_len", "next_sentence_label")
+
+
+class _MappedShard:
+    """One shard file mapped into memory, with the position of every record batch's column buffers.
+
+    Arrow IPC files keep each buffer 8-byte aligned, so typed numpy views of the whole mapping address
+    any buffer's elements directly: a row is found by (record batch, row within it) without pyarrow.
+    """
+
+    def __init__(self, path: Path, manifest_rows: int):
+        if not path.is_file():
+            raise DatasetFormatError(f"{path}: shard listed in the manifest is missing; copy the whole dataset "
+                                     "directory again, or re-run preprocessing")
+        try:
+            mapped = pa.memory_map(str(path))
+            reader = ipc.open_file(mapped)
+            mapped.seek(0)
+            whole = mapped.read_buffer(mapped.size())
+        except (pa.ArrowException, OSError) as error:
+            raise DatasetFormatError(f"{path}: not a readable Arrow shard ({error}); the file is truncated or "
+                                     "damaged: copy it again, or re-run preprocessing") from None
+        self.path = path
+        self._bytes = np.frombuffer(whole, np.uint8)
+        self._views: dict[np.dtype, np.ndarray] = {}
+        schema = reader.schema
+        self._list_type = {name: _numpy_type(schema.field(name).type.value_type) for name in _LIST_COLUMNS}
+        self._scalar_type = {name: _numpy_type(schema.field(name).type) for name in _SCALAR_COLUMNS}
+        batches = reader.num_record_batches
+        self.batch_starts = np.zeros(batches + 1, np.int64)
+        self._offsets_at = {name: np.zeros(batches, np.int64) for name in _LIST_COLUMNS}
+        self._values_at = {name: np.zeros(batches, np.int64) for name in _LIST_COLUMNS}
+        self._scalar_at = {name: np.zeros(batches, np.int64) for name in _SCALAR_COLUMNS}
+        for index in range(batches):
+            batch = reader.get_batch(index)
+            self.batch_starts[index + 1] = self.batch_starts[index] + batch.num_rows
+            if not batch.num_rows:
+                continue
+            for name in _LIST_COLUMNS:
+                buffers = batch.column(name).buffers()
+                self._offsets_at[name][index] = self._element(buffers[1], whole, np.dtype(np.int32))
+                self._values_at[name][index] = self._element(buffers[3], whole, self._list_type[name])
+            for name in _SCALAR_COLUMNS:
+                self._scalar_at[name][index] = self._element(batch.column(name).buffers()[1], whole,
+                                                             self._scalar_type[name])
+        self.num_rows = int(self.batch_starts[-1])
+        if self.num_rows != manifest_rows:
+            raise DatasetFormatError(f"{path}: {self.num_rows} rows but the manifest lists {manifest_rows}; the shard "
+                                     "or the manifest was altered: copy the dataset again, or re-run preprocessing")
+
+    def _element(self, buffer: pa.Buffer | None, whole: pa.Buffer, dtype: np.dtype) -> int:
+        """The index of ``buffer``'s first element in a ``dtype`` view of the whole file."""
+        if buffer is None or buffer.size == 0:
+            return 0
+        position = buffer.address - whole.address
+        if not 0 <= position <= whole.size - buffer.size or position % dtype.itemsize:
+            raise DatasetFormatError(f"{self.path}: its buffers are not stored in place (compressed or unaligned "
+                                     "Arrow IPC); write shards with the preprocessing stage")
+        return position // dtype.itemsize
+
+    def _view(self, dtype: np.dtype) -> np.ndarray:
+        if dtype not in self._views:
+            usable = len(self._bytes) - len(self._bytes) % dtype.itemsize
+            self._views[dtype] = self._bytes[:usable].view(dtype)
+        return self._views[dtype]
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(record batch, row within it) of each of the shard's ``rows``."""
+        batch = np.searchsorted(self.batch_starts, rows, side="right") - 1
+        return batch, rows - self.batch_starts[batch]
+
+    def list_bounds(self, column: str, batch: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index of each row's first value in ``values(column)``, its number of values)."""
+        offsets = self._view(np.dtype(np.int32))
+        at = self._offsets_at[column][batch] + row
+        first = offsets[at].astype(np.int64)
+        return self._values_at[column][batch] + first, offsets[at + 1] - first
+
+    def values(self, column: str) -> np.ndarray:
+        return self._view(self._list_type[column])
+
+    def scalar(self, column: str, batch: np.ndarray, row: np.ndarray) -> np.ndarray:
+        return self._view(self._scalar_type[column])[self._scalar_at[column][batch] + row]
+
+
+def _numpy_type(arrow_type: pa.DataType) -> np.dtype:
+    return pa.array([], arrow_type).to_numpy(zero_copy_only=False).dtype
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(start, start + length)`` for each pair."""
+    total = int(lengths.sum())
+    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
 
 
 def check_compatible(manifest: dict, expected: Expected, where: str) -> None:
@@ -115,31 +235,6 @@ def check_compatible(manifest: dict, expected: Expected, where: str) -> None:
                                  ". Preprocess with the model's tokenizer, or point data.path at a matching dataset")
 
 
-def _seed(seed: int, *key) -> int:
-    return int.from_bytes(hashlib.blake2b("\x1f".join(map(str, (seed, *key))).encode(), digest_size=8).digest(), "little")
-
-
-def epoch_batches(lengths: np.ndarray, *, epoch: int, seed: int, global_batch: int,
-                  window_batches: int = 64) -> np.ndarray:
-    """Row ids of every global batch of an epoch, shape (num_batches, global_batch), each sorted by length.
-
-    A seeded permutation is cut into windows of ``window_batches`` global batches; each window is sorted
-    by length and cut into global batches, whose order is then shuffled. The tail that does not fill a
-    global batch is left for the next epoch's permutation. Nothing here depends on the number of ranks,
-    so a run resumed on another world size (same global batch) continues with the same samples.
-    """
-    rng = np.random.Generator(np.random.PCG64(_seed(seed, "epoch", epoch)))
-    order = rng.permutation(len(lengths))
-    num_batches = len(order) // global_batch
-    order = order[:num_batches * global_batch]
-    window = global_batch * window_batches
-    for start in range(0, len(order), window):
-        chunk = order[start:start + window]
-        order[start:start + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
-    batches = order.reshape(num_batches, global_batch)
-    return batches[rng.permutation(num_batches)]
-
-
 def split_global_batch(rows: np.ndarray, *, accumulation: int, world_size: int, micro_batch: int) -> np.ndarray:
     """(accumulation, world_size, micro_batch): micro-step ``a`` of rank ``r`` reads ``[a, r]``.
 
@@ -152,7 +247,9 @@ def split_global_batch(rows: np.ndarray, *, accumulation: int, world_size: int, 
 
 def collate(data: ShardedInstances, rows: np.ndarray) -> dict[str, np.ndarray]:
     """A padded micro-batch: ids, token types, attention mask, flat masked positions/labels, NSP labels."""
-    tokens, lengths = data.input_ids.gather(rows)
+    rows = np.asarray(rows, dtype=np.int64)
+    located = data.locate(rows)
+    tokens, lengths = data.gather("input_ids", located, len(rows))
     width = int(-(-lengths.max() // PAD_MULTIPLE) * PAD_MULTIPLE)
     batch = len(rows)
     row_of = np.repeat(np.arange(batch), lengths)
@@ -161,13 +258,15 @@ def collate(data: ShardedInstances, rows: np.ndarray) -> dict[str, np.ndarray]:
     input_ids[row_of, col_of] = tokens
     attention_mask = np.zeros((batch, width), dtype=np.int64)
     attention_mask[row_of, col_of] = 1
-    token_type_ids = ((np.arange(width)[None, :] >= data.segment_a_len[rows][:, None]) & (attention_mask == 1))
-    positions, counts = data.masked_positions.gather(rows)
-    labels, _ = data.masked_labels.gather(rows)
+    segment_a_len = data.scalars("segment_a_len", located, batch)
+    token_type_ids = ((np.arange(width)[None, :] >= segment_a_len[:, None]) & (attention_mask == 1))
+    positions, counts = data.gather("masked_positions", located, batch)
+    labels, _ = data.gather("masked_labels", located, batch)
     flat_positions = positions.astype(np.int64) + np.repeat(np.arange(batch) * width, counts)
     return {"input_ids": input_ids, "token_type_ids": token_type_ids.astype(np.int64),
             "attention_mask": attention_mask, "masked_positions": flat_positions,
-            "masked_labels": labels.astype(np.int64), "next_sentence_labels": data.next_sentence_label[rows].astype(np.int64)}
+            "masked_labels": labels.astype(np.int64),
+            "next_sentence_labels": data.scalars("next_sentence_label", located, batch)}
 
 
 class PretrainingLoader:
@@ -190,7 +289,7 @@ class PretrainingLoader:
         self.data, self.seed, self.window_batches = data, seed, window_batches
         self.micro_batch, self.accumulation, self.world_size, self.rank = micro_batch, accumulation, world_size, rank
         self.epoch, self.batch_index = 0, 0
-        self._batches = None
+        self._order: EpochOrder | None = None
 
     @property
     def batches_per_epoch(self) -> int:
@@ -199,27 +298,37 @@ class PretrainingLoader:
     def state_dict(self) -> dict:
         """The position; valid on any world size with the same global batch size."""
         return {"epoch": self.epoch, "batch_index": self.batch_index, "global_batch": self.global_batch,
-                "seed": self.seed}
+                "seed": self.seed, "order_version": ORDER_VERSION}
 
     def load_state_dict(self, state: dict) -> None:
+        version = int(state.get("order_version", 1))
+        if version != ORDER_VERSION:
+            raise ValueError(f"the checkpoint's data position is in sample order version {version}, but this code "
+                             f"visits rows in order version {ORDER_VERSION}, where that position names other "
+                             "samples; finish that run with the release that started it, or start a new run from "
+                             "its weights (model.init_from)")
         if int(state.get("global_batch", self.global_batch)) != self.global_batch:
             raise ValueError(f"the checkpoint's global batch is {state['global_batch']} rows but this run's is "
                              f"{self.global_batch}; keep train.global_batch_size to resume at the same sample")
-        self.epoch, self.batch_index, self._batches = int(state["epoch"]), int(state["batch_index"]), None
+        self.epoch, self.batch_index, self._order = int(state["epoch"]), int(state["batch_index"]), None
 
     def next_step(self) -> list[dict[str, np.ndarray]]:
         """The ``accumulation`` micro-batches of this rank for the next optimizer step."""
-        if self._batches is None:
-            self._batches = epoch_batches(self.data.lengths, epoch=self.epoch, seed=self.seed,
-                                          global_batch=self.global_batch, window_batches=self.window_batches)
-        if self.batch_index >= len(self._batches):
-            self.epoch, self.batch_index, self._batches = self.epoch + 1, 0, None
+        if self._order is None:
+            self._order = EpochOrder(len(self.data), epoch=self.epoch, seed=self.seed, global_batch=self.global_batch,
+                                     window_batches=self.window_batches, lengths_of=self.data.lengths_of)
+        if self.batch_index >= len(self._order):
+            self.epoch, self.batch_index, self._order = self.epoch + 1, 0, None
             return self.next_step()
-        rows = self._batches[self.batch_index]
+        rows = self._order.batch(self.batch_index)
         self.batch_index += 1
-        masked_total = int(self.data.masked_positions.lengths[rows].sum())
+        masked_total = int(self.data.list_lengths("masked_positions", rows).sum())
         scale = self.accumulation * self.world_size / max(1, masked_total)
         parts = split_global_batch(rows, accumulation=self.accumulation, world_size=self.world_size,
                                    micro_batch=self.micro_batch)
         return [{**collate(self.data, parts[a, self.rank]), "mlm_loss_scale": np.float32(scale)}
                 for a in range(self.accumulation)]
+
+
+__all__ = ["Expected", "PretrainingLoader", "ShardedInstances", "check_compatible", "collate", "epoch_batches",
+           "split_global_batch"]

@@ -33,3 +33,21 @@ def real_dataset(tmp_path_factory, shared_data, bert_vocab) -> pathlib.Path:
     cfg = config.load("configs/preprocess/phase1_seq128.yaml", ["instances.dupe_factor=1", "output.num_shards=2"])
     pipeline.run(cfg, wikipedia=[str(dump)], books=[], tokenizer=str(bert_vocab), output=str(out), progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def synthetic_dataset(tmp_path_factory, bert_vocab):
+    """Make synthetic datasets in the real format: ``synthetic_dataset(rows, **spec)`` (cached per arguments)."""
+    from preprocess.synthetic import SyntheticSpec, write_synthetic
+
+    made = {}
+
+    def make(rows: int, **spec) -> pathlib.Path:
+        key = (rows, *sorted(spec.items()))
+        if key not in made:
+            out = tmp_path_factory.mktemp("synthetic") / "dataset"
+            write_synthetic(SyntheticSpec(rows=rows, **spec), str(bert_vocab), out)
+            made[key] = out
+        return made[key]
+
+    return make

@@ -1,5 +1,7 @@
 """The shard reader: manifest checks, disjoint rank slices, length-grouped padding, exact resume."""
 import json
+import shutil
+import tracemalloc
 
 import numpy as np
 import pyarrow as pa
@@ -66,7 +68,8 @@ def test_length_grouping_cuts_padding(sample_dataset):
     random_order = _padding_share(lengths, list(np.random.default_rng(0).permutation(19968).reshape(-1, 32)))
     assert grouped < 0.07 and grouped < random_order / 5
     # Real shards at seq 128: at most 5% of the compute goes to padding.
-    real = ShardedInstances(sample_dataset).lengths
+    data = ShardedInstances(sample_dataset)
+    real = data.lengths_of(np.arange(len(data)))
     assert _padding_share(real, _micro_batches(epoch_batches(real, epoch=0, seed=0, global_batch=64), 32)) <= 0.05
 
 
@@ -116,3 +119,74 @@ def test_mismatched_dataset_is_refused_with_the_reason(sample_dataset, tmp_path)
         ShardedInstances(sample_dataset, Expected(vocab_size=30522, max_seq_length=128, vocab_sha256="0" * 64))
     with pytest.raises(DatasetFormatError, match="no manifest.json"):
         ShardedInstances(tmp_path)
+
+
+def test_rows_read_in_place_equal_arrow_rows_across_shards_and_record_batches(synthetic_dataset):
+    dataset = synthetic_dataset(30_000, rows_per_shard=10_000)  # 3 shards of 3 record batches each
+    data = ShardedInstances(dataset)
+    rows = _rows(dataset)
+    assert len(data) == len(rows) == 30_000
+    picked = np.asarray([29_999, 0, 4095, 4096, 10_000, 14_097, 8191, 20_001])
+    batch = collate(data, picked)
+    width = batch["input_ids"].shape[1]
+    offset = 0
+    for b, i in enumerate(picked):
+        row = rows[i]
+        n = len(row["input_ids"])
+        assert batch["input_ids"][b, :n].tolist() == row["input_ids"] and batch["attention_mask"][b].sum() == n
+        assert batch["token_type_ids"][b, row["segment_a_len"] - 1] == 0 and batch["token_type_ids"][b, n - 1] == 1
+        k = len(row["masked_positions"])
+        assert (batch["masked_positions"][offset:offset + k] == b * width + np.asarray(row["masked_positions"])).all()
+        assert batch["masked_labels"][offset:offset + k].tolist() == row["masked_labels"]
+        assert batch["next_sentence_labels"][b] == row["next_sentence_label"]
+        offset += k
+    assert (data.lengths_of(picked) == [len(rows[i]["input_ids"]) for i in picked]).all()
+
+
+def _first_step_peak(dataset) -> int:
+    tracemalloc.start()
+    try:
+        loader = PretrainingLoader(ShardedInstances(dataset), micro_batch=32, accumulation=2, world_size=4, rank=1,
+                                   seed=3)
+        loader.next_step()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_ranks_memory_does_not_grow_with_the_dataset(synthetic_dataset):
+    """Opening a dataset and reading a step allocates the same on 250k rows as on 1M (the old reader: ~700 B/row)."""
+    small = _first_step_peak(synthetic_dataset(250_000, max_seq_length=32, max_predictions=5))
+    large = _first_step_peak(synthetic_dataset(1_000_000, max_seq_length=32, max_predictions=5))
+    assert large - small < 750_000  # under 1 byte per added row (the target is 16)
+    assert large < 8 << 20
+
+
+def test_a_damaged_or_altered_shard_is_refused_naming_it(synthetic_dataset, tmp_path):
+    source = synthetic_dataset(30_000, rows_per_shard=10_000)
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    shard = copy / json.loads((copy / "manifest.json").read_text())["shards"][1]["name"]
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) // 2])
+    with pytest.raises(DatasetFormatError, match=f"{shard}: not a readable Arrow shard.*truncated"):
+        ShardedInstances(copy)
+    shard.unlink()
+    with pytest.raises(DatasetFormatError, match=f"{shard}: shard listed in the manifest is missing"):
+        ShardedInstances(copy)
+    shard.write_bytes(data)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["shards"][1]["rows"] += 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetFormatError, match=f"{shard}: 10000 rows but the manifest lists 10001"):
+        ShardedInstances(copy)
+
+
+def test_a_position_saved_in_another_sample_order_is_refused(sample_dataset):
+    loader = PretrainingLoader(ShardedInstances(sample_dataset), micro_batch=8, accumulation=1, world_size=1, rank=0,
+                               seed=3)
+    state = loader.state_dict()
+    assert state["order_version"] == 2
+    del state["order_version"]  # written before the order was versioned
+    with pytest.raises(ValueError, match="sample order version 1.*model.init_from"):
+        loader.load_state_dict(state)

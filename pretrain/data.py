@@ -245,28 +245,61 @@ def split_global_batch(rows: np.ndarray, *, accumulation: int, world_size: int, 
     return rows.reshape(accumulation, world_size, micro_batch)
 
 
-def collate(data: ShardedInstances, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """A padded micro-batch: ids, token types, attention mask, flat masked positions/labels, NSP labels."""
+@dataclass(frozen=True)
+class RowBlock:
+    """Consecutive rows read from the shards: each list column flat, with per-row counts."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    positions: np.ndarray
+    counts: np.ndarray
+    labels: np.ndarray
+    segment_a_len: np.ndarray
+    next_sentence_label: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+def read_rows(data: ShardedInstances, rows: np.ndarray) -> RowBlock:
+    """``rows`` in order, read with one pass over the shards they fall in."""
     rows = np.asarray(rows, dtype=np.int64)
     located = data.locate(rows)
     tokens, lengths = data.gather("input_ids", located, len(rows))
+    positions, counts = data.gather("masked_positions", located, len(rows))
+    labels, _ = data.gather("masked_labels", located, len(rows))
+    return RowBlock(tokens, lengths, positions, counts, labels, data.scalars("segment_a_len", located, len(rows)),
+                    data.scalars("next_sentence_label", located, len(rows)))
+
+
+def pad(block: RowBlock, pad_id: int, first: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
+    """Rows ``[first, stop)`` of ``block`` as a padded micro-batch: ids, token types, attention mask, flat
+    masked positions (into the flattened batch) and labels, NSP labels."""
+    stop = len(block) if stop is None else stop
+    token_ends, mask_ends = np.cumsum(block.lengths), np.cumsum(block.counts)
+    lengths, counts = block.lengths[first:stop], block.counts[first:stop]
+    tokens = block.tokens[token_ends[first] - block.lengths[first]:token_ends[stop - 1]]
+    masked = slice(mask_ends[first] - block.counts[first], mask_ends[stop - 1])
+    batch = stop - first
     width = int(-(-lengths.max() // PAD_MULTIPLE) * PAD_MULTIPLE)
-    batch = len(rows)
     row_of = np.repeat(np.arange(batch), lengths)
     col_of = np.arange(len(tokens)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    input_ids = np.full((batch, width), data.pad_id, dtype=np.int64)
+    input_ids = np.full((batch, width), pad_id, dtype=np.int64)
     input_ids[row_of, col_of] = tokens
     attention_mask = np.zeros((batch, width), dtype=np.int64)
     attention_mask[row_of, col_of] = 1
-    segment_a_len = data.scalars("segment_a_len", located, batch)
+    segment_a_len = block.segment_a_len[first:stop]
     token_type_ids = ((np.arange(width)[None, :] >= segment_a_len[:, None]) & (attention_mask == 1))
-    positions, counts = data.gather("masked_positions", located, batch)
-    labels, _ = data.gather("masked_labels", located, batch)
-    flat_positions = positions.astype(np.int64) + np.repeat(np.arange(batch) * width, counts)
+    flat_positions = block.positions[masked].astype(np.int64) + np.repeat(np.arange(batch) * width, counts)
     return {"input_ids": input_ids, "token_type_ids": token_type_ids.astype(np.int64),
             "attention_mask": attention_mask, "masked_positions": flat_positions,
-            "masked_labels": labels.astype(np.int64),
-            "next_sentence_labels": data.scalars("next_sentence_label", located, batch)}
+            "masked_labels": block.labels[masked].astype(np.int64),
+            "next_sentence_labels": block.next_sentence_label[first:stop]}
+
+
+def collate(data: ShardedInstances, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """``rows`` as one padded micro-batch (see ``pad``)."""
+    return pad(read_rows(data, rows), data.pad_id)
 
 
 class PretrainingLoader:
@@ -326,9 +359,11 @@ class PretrainingLoader:
         scale = self.accumulation * self.world_size / max(1, masked_total)
         parts = split_global_batch(rows, accumulation=self.accumulation, world_size=self.world_size,
                                    micro_batch=self.micro_batch)
-        return [{**collate(self.data, parts[a, self.rank]), "mlm_loss_scale": np.float32(scale)}
+        block = read_rows(self.data, parts[:, self.rank].reshape(-1))  # this rank's rows of the step, in one pass
+        micro = self.micro_batch
+        return [{**pad(block, self.data.pad_id, a * micro, (a + 1) * micro), "mlm_loss_scale": np.float32(scale)}
                 for a in range(self.accumulation)]
 
 
-__all__ = ["Expected", "PretrainingLoader", "ShardedInstances", "check_compatible", "collate", "epoch_batches",
-           "split_global_batch"]
+__all__ = ["Expected", "PretrainingLoader", "RowBlock", "ShardedInstances", "check_compatible", "collate",
+           "epoch_batches", "pad", "read_rows", "split_global_batch"]

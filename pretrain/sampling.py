@@ -26,6 +26,7 @@ from preprocess.hashing import stable_hash64
 ORDER_VERSION = 2  # 1: a full np.random permutation per epoch and a global shuffle of its batches
 
 _FEISTEL_ROUNDS = 6
+_SLICE_ROWS = 1 << 18
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -105,10 +106,15 @@ class EpochOrder:
     def _build_window(self, window: int) -> np.ndarray:
         first = window * self.window_batches
         count = min(self.window_batches, self.num_batches - first)
-        positions = np.arange(first * self.global_batch, (first + count) * self.global_batch, dtype=np.int64)
-        rows = self._permutation(positions)
-        rows = rows[np.argsort(self._lengths_of(rows), kind="stable")]
-        batches = rows.reshape(count, self.global_batch)
+        start = first * self.global_batch
+        rows = np.empty(count * self.global_batch, np.int64)
+        lengths = np.empty(len(rows), np.int32)
+        # In slices, so the temporaries of the permutation and the lookups stay small beside the window.
+        for lo in range(0, len(rows), _SLICE_ROWS):
+            hi = min(lo + _SLICE_ROWS, len(rows))
+            rows[lo:hi] = self._permutation(np.arange(start + lo, start + hi, dtype=np.int64))
+            lengths[lo:hi] = self._lengths_of(rows[lo:hi])
+        batches = rows[np.argsort(lengths, kind="stable")].reshape(count, self.global_batch)
         visit = np.random.Generator(np.random.PCG64(stable_hash64(self.seed, "window", self.epoch, window)))
         return batches[visit.permutation(count)]
 

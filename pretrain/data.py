@@ -59,6 +59,7 @@ class ShardedInstances:
         if expected is not None:
             check_compatible(self.manifest, expected, str(directory))
         self.pad_id = self.manifest["tokenizer"]["special_ids"]["[PAD]"]
+        self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
         self._shards = [_MappedShard(directory / entry["name"], int(entry["rows"])) for entry in self.manifest["shards"]]
         self._shard_starts = np.zeros(len(self._shards) + 1, np.int64)
         np.cumsum([shard.num_rows for shard in self._shards], out=self._shard_starts[1:])
@@ -84,6 +85,11 @@ class ShardedInstances:
             shard = self._shards[index]
             groups.append((shard, selection, *shard.locate(rows[selection] - self._shard_starts[index])))
         return groups
+
+    def where(self, row: int) -> str:
+        """``row`` as "SHARD PATH, row N" for messages."""
+        index = int(np.searchsorted(self._shard_starts, row, side="right") - 1)
+        return f"{self._shards[index].path}, row {row - int(self._shard_starts[index])}"
 
     def list_lengths(self, column: str, rows: np.ndarray) -> np.ndarray:
         """The number of values in ``column`` of each row (int64, in the order of ``rows``)."""
@@ -268,6 +274,12 @@ def read_rows(data: ShardedInstances, rows: np.ndarray) -> RowBlock:
     tokens, lengths = data.gather("input_ids", located, len(rows))
     positions, counts = data.gather("masked_positions", located, len(rows))
     labels, _ = data.gather("masked_labels", located, len(rows))
+    for values, per_row, column in ((tokens, lengths, "input_ids"), (labels, counts, "masked_labels")):
+        if len(values) and values.max() >= data.vocab_size:
+            bad = int(np.searchsorted(np.cumsum(per_row), np.flatnonzero(values >= data.vocab_size)[0], side="right"))
+            raise DatasetFormatError(f"{data.where(rows[bad])}: {column} holds id {int(values.max())}, beyond the "
+                                     f"vocabulary of {data.vocab_size}; the shard was altered or belongs to "
+                                     "another dataset: copy the dataset again, or re-run preprocessing")
     return RowBlock(tokens, lengths, positions, counts, labels, data.scalars("segment_a_len", located, len(rows)),
                     data.scalars("next_sentence_label", located, len(rows)))
 

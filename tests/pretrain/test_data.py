@@ -190,3 +190,24 @@ def test_a_position_saved_in_another_sample_order_is_refused(sample_dataset):
     del state["order_version"]  # written before the order was versioned
     with pytest.raises(ValueError, match="sample order version 1.*model.init_from"):
         loader.load_state_dict(state)
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused_when_read_naming_shard_and_row(synthetic_dataset, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(synthetic_dataset(30_000, rows_per_shard=10_000), copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    shard = copy / manifest["shards"][2]["name"]
+    table = ipc.open_file(pa.memory_map(str(shard))).read_all()
+    ids = table.column("input_ids").to_pylist()
+    ids[5000][7] = 40000  # an altered id inside a record batch past the first; uint16 holds it
+    table = table.set_column(0, table.schema.field(0), pa.array(ids, table.schema.field(0).type))
+    altered = tmp_path / "altered.arrow"
+    with pa.OSFile(str(altered), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=4096):
+            writer.write_batch(batch)
+    altered.replace(shard)  # not in place: the table read above still maps the old file
+    data = ShardedInstances(copy)  # opening reads no rows
+    collate(data, np.arange(100))
+    with pytest.raises(DatasetFormatError, match=f"{shard}, row 5000: input_ids holds id 40000, beyond the "
+                                                 "vocabulary of 30522"):
+        collate(data, np.asarray([3, 25_000, 20_001]))

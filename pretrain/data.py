@@ -60,7 +60,9 @@ class ShardedInstances:
             check_compatible(self.manifest, expected, str(directory))
         self.pad_id = self.manifest["tokenizer"]["special_ids"]["[PAD]"]
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
-        self._shards = [_MappedShard(directory / entry["name"], int(entry["rows"])) for entry in self.manifest["shards"]]
+        self._shards = [_MappedShard(inside(directory, entry["name"], "shard name"), int(entry["rows"]))
+                        for entry in self.manifest["shards"]]
+        self.tokenizer_dir = inside(directory, self.manifest["tokenizer"]["dir"], "tokenizer.dir")
         self._shard_starts = np.zeros(len(self._shards) + 1, np.int64)
         np.cumsum([shard.num_rows for shard in self._shards], out=self._shard_starts[1:])
 
@@ -128,6 +130,15 @@ class ShardedInstances:
 
 _LIST_COLUMNS = ("input_ids", "masked_positions", "masked_labels")
 _SCALAR_COLUMNS = ("segment_a_len", "next_sentence_label")
+
+
+def inside(directory: Path, name: str, what: str) -> Path:
+    """``directory / name``, refusing a ``name`` from the manifest that could point outside ``directory``."""
+    relative = Path(str(name))
+    if not str(name) or relative.is_absolute() or ".." in relative.parts:
+        raise DatasetFormatError(f"{directory / 'manifest.json'}: {what} {name!r} is not a relative path inside "
+                                 "the dataset directory; the manifest was altered: re-run preprocessing")
+    return directory / relative
 
 
 class _MappedShard:

@@ -130,7 +130,7 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
         (out / "config.yaml").write_text(configlib.to_yaml(cfg))
         (out / "deepspeed_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
         # The tokenizer travels with the run, so its checkpoints can be exported after the dataset is gone.
-        shutil.copytree(data.directory / data.manifest["tokenizer"]["dir"], out / "tokenizer", dirs_exist_ok=True)
+        shutil.copytree(data.tokenizer_dir, out / "tokenizer", dirs_exist_ok=True)
     seed_everything(cfg.seed, rank)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
     engine = ds.build(cfg, PretrainingObjective(model), ds_config)

@@ -211,3 +211,18 @@ def test_token_ids_beyond_the_vocabulary_are_refused_when_read_naming_shard_and_
     with pytest.raises(DatasetFormatError, match=f"{shard}, row 5000: input_ids holds id 40000, beyond the "
                                                  "vocabulary of 30522"):
         collate(data, np.asarray([3, 25_000, 20_001]))
+
+
+@pytest.mark.parametrize("field,value", [("shard", "/etc/passwd"), ("shard", "../elsewhere.arrow"),
+                                         ("tokenizer", "/home/someone/tokenizer"), ("tokenizer", "sub/../../up")])
+def test_manifest_paths_must_stay_inside_the_dataset(sample_dataset, tmp_path, field, value):
+    copy = tmp_path / "copy"
+    shutil.copytree(sample_dataset, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    if field == "shard":
+        manifest["shards"][0]["name"] = value
+    else:
+        manifest["tokenizer"]["dir"] = value
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetFormatError, match="is not a relative path inside the dataset directory"):
+        ShardedInstances(copy)

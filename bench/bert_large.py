@@ -1,0 +1,330 @@
+#!/usr/bin/env python
+"""BERT-Large through every stage on CPU, with the shipped phase configs and small batch overrides.
+
+    python bench/bert_large.py [--steps 6] [--resume-steps 3] [--phase2-steps 3] [--work DIR] [--data DIR]
+
+1. phase 1 (configs/pretrain/bert_large_phase1_seq128.yaml): 2 ranks (torchrun), ZeRO 2, bf16, AdamW, global
+   batch 8 = micro-batch 4 x 2 ranks; a checkpoint at the end and the Hugging Face export;
+2. resume on 1 rank from that checkpoint (converted to a universal checkpoint by the run) for a few more steps;
+3. phase 2 (configs/pretrain/bert_large_phase2_seq512.yaml) initialised from the phase-1 run (``model.init_from``),
+   2 ranks, global batch 4 = micro-batch 2 x 2 ranks;
+4. the phase-2 export loaded by ``transformers.BertForPreTraining`` against our model on a real seq-512 batch
+   (fp32, eval mode), and the offline export of its DeepSpeed checkpoint (``python -m pretrain.export``) against
+   the run's own export;
+5. ``python -m finetune glue`` on the phase-2 export: SST-2, 32 training and 32 dev examples, one epoch.
+
+Measured: seconds per optimizer step (the first step of each run left out), each rank's peak RSS (the kernel's
+high-water mark VmHWM, read every 0.25 s until the rank exits), checkpoint bytes on disk, the save, universal
+conversion, load and export seconds the runs record in summary.json, and the model-state memory estimate of
+``pretrain.memory`` (what ``--dry-run`` prints) next to the measured peaks. Shards: built once under --work by
+``python -m preprocess run`` (bench/pretrain.py's ``ensure_dataset``). Writes bench/results/bert-large-<machine>.json.
+Run it alone: ``flock /tmp/heavy.lock python bench/bert_large.py`` (two BERT-Large ranks take ~13 GB).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Run as a script, sys.path[0] is bench/, where bench/preprocess.py would shadow the ``preprocess`` package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
+
+import psutil  # noqa: E402
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The dataset builder, the version block and the machine description are the other benchmarks', so results compare.
+bench_pretrain = _load("bench_pretrain", REPO / "bench" / "pretrain.py")
+bench_preprocess = bench_pretrain.bench_preprocess
+
+PHASE1, PHASE2 = "configs/pretrain/bert_large_phase1_seq128.yaml", "configs/pretrain/bert_large_phase2_seq512.yaml"
+RUN = "pretrain/run.py"
+LOGITS_TOLERANCE = 1e-3  # max |ours - transformers| on fp32 logits of 24 layers: summation order only
+COMMON = {"zero.stage": 2, "train.precision": "bf16", "optimizer.name": "adamw", "optimizer.lr": 1e-4,
+          "optimizer.torch_adam": "true", "checkpoint.every_steps": 0, "logging.log_every": 1,
+          "logging.tensorboard": "false", "logging.progress": "false"}
+
+
+class PeakRss(threading.Thread):
+    """Peak RSS of each process of a job, by rank: VmHWM of every descendant that has RANK in its environment
+    (torchrun's workers), or of the started process itself, read until the job ends."""
+
+    def __init__(self, process: subprocess.Popen, interval: float = 0.25):
+        super().__init__(daemon=True)
+        self.root, self.interval, self.peaks, self.done = psutil.Process(process.pid), interval, {}, threading.Event()
+
+    def run(self) -> None:
+        launcher = "torch.distributed.run" in " ".join(self.root.cmdline())
+        while not self.done.is_set():
+            try:
+                procs = self.root.children(recursive=True) if launcher else [self.root]
+            except psutil.NoSuchProcess:
+                break
+            for proc in procs:
+                try:
+                    rank = int(proc.environ()["RANK"]) if launcher else 0
+                    with open(f"/proc/{proc.pid}/status") as status:
+                        hwm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
+                except (psutil.Error, KeyError, OSError, StopIteration):
+                    continue  # not a rank, or gone
+                self.peaks[rank] = max(self.peaks.get(rank, 0), hwm)
+            self.done.wait(self.interval)
+
+
+def run_job(name: str, cmd: list[str], env: dict, logs: Path) -> dict:
+    """Run ``cmd`` to completion (its output in logs/<name>.log); wall seconds and peak RSS per rank."""
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(logs / f"{name}.log", "wb") as log:
+        process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        sampler = PeakRss(process)
+        sampler.start()
+        status = process.wait()
+        sampler.done.set()
+        sampler.join()
+    wall = time.perf_counter() - started
+    if status != 0:
+        tail = (logs / f"{name}.log").read_text(errors="replace")[-4000:]
+        sys.exit(f"{name} failed with status {status}:\n{tail}")
+    return {"wall_s": round(wall, 1), "peak_rss_bytes_by_rank": {str(r): b for r, b in sorted(sampler.peaks.items())},
+            "command": " ".join(os.path.relpath(c, REPO) if c.startswith(str(REPO)) else c for c in cmd)}
+
+
+def environment(ranks: int) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "PMI_", "OMPI_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    threads = max(1, (os.cpu_count() or 2) // ranks)  # one core per rank: oversubscribing stalls OpenMP barriers
+    return {**env, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
+
+
+def pretrain_command(config: str, ranks: int, settings: dict, *, resume: bool = False) -> list[str]:
+    args = [RUN, "--config", config, *(["--resume"] if resume else []),
+            *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")]]
+    if ranks == 1:
+        return [sys.executable, *args]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
+            "127.0.0.1", "--master_port", str(port), *args]
+
+
+def run_stats(out: Path, global_batch: int) -> dict:
+    """Step seconds from metrics.jsonl (one record per step), the summary's timings and the checkpoint sizes."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    seconds = [global_batch / r["sequences_per_second"] for r in records]
+    summary = json.loads((out / "summary.json").read_text())
+    sizes = {c.name: sum(f.stat().st_size for f in c.rglob("*") if f.is_file())
+             for c in sorted((out / "checkpoints").glob("step_*"))}
+    universal = out / "checkpoints" / "universal"
+    if universal.is_dir():
+        sizes["universal"] = sum(f.stat().st_size for f in universal.rglob("*") if f.is_file())
+    later = seconds[1:]
+    return {"steps": [r["step"] for r in records], "step_s": [round(s, 2) for s in seconds],
+            "step_s_mean_without_first": round(sum(later) / len(later), 2) if later else None,
+            "losses": [round(r["loss"], 4) for r in records], "summary": summary, "checkpoint_bytes": sizes}
+
+
+def compare_logits(hf_dir: Path, dataset: Path, rows: int) -> dict:
+    """Our model and transformers' on the same export and a real batch, fp32, eval mode."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from pretrain.data import PretrainingLoader, ShardedInstances
+    from pretrain.hf_compat import load_pretrained
+
+    loader = PretrainingLoader(ShardedInstances(dataset), micro_batch=rows, accumulation=1, world_size=1, rank=0,
+                               seed=7)
+    batch = {k: torch.from_numpy(np.asarray(v)) for k, v in loader.next_step()[0].items()}
+    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    started = time.perf_counter()
+    theirs = transformers.BertForPreTraining.from_pretrained(hf_dir).eval()
+    load_theirs = time.perf_counter() - started
+    ours = load_pretrained(hf_dir)[0].eval()
+    with torch.no_grad():
+        expected = theirs(**inputs)
+        mlm, nsp = ours(inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"])
+    real = inputs["attention_mask"].bool()
+    mlm_diff = float((mlm[real] - expected.prediction_logits[real]).abs().max())
+    nsp_diff = float((nsp - expected.seq_relationship_logits).abs().max())
+    return {"rows": rows, "padded_width": int(inputs["input_ids"].shape[1]), "real_tokens": int(real.sum()),
+            "mlm_logits_max_abs_diff": mlm_diff, "nsp_logits_max_abs_diff": nsp_diff,
+            "mlm_logits_max_abs": float(expected.prediction_logits[real].abs().max()),
+            "tolerance": LOGITS_TOLERANCE, "pass": max(mlm_diff, nsp_diff) <= LOGITS_TOLERANCE,
+            "transformers_load_s": round(load_theirs, 1)}
+
+
+def weights_diff(left: Path, right: Path) -> float:
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(left / "model.safetensors")), load_file(str(right / "model.safetensors"))
+    if a.keys() != b.keys():
+        return float("inf")
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def runtime_baseline(env: dict) -> int:
+    """Peak RSS of a process that only imports what a rank imports (torch, DeepSpeed, the training loop)."""
+    code = ("import deepspeed, torch, pretrain.train\n"
+            "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')))")
+    return int(subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                              check=True).stdout.split()[-1])
+
+
+def memory_check(config: str, overrides: dict, ranks: int, vocab: int, job: dict, baseline: int) -> dict:
+    """The estimate next to the measured peaks, with the two known terms outside the model states: the runtime
+    (baseline) and the fp32 model each rank builds before DeepSpeed casts it to bf16 (two copies with
+    ``init_from``: the loaded model and the clone its fp32 master weights are restored from)."""
+    from pretrain import config as config_module
+    from pretrain.memory import estimate_for_run
+
+    cfg = config_module.load(config, [f"{k}={v}" for k, v in overrides.items()])
+    found = estimate_for_run(cfg, ranks, vocab)
+    total = found.device_bytes + found.host_bytes
+    fp32_model = 4 * found.parameters * (2 if cfg.model.init_from else 1)
+    peaks = job["peak_rss_bytes_by_rank"]
+    return {"world_size": ranks, "estimate_table": found.table().splitlines(), "estimate_bytes_per_rank": round(total),
+            "estimate_paper_bytes_per_rank": round(found.paper_bytes),
+            "measured_peak_rss_bytes_by_rank": peaks, "runtime_baseline_rss_bytes": baseline,
+            "fp32_model_before_cast_bytes": fp32_model,
+            "measured_minus_baseline_over_estimate": {r: round((b - baseline) / total, 2) for r, b in peaks.items()},
+            "unaccounted_bytes_by_rank": {r: round(b - baseline - total - fp32_model) for r, b in peaks.items()}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=6, help="phase-1 steps on 2 ranks")
+    parser.add_argument("--resume-steps", type=int, default=3, help="more steps after resuming on 1 rank")
+    parser.add_argument("--phase2-steps", type=int, default=3)
+    parser.add_argument("--preset", default="large", help="model.preset of phase 1 (tiny: a smoke test of the script)")
+    parser.add_argument("--work", type=Path, default=REPO / "bench" / "work" / "bert-large")
+    parser.add_argument("--data", type=Path, default=(REPO / ".." / "shared" / "data").resolve())
+    parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args()
+    begun = time.perf_counter()
+    machine = bench_preprocess.machine_info()
+    datasets = {seq: bench_pretrain.ensure_dataset(seq, args.data, args.work) for seq in (128, 512)}
+    vocab = json.loads((datasets[128][0] / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    runs, logs = args.work / "runs", args.work / "logs"
+    shutil.rmtree(runs, ignore_errors=True)
+    stages, stats, memory = {}, {}, {}
+    baseline = runtime_baseline(environment(1))
+
+    phase1 = {**COMMON, "model.preset": args.preset, "data.path": datasets[128][0], "output_dir": runs / "phase1",
+              "train.max_steps": args.steps, "schedule.total_steps": args.steps, "train.global_batch_size": 8,
+              "train.micro_batch_size": 4}
+    stages["phase1"] = run_job("phase1", pretrain_command(PHASE1, 2, phase1), environment(2), logs)
+    stats["phase1"] = run_stats(runs / "phase1", 8)
+    memory["phase1"] = memory_check(PHASE1, phase1, 2, vocab, stages["phase1"], baseline)
+    print(f"phase 1: {stats['phase1']['step_s']} s/step, peaks {stages['phase1']['peak_rss_bytes_by_rank']}",
+          flush=True)
+
+    # Resume on 1 rank in a run directory of its own that holds the phase-1 checkpoint (hard links: no copy).
+    resumed = runs / "resume-1rank"
+    tag = max((runs / "phase1" / "checkpoints").glob("step_*")).name
+    shutil.copytree(runs / "phase1" / "checkpoints" / tag, resumed / "checkpoints" / tag, copy_function=os.link)
+    total = args.steps + args.resume_steps
+    resume = {**phase1, "output_dir": resumed, "train.max_steps": total, "schedule.total_steps": total,
+              "checkpoint.export_hf": "false"}
+    stages["resume"] = run_job("resume-1rank", pretrain_command(PHASE1, 1, resume, resume=True), environment(1), logs)
+    stats["resume"] = run_stats(resumed, 8)
+    memory["resume"] = memory_check(PHASE1, resume, 1, vocab, stages["resume"], baseline)
+    print(f"resume: {stats['resume']['step_s']} s/step, timings {stats['resume']['summary']['timings']}", flush=True)
+
+    phase2 = {**COMMON, "data.path": datasets[512][0], "output_dir": runs / "phase2",
+              "model.init_from": runs / "phase1", "train.max_steps": args.phase2_steps,
+              "schedule.total_steps": args.phase2_steps, "train.global_batch_size": 4, "train.micro_batch_size": 2}
+    stages["phase2"] = run_job("phase2", pretrain_command(PHASE2, 2, phase2), environment(2), logs)
+    stats["phase2"] = run_stats(runs / "phase2", 4)
+    memory["phase2"] = memory_check(PHASE2, phase2, 2, vocab, stages["phase2"], baseline)
+    print(f"phase 2: {stats['phase2']['step_s']} s/step", flush=True)
+
+    logits = compare_logits(runs / "phase2" / "hf", datasets[512][0], rows=4)
+    print(f"logits vs transformers: {logits}", flush=True)
+    offline = runs / "phase2-offline-export"
+    stages["offline_export"] = run_job("offline-export", [sys.executable, "-m", "pretrain.export", str(runs / "phase2"),
+                                                          str(offline)], environment(1), logs)
+    export_diff = weights_diff(runs / "phase2" / "hf", offline)
+
+    finetune_out = runs / "finetune-sst2"
+    finetune_cmd = [sys.executable, "-m", "finetune", "glue", "--checkpoint", str(runs / "phase2" / "hf"), "--tasks",
+                    "sst2", "--data", str(args.data), "--output", str(finetune_out), "--set", "seeds=[1]",
+                    *[a for s in ("glue.training.max_train_examples=32", "glue.training.max_eval_examples=32",
+                                  "glue.training.epochs=1", "glue.training.batch_size=8",
+                                  "glue.training.eval_batch_size=32", "glue.per_task={}") for a in ("--set", s)]]
+    stages["finetune"] = run_job("finetune-sst2", finetune_cmd, environment(1), logs)
+    report = json.loads((finetune_out / "report.json").read_text())
+    finetune = {"wall_s": stages["finetune"]["wall_s"],
+                "tasks": [{**{k: t.get(k) for k in ("task", "mean", "seconds", "train_examples", "eval_examples")},
+                           "steps": [r["steps"] for r in t["runs"]]} for t in report["results"]]}
+
+    results = {
+        "benchmark": "bert-large",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "machine": machine,
+        "versions": {**bench_pretrain.versions(), "deepspeed": importlib.metadata.version("deepspeed")},
+        "datasets": {f"seq{seq}": {"path": os.path.relpath(d, REPO), **info} for seq, (d, info) in datasets.items()},
+        "settings": {"phase1": {k: str(v) for k, v in phase1.items()}, "resume": {k: str(v) for k, v in resume.items()},
+                     "phase2": {k: str(v) for k, v in phase2.items()}, "finetune": finetune_cmd[3:]},
+        "method": {"step_s": "global batch / sequences_per_second of each step's metrics.jsonl record; the mean leaves "
+                             "out the first step of the run",
+                   "peak_rss": "VmHWM of each rank's process (kernel high-water mark), read every 0.25 s",
+                   "save_s": "until every rank's files are written and the checkpoint is marked complete; no fsync, "
+                             "so with free memory the bytes may still be in the page cache",
+                   "timings": "summary.json of each run (rank 0): checkpoint save (all ranks written, published), "
+                              "universal conversion (rank 0), DeepSpeed load, Hugging Face export",
+                   "estimate": "pretrain.memory (as --dry-run prints it): model states only; the runtime baseline is "
+                               "the peak RSS of a process that imports torch, DeepSpeed and pretrain.train",
+                   "threads": "OMP_NUM_THREADS = cores / ranks"},
+        "stages": stages, "runs": stats, "memory": memory, "logits": logits,
+        "offline_export": {"wall_s": stages["offline_export"]["wall_s"],
+                           "weights_max_abs_diff_vs_run_export": export_diff},
+        "finetune": finetune, "bench_wall_s": round(time.perf_counter() - begun, 1),
+    }
+    args.results.mkdir(parents=True, exist_ok=True)
+    suffix = "" if args.preset == "large" else f"-{args.preset}"
+    out_file = args.results / f"bert-large-{machine['slug']}{suffix}.json"
+    out_file.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+    gib = lambda b: f"{b / 2 ** 30:.2f} GiB"  # noqa: E731
+    p1, rs, p2 = stats["phase1"], stats["resume"], stats["phase2"]
+    print(f"\nBERT-Large on CPU ({machine['slug']}, {machine['cpu_model']}), {results['bench_wall_s']} s in all")
+    for name, label in (("phase1", "phase 1, 2 ranks, seq 128, batch 8"), ("resume", "resumed, 1 rank, batch 8"),
+                        ("phase2", "phase 2, 2 ranks, seq 512, batch 4")):
+        peaks = ", ".join(gib(b) for b in stages[name]["peak_rss_bytes_by_rank"].values())
+        print(f"  {label}: {stats[name]['step_s_mean_without_first']} s/step (first step left out), peak RSS "
+              f"{peaks}; estimate of model states {gib(memory[name]['estimate_bytes_per_rank'])} per rank")
+    print(f"  checkpoint: {gib(max(v for k, v in p1['checkpoint_bytes'].items() if k != 'universal'))}, saved in "
+          f"{p1['summary']['timings']['checkpoint_save_s']} s; universal conversion "
+          f"{rs['summary']['timings']['universal_conversion_s']} s ({gib(rs['checkpoint_bytes']['universal'])}), load "
+          f"{rs['summary']['timings']['checkpoint_load_s']} s; export {p1['summary']['timings'].get('export_hf_s')} s")
+    print(f"  logits vs transformers: MLM {logits['mlm_logits_max_abs_diff']:.2e}, NSP "
+          f"{logits['nsp_logits_max_abs_diff']:.2e} (tolerance {LOGITS_TOLERANCE:g}: "
+          f"{'PASS' if logits['pass'] else 'FAIL'}); offline export = run export within {export_diff:.1e}")
+    print(f"  finetune (SST-2, 32 examples): {stages['finetune']['wall_s']} s, {finetune['tasks']}")
+    print(f"  results: {os.path.relpath(out_file, REPO)}; phase-2 loss {p2['losses']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

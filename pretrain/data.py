@@ -41,10 +41,11 @@ class Expected:
 class ShardedInstances:
     """The rows of a dataset directory, read in place from its memory-mapped shards.
 
-    Opening a dataset reads each shard's footer and record-batch headers, never its rows: a rank's own
-    memory for the dataset is a few numbers per record batch (of 4,096 rows), whatever the number of rows.
-    The rows' bytes stay in the page cache, which the ranks of a node share. Rows are numbered shard by
-    shard in manifest order.
+    Opening a dataset checks that every shard exists with the size the manifest lists; a shard is mapped,
+    and its record batches located (footer and batch headers), when a row of it is first read, which also
+    checks its row count. No row is read at start-up, and a rank's own memory for the dataset is a few
+    numbers per record batch (of 4,096 rows), whatever the number of rows. The rows' bytes stay in the page
+    cache, which the ranks of a node share. Rows are numbered shard by shard in manifest order.
     """
 
     def __init__(self, directory: str | Path, expected: Expected | None = None):
@@ -60,7 +61,7 @@ class ShardedInstances:
             check_compatible(self.manifest, expected, str(directory))
         self.pad_id = self.manifest["tokenizer"]["special_ids"]["[PAD]"]
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
-        self._shards = [_MappedShard(inside(directory, entry["name"], "shard name"), int(entry["rows"]))
+        self._shards = [_MappedShard(inside(directory, entry["name"], "shard name"), int(entry["rows"]), entry.get("bytes"))
                         for entry in self.manifest["shards"]]
         self.tokenizer_dir = inside(directory, self.manifest["tokenizer"]["dir"], "tokenizer.dir")
         self._shard_starts = np.zeros(len(self._shards) + 1, np.int64)
@@ -148,10 +149,20 @@ class _MappedShard:
     any buffer's elements directly: a row is found by (record batch, row within it) without pyarrow.
     """
 
-    def __init__(self, path: Path, manifest_rows: int):
+    def __init__(self, path: Path, manifest_rows: int, manifest_bytes: int | None):
         if not path.is_file():
             raise DatasetFormatError(f"{path}: shard listed in the manifest is missing; copy the whole dataset "
                                      "directory again, or re-run preprocessing")
+        size = path.stat().st_size
+        if manifest_bytes is not None and size != manifest_bytes:
+            raise DatasetFormatError(f"{path}: {size} bytes but the manifest lists {manifest_bytes}; the file is "
+                                     "truncated or altered: copy it again, or re-run preprocessing")
+        self.path, self.num_rows = path, manifest_rows
+        self._bytes = None  # mapped when a row of this shard is first read
+
+    def _open(self) -> None:
+        """Map the file and find its record batches' buffers (reads the footer and each batch's header)."""
+        path = self.path
         try:
             mapped = pa.memory_map(str(path))
             reader = ipc.open_file(mapped)
@@ -160,8 +171,6 @@ class _MappedShard:
         except (pa.ArrowException, OSError) as error:
             raise DatasetFormatError(f"{path}: not a readable Arrow shard ({error}); the file is truncated or "
                                      "damaged: copy it again, or re-run preprocessing") from None
-        self.path = path
-        self._bytes = np.frombuffer(whole, np.uint8)
         self._views: dict[np.dtype, np.ndarray] = {}
         schema = reader.schema
         self._list_type = {name: _numpy_type(schema.field(name).type.value_type) for name in _LIST_COLUMNS}
@@ -183,10 +192,11 @@ class _MappedShard:
             for name in _SCALAR_COLUMNS:
                 self._scalar_at[name][index] = self._element(batch.column(name).buffers()[1], whole,
                                                              self._scalar_type[name])
-        self.num_rows = int(self.batch_starts[-1])
-        if self.num_rows != manifest_rows:
-            raise DatasetFormatError(f"{path}: {self.num_rows} rows but the manifest lists {manifest_rows}; the shard "
-                                     "or the manifest was altered: copy the dataset again, or re-run preprocessing")
+        if self.batch_starts[-1] != self.num_rows:
+            raise DatasetFormatError(f"{path}: {self.batch_starts[-1]} rows but the manifest lists {self.num_rows}; "
+                                     "the shard or the manifest was altered: copy the dataset again, or re-run "
+                                     "preprocessing")
+        self._bytes = np.frombuffer(whole, np.uint8)
 
     def _element(self, buffer: pa.Buffer | None, whole: pa.Buffer, dtype: np.dtype) -> int:
         """The index of ``buffer``'s first element in a ``dtype`` view of the whole file."""
@@ -205,7 +215,9 @@ class _MappedShard:
         return self._views[dtype]
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(record batch, row within it) of each of the shard's ``rows``."""
+        """(record batch, row within it) of each of the shard's ``rows``; every read of rows starts here."""
+        if self._bytes is None:
+            self._open()
         batch = np.searchsorted(self.batch_starts, rows, side="right") - 1
         return batch, rows - self.batch_starts[batch]
 

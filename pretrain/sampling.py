@@ -2,13 +2,18 @@
 
 Pure functions of (number of rows, seed, epoch, global batch, window): no dataset, no ranks, no I/O.
 
-* Each epoch is a pseudo-random permutation of the row ids, evaluated on the fly for any range of
-  positions (a keyed Feistel network with cycle walking), so no rank ever holds an array with one entry
-  per row: a 100M-row dataset costs what a 1,000-row one does.
-* The permuted positions are cut into windows of ``window_batches`` global batches. A window's rows are
-  sorted by length and cut into global batches (so a batch is padded only to its longest row), and the
-  batches of the window are visited in a seeded random order. The tail of the permutation that does
-  not fill a global batch is left out of that epoch; the next epoch draws a new permutation.
+* The preprocessing stage already shuffles rows globally (every shard is a random sample of the corpus
+  in random order), so an epoch permutes *blocks* of ``BLOCK_ROWS`` consecutive rows, not single rows:
+  a block is read with a few contiguous reads, where a row-level permutation makes every row a random
+  read of a page, which a dataset larger than the page cache pays from disk. The block permutation is a
+  keyed Feistel network with cycle walking, evaluated on the fly for any range of positions, so no rank
+  holds an array with one entry per row (or per block). The rows after the last whole block (fewer than
+  ``BLOCK_ROWS``) open every epoch.
+* The epoch's row sequence is cut into windows of ``window_batches`` global batches. A window's rows are
+  shuffled, sorted by length and cut into global batches (so a batch is padded only to its longest row,
+  and rows of one block meet in a batch no more often than rows of equal length do), and the batches of
+  the window are visited in a seeded random order. The end of the sequence that does not fill a global
+  batch is left out of that epoch; the next epoch draws a new permutation.
 * Everything derives from ``(seed, epoch)`` and ``(seed, epoch, window)`` through BLAKE2b, so every rank
   and every resumed run computes the same batches, whatever the number of ranks.
 
@@ -23,7 +28,8 @@ import numpy as np
 
 from preprocess.hashing import stable_hash64
 
-ORDER_VERSION = 2  # 1: a full np.random permutation per epoch and a global shuffle of its batches
+ORDER_VERSION = 2  # 1: a full np.random permutation of the rows per epoch and a global shuffle of its batches
+BLOCK_ROWS = 256  # rows read together: 75-300 KB of tokens at sequence lengths 128-512
 
 _FEISTEL_ROUNDS = 6
 _SLICE_ROWS = 1 << 18
@@ -88,7 +94,9 @@ class EpochOrder:
         self.epoch, self.seed = epoch, seed
         self.global_batch, self.window_batches = global_batch, window_batches
         self._lengths_of = lengths_of
-        self._permutation = Permutation(num_rows, stable_hash64(seed, "epoch", epoch))
+        whole_blocks = num_rows // BLOCK_ROWS
+        self._tail_start, self._tail_rows = whole_blocks * BLOCK_ROWS, num_rows - whole_blocks * BLOCK_ROWS
+        self._blocks = Permutation(whole_blocks, stable_hash64(seed, "epoch", epoch))
         self._window_index, self._window = -1, None
 
     def __len__(self) -> int:
@@ -103,20 +111,30 @@ class EpochOrder:
             self._window, self._window_index = self._build_window(window), window
         return self._window[within]
 
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Row ids at positions ``[start, stop)`` of the epoch's row sequence."""
+        positions = np.arange(start, stop, dtype=np.int64)
+        out = self._tail_start + positions  # the rows after the last whole block come first
+        in_blocks = positions >= self._tail_rows
+        if in_blocks.any():
+            offset = positions[in_blocks] - self._tail_rows
+            first, last = offset[0] // BLOCK_ROWS, offset[-1] // BLOCK_ROWS
+            blocks = self._blocks(np.arange(first, last + 1, dtype=np.int64))
+            out[in_blocks] = blocks[offset // BLOCK_ROWS - first] * BLOCK_ROWS + offset % BLOCK_ROWS
+        return out
+
     def _build_window(self, window: int) -> np.ndarray:
         first = window * self.window_batches
         count = min(self.window_batches, self.num_batches - first)
-        start = first * self.global_batch
-        rows = np.empty(count * self.global_batch, np.int64)
+        rows = self.rows(first * self.global_batch, (first + count) * self.global_batch)
         lengths = np.empty(len(rows), np.int32)
-        # In slices, so the temporaries of the permutation and the lookups stay small beside the window.
-        for lo in range(0, len(rows), _SLICE_ROWS):
-            hi = min(lo + _SLICE_ROWS, len(rows))
-            rows[lo:hi] = self._permutation(np.arange(start + lo, start + hi, dtype=np.int64))
-            lengths[lo:hi] = self._lengths_of(rows[lo:hi])
+        for lo in range(0, len(rows), _SLICE_ROWS):  # in slices: the lookups' temporaries stay small
+            lengths[lo:lo + _SLICE_ROWS] = self._lengths_of(rows[lo:lo + _SLICE_ROWS])
+        shuffle = np.random.Generator(np.random.PCG64(stable_hash64(self.seed, "window", self.epoch, window)))
+        mixed = shuffle.permutation(len(rows))
+        rows, lengths = rows[mixed], lengths[mixed]
         batches = rows[np.argsort(lengths, kind="stable")].reshape(count, self.global_batch)
-        visit = np.random.Generator(np.random.PCG64(stable_hash64(self.seed, "window", self.epoch, window)))
-        return batches[visit.permutation(count)]
+        return batches[shuffle.permutation(count)]
 
 
 def epoch_batches(lengths: np.ndarray, *, epoch: int, seed: int, global_batch: int,
@@ -130,4 +148,4 @@ def epoch_batches(lengths: np.ndarray, *, epoch: int, seed: int, global_batch: i
     return np.stack([order.batch(b) for b in range(len(order))])
 
 
-__all__ = ["EpochOrder", "ORDER_VERSION", "Permutation", "epoch_batches"]
+__all__ = ["BLOCK_ROWS", "EpochOrder", "ORDER_VERSION", "Permutation", "epoch_batches"]

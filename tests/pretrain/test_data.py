@@ -169,17 +169,25 @@ def test_a_damaged_or_altered_shard_is_refused_naming_it(synthetic_dataset, tmp_
     shard = copy / json.loads((copy / "manifest.json").read_text())["shards"][1]["name"]
     data = shard.read_bytes()
     shard.write_bytes(data[:len(data) // 2])
-    with pytest.raises(DatasetFormatError, match=f"{shard}: not a readable Arrow shard.*truncated"):
+    with pytest.raises(DatasetFormatError, match=f"{shard}: {len(data) // 2} bytes but the manifest lists "
+                                                 f"{len(data)}; the file is truncated"):
         ShardedInstances(copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["shards"][1]["bytes"] = len(data) // 2  # a manifest altered to match: refused when first read
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    opened = ShardedInstances(copy)
+    collate(opened, np.arange(5))
+    with pytest.raises(DatasetFormatError, match=f"{shard}: not a readable Arrow shard.*truncated"):
+        collate(opened, np.asarray([12_000]))
     shard.unlink()
     with pytest.raises(DatasetFormatError, match=f"{shard}: shard listed in the manifest is missing"):
         ShardedInstances(copy)
     shard.write_bytes(data)
-    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["shards"][1]["bytes"] = len(data)
     manifest["shards"][1]["rows"] += 1
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetFormatError, match=f"{shard}: 10000 rows but the manifest lists 10001"):
-        ShardedInstances(copy)
+        collate(ShardedInstances(copy), np.asarray([15_000]))
 
 
 def test_a_position_saved_in_another_sample_order_is_refused(sample_dataset):

@@ -4,8 +4,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from preprocess.hashing import stable_hash64
-from pretrain.sampling import EpochOrder, Permutation, epoch_batches
+from pretrain.sampling import BLOCK_ROWS, EpochOrder, Permutation, epoch_batches
 
 
 @pytest.mark.parametrize("size", [0, 1, 2, 3, 5, 17, 64, 1000, 4097, 250_001])
@@ -39,12 +38,27 @@ def test_batches_are_disjoint_sorted_by_length_and_shuffled_within_windows():
     # A window's batches are visited in random order, not from shortest to longest.
     first_window = lengths[batches[:16]].mean(axis=1)
     assert not (np.diff(first_window) >= 0).all()
-    # Window w holds positions [w * 16 * 64, (w + 1) * 16 * 64) of the epoch's permutation.
-    permutation = Permutation(50_000, seed=stable_hash64(9, "epoch", 3))
+    # Window w holds positions [w * 16 * 64, (w + 1) * 16 * 64) of the epoch's row sequence.
     for window in (0, 1, 48):
-        positions = np.arange(window * 1024, min((window + 1) * 1024, len(batches) * 64))
-        assert (np.sort(batches[window * 16:(window + 1) * 16].ravel()) == np.sort(permutation(positions))).all()
+        positions = (window * 1024, min((window + 1) * 1024, len(batches) * 64))
+        assert (np.sort(batches[window * 16:(window + 1) * 16].ravel()) == np.sort(order.rows(*positions))).all()
     assert (epoch_batches(lengths, epoch=3, seed=9, global_batch=64, window_batches=16) == batches).all()
+
+
+@pytest.mark.parametrize("rows", [100, BLOCK_ROWS * 7, BLOCK_ROWS * 7 + 5, 50_000])
+def test_an_epoch_visits_every_row_once_in_permuted_blocks(rows):
+    order = EpochOrder(rows, epoch=1, seed=2, global_batch=8, window_batches=4, lengths_of=lambda ids: ids % 7)
+    sequence = order.rows(0, rows)
+    assert (np.sort(sequence) == np.arange(rows)).all()
+    tail = rows % BLOCK_ROWS
+    assert (sequence[:tail] == np.arange(rows - tail, rows)).all()  # the partial block opens the epoch
+    blocks = sequence[tail:].reshape(-1, BLOCK_ROWS)
+    assert (np.diff(blocks, axis=1) == 1).all() and (blocks[:, 0] % BLOCK_ROWS == 0).all()
+    if len(blocks) > 3:
+        assert not (np.diff(blocks[:, 0]) > 0).all()  # the blocks are permuted
+        other = EpochOrder(rows, epoch=2, seed=2, global_batch=8, window_batches=4, lengths_of=lambda ids: ids % 7)
+        assert (other.rows(0, rows) != sequence).any()
+    assert (order.rows(37, min(rows, 1000)) == sequence[37:1000]).all()
 
 
 def test_the_first_batch_of_a_100m_row_epoch_costs_no_per_row_memory():

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cluster import site as site_module, stages, submit, validate
+from cluster import credentials, site as site_module, stages, submit, validate
 from preprocess.configlib import ConfigError
 
 
@@ -54,17 +54,20 @@ def render(args: argparse.Namespace, stage_arguments: list[str]) -> tuple[str, o
     stages.check_world_size(job, site.world_size())
     stages.check_parts(job, site)
     workdir = site_module.resolve_workdir(site, Path.cwd())
+    given = validate.given_values(site, args.cluster, args.site_overrides, job)
     if args.scheduler == "slurm":
         from cluster import slurm
 
         log_dir = site_module.resolve_log_dir(site, workdir)
         scripts = slurm.render(job, site, workdir=workdir, log_dir=log_dir, site_source=args.cluster)
+        validate.refuse_credentials(given, validate.script_texts(scripts))
         for script in scripts:
             validate.validate_sbatch(script.text)
         return slurm.joined(scripts), scripts, {"log_dir": log_dir}
     from cluster import k8s
 
     documents = k8s.render(job, site, workdir=workdir)
+    validate.refuse_credentials(given, validate.manifest_texts(documents))
     validate.validate_manifests(documents, site.kubernetes.version, validate.crd_dir(args.crd_dir))
     return k8s.to_yaml(documents), documents, {"context": site.kubernetes.context}
 
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         text, rendered, facts = render(args, stage_arguments)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        _print_error(error)
         return 2
     if args.action == "render" or args.dry_run:
         sys.stdout.write(text)
@@ -89,7 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = submit.submit_kubernetes(text, rendered, context=facts["context"])
     except (submit.SubmitError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        _print_error(error)
         return 1
     print("\n".join(result.lines))
     return 0
+
+
+def _print_error(error: Exception) -> None:
+    """One ``error:`` line per line of the message. A message may quote what it refuses (a bad value, a stage's
+    unrecognised argument, a scheduler's reply): a credential in it is shown redacted."""
+    for line in str(error).splitlines() or [""]:
+        print(f"error: {credentials.redact(line)}", file=sys.stderr)

@@ -3,7 +3,8 @@
 The top level holds what every scheduler needs (nodes, GPUs, CPUs, memory, time limit, environment, where the
 repository and the logs are); ``slurm:`` and ``kubernetes:`` hold what only one of them reads. Unknown keys are
 errors naming the key and the file (preprocess.configlib), and every value that a scheduler would reject later,
-or that would make a job fail after it waited in the queue, is refused here with the fix.
+or that would make a job fail after it waited in the queue, is refused here with the fix. Credentials are found
+by their values in everything rendered (cluster.validate.refuse_credentials), not here by the variables' names.
 """
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ _TIME = re.compile(r"^(?:([0-9]+)-)?([0-9]{1,2}):([0-9]{2}):([0-9]{2})$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-# Names that usually carry credentials: a generated job script or manifest must never hold their values.
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY|API_KEY|PRIVATE_KEY)")
 
 
 class SiteError(configlib.ConfigError):
@@ -207,10 +206,6 @@ def _check(site: SiteConfig) -> None:
     for name, value in site.env.items():
         if not _ENV_NAME.match(str(name)):
             raise ValueError(f"env: {name!r} is not a valid environment variable name")
-        if _SECRET_NAME.search(str(name).upper()):
-            raise ValueError(f"env: {name} looks like a credential, and generated jobs must not contain one; on "
-                             "Kubernetes use kubernetes.secret_env or env_from_secrets, on Slurm export it in "
-                             "your shell or a site setup file that only you can read")
         if not isinstance(value, (str, int, float, bool)):
             raise ValueError(f"env: {name} must be a single value, got {value!r}")
     for line in [*site.setup, *site.slurm.extra_sbatch, *site.slurm.container.mounts]:

@@ -6,23 +6,31 @@
   let unknown fields through (none sets additionalProperties: false), so the pod templates inside them are also
   validated strictly as core ``PodTemplate``s.
 * Slurm scripts: ``bash -n`` (syntax), and every ``#SBATCH`` line before the first command (sbatch ignores later ones).
+* Credentials: every line of every script and every string of every manifest is scanned (cluster.credentials), and
+  so is every value the user gave (site keys, options, stage arguments) that a job might not render; a credential
+  is refused naming where it came from. This runs first: the other checks' messages may quote what they refuse.
 
 The CRD files come from ``--crd-dir``, the ``BERT_PIPELINE_CRD_DIR`` variable, or ``../shared/data/k8s-crds`` next
 to the repository; any directory of CRD YAML files works, e.g. ``kubectl get crd pytorchjobs.kubeflow.org -o yaml``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+import re
 import subprocess
 from pathlib import Path
 
+from cluster import credentials
 from preprocess.configlib import ConfigError
 
 CRD_DIR_VARIABLE = "BERT_PIPELINE_CRD_DIR"
 REPOSITORY = Path(__file__).resolve().parents[1]
 DEFAULT_CRD_DIR = REPOSITORY.parent / "shared" / "data" / "k8s-crds"
 CORE_GROUPS = ("v1", "batch/v1", "apps/v1")
+CREDENTIAL_FIX = ("reference a Kubernetes Secret (secretKeyRef) or an environment variable the job inherits "
+                  "(Slurm --export), never the value")
 
 
 class ValidationError(ConfigError):
@@ -126,3 +134,98 @@ def validate_sbatch(script: str) -> None:
     result = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
     if result.returncode != 0:
         raise ValidationError(f"the batch script is not valid bash: {result.stderr.strip()}")
+
+
+# ------------------------------------------------------------------------------------------------ credentials
+
+def refuse_credentials(given: list[tuple[str, str]], rendered: list[tuple[str, str]]) -> None:
+    """Refuse a job that holds a credential, one line per credential naming where it came from and the fix.
+
+    ``rendered``: (where, text) of everything the job is made of (``script_texts``, ``manifest_texts``): whatever
+    its source, nothing rendered escapes. ``given``: (label, value) of what the user gave (``given_values``), which
+    names a credential's source, and is scanned too: a site file holding a credential is refused even where the
+    scheduler at hand does not render that key (``setup`` on Kubernetes)."""
+    lines, seen = [], set()
+    for where, text in [*rendered, *given]:
+        for finding in credentials.find(text):
+            if finding.value in seen:
+                continue
+            seen.add(finding.value)
+            source = next((index for index, (_, value) in enumerate(given) if finding.value in value), None)
+            label = where if source is None else given[source][0]
+            # in the order of the user's files and options; what only the rendering holds comes last
+            lines.append((len(given) if source is None else source, f"{label}: {finding.describe()}: {CREDENTIAL_FIX}"))
+    if lines:
+        raise ValidationError("\n".join(line for _, line in sorted(lines, key=lambda line: line[0])))
+
+
+def given_values(site, site_file: str, site_overrides: list[str], job) -> list[tuple[str, str]]:
+    """(label, value) of every value the user gave, in the order that names a source best: a --site-set before
+    the site file's key it replaced, a --set before the stage config's key."""
+    given = [(f"--site-set {key}", value) for key, _, value in (o.partition("=") for o in site_overrides)]
+    given += [(f"{site_file}: {key}", value) for key, value in _leaves(site)]
+    given += [(f"--set {key}", value) for key, _, value in (o.partition("=") for o in job.overrides)]
+    given += _stage_arguments(list(job.arguments))
+    given += [(f"{job.config_source}: {key}", value) for key, value in _leaves(job.config)]
+    return given
+
+
+def script_texts(scripts) -> list[tuple[str, str]]:
+    """(where, line) of every line of the batch scripts (``cluster.slurm.Rendered``)."""
+    return [(f"the batch script {script.name}, line {number}", line)
+            for script in scripts for number, line in enumerate(script.text.splitlines(), start=1)]
+
+
+def manifest_texts(documents: list[dict]) -> list[tuple[str, str]]:
+    """(where, text) of every string in the manifests: a container's command line as one text (an option and its
+    value together), an environment entry as NAME=value. References to Secrets (valueFrom) hold no value."""
+    texts: list[tuple[str, str]] = []
+
+    def walk(node, path: str, what: str) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("name"), str) and isinstance(node.get("value"), str):  # an env entry
+                texts.append((f"{what}: {path}[{node['name']}]", f"{node['name']}={node['value']}"))
+                return
+            for key, value in node.items():
+                if key != "valueFrom":
+                    walk(value, f"{path}.{key}" if path else str(key), what)
+        elif isinstance(node, list):
+            if node and all(isinstance(item, str) for item in node):
+                texts.append((f"{what}: {path}", " ".join(node)))
+                return
+            for index, item in enumerate(node):
+                walk(item, f"{path}[{index}]", what)
+        elif isinstance(node, str):
+            texts.append((f"{what}: {path}", node))
+
+    for document in documents:
+        walk(document, "", f"{document.get('kind')} {document.get('metadata', {}).get('name')}")
+    return texts
+
+
+def _leaves(node, prefix: str = ""):
+    """(dotted key, text) of every value in a config: dataclass fields, mapping keys, list positions."""
+    if dataclasses.is_dataclass(node):
+        node = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(node, (list, tuple)):
+        for index, value in enumerate(node):
+            yield from _leaves(value, f"{prefix}[{index}]")
+    elif node is not None:
+        yield prefix, str(node)
+
+
+_OPTION = re.compile(r"^--?[A-Za-z][A-Za-z0-9_.-]*$")
+
+
+def _stage_arguments(arguments: list[str]) -> list[tuple[str, str]]:
+    """(label, argument) of the stage's arguments: each named by its option where it has one (--wikipedia URL,
+    --books=URI) and by its position otherwise; a name that is itself a credential is not repeated."""
+    given = []
+    for index, argument in enumerate(arguments):
+        option = argument.split("=", 1)[0] if argument.startswith("-") else (arguments[index - 1] if index else "")
+        named = _OPTION.match(option) and not credentials.find(option)
+        given.append((f"the stage argument {option if named else index + 1} after '--'", argument))
+    return given

@@ -42,7 +42,6 @@ def _write(tmp_path: pathlib.Path, text: str) -> str:
     ("gpus_per_node: 8\ncpus_per_node: 100\n", r"cpus_per_node 100 does not divide into 8 tasks"),
     ("gpus_per_node: 8\nmemory: 480GB\n", r"memory '480GB'.*e\.g\. 480G"),
     ("gpus_per_node: 8\ntime_limit: 4h\n", r"time_limit '4h'"),
-    ("gpus_per_node: 8\nenv:\n  HF_TOKEN: hf_abc\n", r"HF_TOKEN looks like a credential"),
     ("gpus_per_node: 8\nslurm:\n  container:\n    mounts: [/data:/data]\n", r"no image: set slurm\.container\.image"),
     ("gpus_per_node: 8\nslurm:\n  launcher: torchrun\n", r"slurm\.launcher must be one of srun, deepspeed"),
     ("gpus_per_node: 8\nkubernetes:\n  pretrain_form: jobset\n", r"pretrain_form must be one of"),

@@ -64,6 +64,11 @@ class ShardedInstances:
         self._shards = [_MappedShard(inside(directory, entry["name"], "shard name"), int(entry["rows"]), entry.get("bytes"))
                         for entry in self.manifest["shards"]]
         self.tokenizer_dir = inside(directory, self.manifest["tokenizer"]["dir"], "tokenizer.dir")
+        listed = sum(int(entry["rows"]) for entry in self.manifest["shards"])
+        if listed != int(self.manifest["rows"]):
+            raise DatasetFormatError(f"{manifest_path}: its shards hold {listed} rows but it lists {self.manifest['rows']} "
+                                     "in all; the manifest was altered or some shards are missing from it: copy the "
+                                     "dataset again, or re-run preprocessing")
         self._shard_starts = np.zeros(len(self._shards) + 1, np.int64)
         np.cumsum([shard.num_rows for shard in self._shards], out=self._shard_starts[1:])
 

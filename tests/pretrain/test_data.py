@@ -234,3 +234,13 @@ def test_manifest_paths_must_stay_inside_the_dataset(sample_dataset, tmp_path, f
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetFormatError, match="is not a relative path inside the dataset directory"):
         ShardedInstances(copy)
+
+
+def test_a_manifest_that_lists_only_some_shards_is_refused(synthetic_dataset, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(synthetic_dataset(30_000, rows_per_shard=10_000), copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["shards"][2]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetFormatError, match="its shards hold 20000 rows but it lists 30000 in all"):
+        ShardedInstances(copy)

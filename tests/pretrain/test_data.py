@@ -185,6 +185,7 @@ def test_a_damaged_or_altered_shard_is_refused_naming_it(synthetic_dataset, tmp_
     shard.write_bytes(data)
     manifest["shards"][1]["bytes"] = len(data)
     manifest["shards"][1]["rows"] += 1
+    manifest["rows"] += 1
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetFormatError, match=f"{shard}: 10000 rows but the manifest lists 10001"):
         collate(ShardedInstances(copy), np.asarray([15_000]))

@@ -33,19 +33,20 @@ class Finding:
         return f"{self.kind} ({self.redacted})" + (f" assigned to {self.name}" if self.name else "")
 
 
-# Tokens recognisable by their shape alone: (what it is, pattern, whether the body must look random). The random
-# check keeps words out: "sk-" and "hf_" also begin ordinary option and directory names.
+# Tokens recognisable by their shape alone: (what it is, pattern). Where a prefix alone could begin an ordinary
+# word ("sk-", "hf_" and "gh?_" begin option and directory names too), the part after it, (?P<random>…), must mix
+# cases or letters and digits, as generated tokens do.
 _TOKENS = [
-    ("a private key (PEM)", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"), False),
-    ("an AWS access key id", re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"), False),
-    ("a GitHub token", re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"),
-     True),
-    ("a GitLab token", re.compile(r"(?<![\w-])glpat-[A-Za-z0-9_-]{20,}"), True),
-    ("a Slack token", re.compile(r"(?<![\w-])xox[abpr]-[A-Za-z0-9-]{10,}"), True),
-    ("a Hugging Face token", re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"), True),
-    ("an OpenAI-style API key", re.compile(r"(?<![\w-])sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}"), True),
-    ("a Google API key", re.compile(r"(?<![\w-])AIza[0-9A-Za-z_-]{35}(?![\w-])"), False),
-    ("a JSON Web Token", re.compile(r"(?<![\w-])eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}"), False),
+    ("a private key (PEM)", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    ("an AWS access key id", re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])")),
+    ("a GitHub token", re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_|github_pat_)(?P<random>[A-Za-z0-9_]{30,})")),
+    ("a GitLab token", re.compile(r"(?<![\w-])glpat-(?P<random>[A-Za-z0-9_-]{20,})")),
+    ("a Slack token", re.compile(r"(?<![\w-])xox[abpr]-(?P<random>[A-Za-z0-9-]{10,})")),
+    ("a Slack webhook URL", re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9/]+")),
+    ("a Hugging Face token", re.compile(r"(?<![A-Za-z0-9_])hf_(?P<random>[A-Za-z0-9]{30,})")),
+    ("an OpenAI-style API key", re.compile(r"(?<![\w-])sk-(?:proj-|ant-)?(?P<random>[A-Za-z0-9_-]{20,})")),
+    ("a Google API key", re.compile(r"(?<![\w-])AIza[0-9A-Za-z_-]{35}(?![\w-])")),
+    ("a JSON Web Token", re.compile(r"(?<![\w-])eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}")),
 ]
 # scheme://user:password@host; the user may be empty (redis://:password@host)
 _URL_WITH_PASSWORD = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<user>[^\s:/@'\"]*):"
@@ -93,10 +94,9 @@ def find(text: str) -> list[Finding]:
     # (priority, start, end, finding): where findings overlap, the most specific one is reported: a recognised
     # token (also as a URL's password) before a URL with a password before a random value assigned to a name
     candidates = []
-    for kind, pattern, random in _TOKENS:
+    for kind, pattern in _TOKENS:
         for match in pattern.finditer(text):
-            body = match.group(0).split("_" if kind == "a Hugging Face token" else "-", 1)[-1]
-            if random and not _looks_random(body):
+            if "random" in pattern.groupindex and not _looks_random(match.group("random")):
                 continue
             candidates.append((0, *match.span(), _finding(kind, match.group(0), _name_at(assignments, match.span()))))
     for match in _URL_WITH_PASSWORD.finditer(text):

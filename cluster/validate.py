@@ -187,8 +187,11 @@ def manifest_texts(documents: list[dict]) -> list[tuple[str, str]]:
                 texts.append((f"{what}: {path}[{node['name']}]", f"{node['name']}={node['value']}"))
                 return
             for key, value in node.items():
-                if key != "valueFrom":
-                    walk(value, f"{path}.{key}" if path else str(key), what)
+                if key == "valueFrom":
+                    continue
+                key_path = f"{path}.{key}" if path else str(key)
+                texts.append((f"{what}: {key_path} (the key)", str(key)))  # node selectors, labels: user-given keys
+                walk(value, key_path, what)
         elif isinstance(node, list):
             if node and all(isinstance(item, str) for item in node):
                 texts.append((f"{what}: {path}", " ".join(node)))

@@ -3,15 +3,13 @@ each), that no message repeats a credential, and that a credential reaching a jo
 a stage argument is refused on Slurm and Kubernetes, naming its source and the fix, by ``python -m cluster`` too.
 
 The tokens below are made up, and split where they are written so that secret scanners leave this file alone."""
-import subprocess
-import sys
-
 import pytest
 import yaml
 
 from cluster import credentials, validate
 from preprocess.configlib import ConfigError
 from tests.cluster.rendering import GOLDEN, JOBS, REPO, render
+from tests.cluster.test_cli import cluster, fake_client
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 GITHUB = "ghp_" + "0123456789abcdefghijABCDEFGHIJ123456"
@@ -34,6 +32,8 @@ FOUND = [
     (f"AWS_ACCESS_KEY_ID={AWS_ID}", "AWS access key id", "AWS_ACCESS_KEY_ID", AWS_ID),
     (f"AWS_SECRET_ACCESS_KEY={AWS_SECRET}", "40-character secret key", "AWS_SECRET_ACCESS_KEY", AWS_SECRET),
     (f"Authorization: Bearer {JWT}", "JSON Web Token", None, JWT),
+    ("SLACK_WEBHOOK_URL=https://hooks.slack.com/services/" + "T0000000/B0000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+     "Slack webhook URL", "SLACK_WEBHOOK_URL", None),
     ("-----BEGIN OPENSSH PRIVATE KEY-----", "private key", None, None),
     ("-----BEGIN RSA PRIVATE KEY-----", "private key", None, None),
     ("--wikipedia https://alice:" + "s3cr3tPass@example.org/dumps/enwiki.xml.bz2", "URL with a password",
@@ -88,7 +88,7 @@ def test_credential_is_found_and_named_without_its_value(text, kind, name, value
     secret = value or finding.value
     assert secret not in message and secret not in repr(finding)
     assert secret not in credentials.redact(text)
-    if "URL" in kind:
+    if kind == "URL with a password":
         assert "hunter22" not in message and "s3cr3tPass" not in message and "…@" in message
 
 
@@ -101,7 +101,8 @@ def test_what_the_project_renders_is_left_alone(text):
 def test_redacted_forms_show_little():
     assert credentials.find(f"X_TOKEN={HF}")[0].redacted == "hf_A…"
     assert credentials.find("--password=hunter22")[0].redacted == "…"  # short: not even 4 characters
-    assert credentials.find("ftp://bob:" + "pw12345678@files.example.org/x")[0].redacted == "ftp://…@files.example.org"
+    url = "ftp://bob:" + "pw12345678@files.example.org/x"
+    assert credentials.find(url)[0].redacted == "ftp://…@files.example.org"
 
 
 @pytest.mark.parametrize("golden", sorted(JOBS), ids=str)
@@ -202,6 +203,19 @@ def test_nothing_rendered_escapes_the_scan():
         validate.refuse_credentials([], validate.script_texts([leaked]))
 
 
+@pytest.mark.parametrize("scheduler, client", [("slurm", "sbatch"), ("k8s", "kubectl")])
+def test_submission_is_refused_before_the_scheduler_is_called(tmp_path, scheduler, client):
+    read = fake_client(tmp_path / "bin", client, "1")
+    site = _site(tmp_path, SHIPPED[scheduler], env={"HF_TOKEN": HF})
+    base = SLURM_PREPROCESS if scheduler == "slurm" else K8S_PREPROCESS
+    result = cluster("submit", *base, "--cluster", site, "--site-set", f"log_dir={tmp_path / 'logs'}", "--",
+                     *PREPROCESS_ARGUMENTS[scheduler], path_first=str(tmp_path / "bin"))
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {site}: env.HF_TOKEN: a Hugging Face token")
+    with pytest.raises(FileNotFoundError):
+        read()  # never called
+    assert not (tmp_path / "logs").exists()
+
+
 def test_references_to_secrets_and_inherited_variables_pass(tmp_path):
     site = _site(tmp_path, "slurm_venv.yaml", setup='export HF_TOKEN="${HF_TOKEN:?export HF_TOKEN before sbatch}"',
                  env={"TOKENIZERS_PARALLELISM": "false"})
@@ -211,8 +225,7 @@ def test_references_to_secrets_and_inherited_variables_pass(tmp_path):
 
 def test_the_command_exits_with_one_line_per_credential(tmp_path):
     site = _site(tmp_path, "slurm_venv.yaml", env={"HF_TOKEN": HF}, extra_sbatch=f"--comment={GITHUB}")
-    result = subprocess.run([sys.executable, "-m", "cluster", "render", *SLURM_PREPROCESS, "--cluster", site, "--",
-                             *PREPROCESS_ARGUMENTS["slurm"]], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = cluster("render", *SLURM_PREPROCESS, "--cluster", site, "--", *PREPROCESS_ARGUMENTS["slurm"])
     assert result.returncode == 2 and result.stdout == ""
     lines = result.stderr.splitlines()
     assert [line.split(": a ", 1)[0] for line in lines] == [f"error: {site}: env.HF_TOKEN",
@@ -223,8 +236,7 @@ def test_the_command_exits_with_one_line_per_credential(tmp_path):
 
 def test_a_message_that_quotes_a_credential_shows_it_redacted():
     """Other refusals may quote what they refuse (here a stage's unrecognised argument): the command redacts it."""
-    result = subprocess.run([sys.executable, "-m", "cluster", "render", "slurm", "--stage", "pretrain", "--cluster",
-                             "configs/cluster/slurm_local_cpu.yaml", "--config", "configs/pretrain/tiny.yaml",
-                             "--", f"--token={HF}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = cluster("render", "slurm", "--stage", "pretrain", "--cluster", "configs/cluster/slurm_local_cpu.yaml",
+                     "--config", "configs/pretrain/tiny.yaml", "--", f"--token={HF}")
     assert result.returncode == 2 and "pretraining takes no arguments" in result.stderr
     assert HF not in result.stderr and "hf_A…" in result.stderr

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
+import json
 import logging
 import sys
 import time
 
-from preprocess import beamargs
 from preprocess import config as config_module
+from preprocess import memory
 from preprocess.configlib import ConfigError
 from preprocess.records import InputError
 
@@ -27,6 +26,9 @@ def _run_parser(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set instances.dupe_factor=10 (repeatable)")
     p.add_argument("--parts", type=int, help="process the corpus in N parts to bound memory (same output)")
+    p.add_argument("--max-memory", metavar="SIZE", type=_memory_size,
+                   help="memory budget of a one-machine run, e.g. 8G: chooses --parts so that the estimated peak "
+                        "stays under it, and says what it chose (max_memory in the config)")
     p.add_argument("--part", type=int, metavar="K", help="run only part K (0..N-1) of a --parts N run, e.g. as one task "
                    "of a job array: its documents, then (after every part's) its instances; part 0 also finishes")
     p.add_argument("--step", choices=("documents", "instances", "finish"),
@@ -37,6 +39,14 @@ def _run_parser(sub) -> None:
     p.add_argument("--provenance", action="store_true", help="add doc_a/doc_b columns naming the source documents")
     p.add_argument("--overwrite", action="store_true", help="replace an existing finished dataset")
     p.add_argument("--verbose", action="store_true", help="show Apache Beam's own log messages")
+
+
+def _memory_size(text: str) -> str:
+    try:
+        memory.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _tokenizer_parser(sub) -> None:
@@ -81,8 +91,12 @@ def _command_run(args, beam_args: list[str]) -> int:
     from preprocess import pipeline
 
     overrides = list(args.overrides)
+    if args.parts is not None and args.max_memory is not None:
+        raise InputError("--parts and --max-memory both choose the number of parts: pass one of them")
     if args.parts is not None:
         overrides.append(f"parts={args.parts}")
+    if args.max_memory is not None:
+        overrides.append(f"max_memory={json.dumps(args.max_memory)}")
     if args.provenance:
         overrides.append("output.provenance=true")
     cfg = config_module.load(args.config, overrides)
@@ -173,51 +187,12 @@ def _configure_logging(verbose: bool) -> None:
         # Beam logs a worker's whole traceback before the error reaches us; we print one clear line instead
         # (and re-raise with the full traceback when the error is not an expected one).
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+    logging.getLogger("preprocess").setLevel(logging.INFO)  # our own notes, e.g. what --max-memory chose
 
 
-@contextlib.contextmanager
-def _cycle_collector_paused():
-    """Imports create objects that live as long as the process (about 120,000 for Apache Beam), so the collections
-    they trigger find no garbage: pausing the collector meanwhile saves ~0.1 s of start-up on every run."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-# What Apache Beam imports for its own connectors and file systems: the MongoDB, S3 and GCS client libraries, and
-# its Google Cloud IO (BigQuery, Pub/Sub, GCS; imported together, and skipped together when one fails), about
-# 0.35 s of CPU at start-up. A local run reads and writes through our own I/O, never through Beam's.
-_BEAM_OPTIONAL_CLIENTS = ("pymongo", "bson", "boto3", "botocore", "google.cloud.storage", "apache_beam.io.gcp.bigquery")
-
-
-@contextlib.contextmanager
-def _modules_hidden(names: tuple[str, ...]):
-    """Importing any of ``names`` (not yet imported) raises ImportError meanwhile; afterwards they import as usual."""
-    hidden = [name for name in names if name not in sys.modules]
-    for name in hidden:
-        sys.modules[name] = None
-    try:
-        yield
-    finally:
-        for name in hidden:
-            if sys.modules.get(name, 0) is None:
-                del sys.modules[name]
-
-
-def load_pipeline_modules(beam_args: list[str]) -> None:
-    """Import Apache Beam and the pipeline modules (most of a run's start-up time) as cheaply as the run allows."""
-    # Other runners may use Beam's file systems (Dataflow stages files through its GCS one).
-    hidden = _BEAM_OPTIONAL_CLIENTS if beamargs.is_direct_runner(beam_args) else ()
-    with _cycle_collector_paused(), _modules_hidden(hidden):
-        # Text cleaning first: blingfire's import calls inspect.getframeinfo, which resolves the real path of every
-        # module already imported; before Beam's ~1,000 modules that is 0.1 s of CPU less.
-        import preprocess.text  # noqa: F401
-        from preprocess.pipeline import prepare_beam_process
-    prepare_beam_process()
+def load_pipeline_modules() -> None:
+    """Import Apache Beam and the pipeline modules (most of a run's start-up time)."""
+    import preprocess.pipeline  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "run":
-            load_pipeline_modules(rest)
+            load_pipeline_modules()
             return _command_run(args, rest)
         return _command_tokenizer_train(args)
     except KeyboardInterrupt:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from preprocess import configlib
+from preprocess import configlib, memory
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class TokenizerConfig:
 class PreprocessConfig:
     seed: int = 12345
     parts: int = 1                       # process the corpus in this many parts to bound memory
+    max_memory: str | int | None = None  # e.g. 8G: choose parts so that a one-machine run's peak stays under it
     sources: SourceConfig = field(default_factory=SourceConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     instances: InstanceConfig = field(default_factory=InstanceConfig)
@@ -77,6 +78,8 @@ class PreprocessConfig:
     def __post_init__(self):
         if self.parts < 1:
             raise ValueError(f"parts must be >= 1, got {self.parts}")
+        if self.max_memory is not None:
+            memory.parse_size(self.max_memory)
 
 
 def load(path, overrides=()) -> PreprocessConfig:

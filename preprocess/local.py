@@ -67,9 +67,7 @@ def block_ranges(uri: str, size: int, ranges: list[tuple[int, int]]) -> list[tup
 
 
 def _run(options_args, build) -> None:
-    from preprocess.pipeline import beam_options, prepare_beam_process
-
-    prepare_beam_process()  # a spawned worker (not forked) starts without the driver's settings
+    from preprocess.pipeline import beam_options
 
     pipeline = beam.Pipeline(options=beam_options(options_args))
     build(pipeline)

@@ -15,7 +15,7 @@ ordered by hash, so the dataset is byte-identical whatever the parts, workers or
 """
 from __future__ import annotations
 
-import gc
+import dataclasses
 import json
 import logging
 import os
@@ -27,46 +27,14 @@ import uuid
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from preprocess import beamargs, configlib, handoff, local, schema, shards, sources, stages, storage, transforms
+from preprocess import beamargs, configlib, handoff, local, memory, schema, shards, sources, stages, storage, transforms
 from preprocess.config import PreprocessConfig
+from preprocess.memory import split_parts
 from preprocess.records import InputError
 
 LOG = logging.getLogger("preprocess")
 FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRunner"
 BYTES_PER_BUCKET = 256 << 10   # input bytes per document-store bucket: small units balance workers
-
-
-STATE_SAMPLING_MS = 20  # Beam's default is 200 ms
-_prepared = False  # per process; a forked worker inherits the driver's settings and this flag
-
-
-def prepare_beam_process() -> None:
-    """Start-up settings, once per process, for a process that runs Beam bundles itself (the in-memory runner,
-    pool workers). Call it after the imports and before the first pipeline.
-
-    - Keep Beam from importing IPython in a process that is not an IPython session. Building a pipeline asks
-      ``apache_beam.utils.interactive_utils.is_in_ipython``, which imports IPython just to ask; where IPython is
-      installed that costs a quarter of a second of CPU per process. Marking the module absent gives Beam the
-      answer a command-line run has anyway. Inside IPython (already imported) nothing changes.
-    - Move the objects created so far (Beam's import makes about 120,000) out of the cycle collector's view
-      (``gc.freeze``): they live as long as the process, and every full collection during the run would
-      traverse them again. Only once: later, it would also keep whatever garbage a finished pipeline left.
-    - Sample each bundle's state (the time-per-step counters) every 20 ms instead of 200 ms. Ending a bundle
-      joins the sampling thread, which sleeps one period between samples: with 200 ms every long bundle ended
-      with about 0.1 s of idle wait, several per pipeline (measured: 0.1-0.3 s of a 4 s run on 2 workers).
-      Waking 50 times a second costs nothing measurable. Left alone if Beam's constructor changes shape.
-    """
-    global _prepared
-    if _prepared:
-        return
-    _prepared = True
-    sys.modules.setdefault("IPython", None)
-    from apache_beam.runners.worker import statesampler
-
-    init = statesampler.StateSampler.__init__
-    if init.__defaults__ and len(init.__defaults__) == 1 and "sampling_period_ms" in init.__code__.co_varnames:
-        init.__defaults__ = (STATE_SAMPLING_MS,)
-    gc.freeze()
 
 
 def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions:
@@ -90,16 +58,6 @@ def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions
     elif runner in ("DirectRunner", "direct"):
         args = [a for a in args if not a.startswith("--runner") and a != runner] + [f"--runner={FN_API_RUNNER}"]
     return PipelineOptions(args)
-
-
-def split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tuple[str, str]]]:
-    """Greedy size-balanced grouping of the input files (largest first, ties by name)."""
-    loads = [[0, i, []] for i in range(parts)]
-    for kind, uri, size in sorted(files, key=lambda f: (-f[2], f[1])):
-        target = min(loads, key=lambda load: (load[0], load[1]))
-        target[0] += size
-        target[2].append((kind, uri))
-    return [sorted(load[2]) for load in loads if load[2]]
 
 
 def _input_size(uri: str) -> int:
@@ -203,6 +161,19 @@ def bucket_bits_for(sized: list[tuple[str, str, int]], slices: int) -> int:
     return min(16, max(stages.bits_for(slices), stages.bits_for(input_bytes / BYTES_PER_BUCKET)))
 
 
+def fit_memory_budget(cfg: PreprocessConfig, sized: list[tuple[str, str, int]],
+                      beam_args: list[str]) -> PreprocessConfig:
+    """``cfg`` with the parts that ``max_memory`` asks for (unchanged without it); logs the choice. The local pool
+    runs one part per worker process at a time, so each process gets its share of the budget."""
+    if cfg.max_memory is None:
+        return cfg
+    processes = max(1, beamargs.local_pool_size(beam_args))
+    budget = memory.parse_size(cfg.max_memory)
+    choice = memory.choose_parts(sized, budget // processes)
+    LOG.info("%s%s", choice.describe(), f", {processes} worker processes" if processes > 1 else "")
+    return dataclasses.replace(cfg, parts=choice.parts)
+
+
 def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokenizer: str, output: str,
         beam_args: list[str] = (), overwrite: bool = False, progress: bool | None = None,
         verbose: bool = False) -> dict:
@@ -213,6 +184,7 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
     options = beam_options(list(beam_args), verbose)
     log = WorkerLog(verbose)
     sized = resolve_inputs(wikipedia, books)
+    cfg = fit_memory_budget(cfg, sized, list(beam_args))
     tok = load_tokenizer(tokenizer, lowercase=cfg.tokenizer.lowercase)
     staging = prepare_output(output, overwrite)
     try:

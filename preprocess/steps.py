@@ -53,6 +53,9 @@ def check_request(cfg: PreprocessConfig, step: str | None, part: int | None, bea
     if part is not None and not 0 <= part < cfg.parts:
         raise InputError(f"--part {part}: the run has {cfg.parts} part(s) (--parts N or parts in the config), "
                          f"so K goes from 0 to {cfg.parts - 1}")
+    if cfg.max_memory is not None:
+        raise InputError("max_memory chooses the parts of a whole run; --part/--step runs need a fixed --parts N "
+                         "(a run with --max-memory and without --part says which N it would choose)")
     if beamargs.local_pool_size(beam_args):
         raise InputError("--part/--step run one part in this process (or on --runner); for all cores of one machine "
                          "drop --part/--step and use --direct_num_workers N --direct_running_mode multi_processing")

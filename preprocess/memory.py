@@ -1,0 +1,92 @@
+"""A memory budget for one-machine runs: ``--max-memory SIZE`` chooses the number of parts (``--parts``).
+
+The DirectRunner holds a stage's data in memory, so a run's peak grows with the input of its largest part. The
+estimate per part is a fixed base (the interpreter, Apache Beam, the tokenizer, one shard being assembled) plus a
+factor per input byte as stored, by kind: a ``.bz2`` dump counts compressed, and expands about fourfold. The
+factors come from peak-memory runs of the benchmark (``bench/preprocess.py``, recorded in its results) and are
+rounded up. The smallest number of parts whose estimate fits is chosen; the output does not depend on it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from preprocess.records import InputError
+
+# Peak bytes of one in-memory run per input byte, by kind, and the base every run needs (see the module docstring).
+PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 60.0, "wiki": 15.0, "book": 15.0}
+BASE_PEAK_BYTES = 320 << 20
+COMPRESSED_SUFFIXES = (".bz2", ".gz", ".xz", ".zst")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'1.5G', '800M', '2GiB', '512MB' or a number of bytes -> bytes (binary units: K = 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(?:I?B)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"not a memory size: {text!r} (examples: 1.5G, 800M, 2GiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def format_size(size: float) -> str:
+    """Bytes -> '1.5G', '800M', '12K' (the units of ``parse_size``)."""
+    for unit in ("T", "G", "M", "K"):
+        if size >= _UNITS[unit]:
+            return f"{size / _UNITS[unit]:.3g}{unit}"
+    return f"{int(size)}B"
+
+
+def input_kind(kind: str, uri: str) -> str:
+    if kind == "wiki":
+        return "wiki_compressed" if uri.endswith(COMPRESSED_SUFFIXES) else "wiki"
+    return "book"
+
+
+def weighted_bytes(kind: str, uri: str, size: int) -> float:
+    """What a file adds to the peak of the part that holds it."""
+    return PEAK_BYTES_PER_INPUT_BYTE[input_kind(kind, uri)] * size
+
+
+@dataclass(frozen=True)
+class PartsChoice:
+    parts: int
+    estimated_peak: int          # of the heaviest part
+    budget: int
+
+    def describe(self) -> str:
+        return (f"max-memory {format_size(self.budget)}: {self.parts} part{'s' if self.parts > 1 else ''} "
+                f"(estimated peak {format_size(self.estimated_peak)} per part)")
+
+
+def split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tuple[str, str]]]:
+    """Greedy size-balanced grouping of the input files (largest first, ties by name)."""
+    loads = [[0, i, []] for i in range(parts)]
+    for kind, uri, size in sorted(files, key=lambda f: (-f[2], f[1])):
+        target = min(loads, key=lambda load: (load[0], load[1]))
+        target[0] += size
+        target[2].append((kind, uri))
+    return [sorted(load[2]) for load in loads if load[2]]
+
+
+def estimated_peak(files: list[tuple[str, str, int]], parts: int) -> int:
+    """Base + the weighted input of the heaviest part of the documents stage (``split_parts``), or of an even
+    share of the whole input (the instances stage splits the documents evenly), whichever is larger."""
+    weight = {uri: weighted_bytes(kind, uri, size) for kind, uri, size in files}
+    heaviest = max(sum(weight[uri] for _, uri in part) for part in split_parts(files, min(parts, len(files))))
+    return int(BASE_PEAK_BYTES + max(heaviest, sum(weight.values()) / parts))
+
+
+def choose_parts(files: list[tuple[str, str, int]], budget: int) -> PartsChoice:
+    """The fewest parts whose estimated peak fits ``budget``; refuses when one input file per part would not.
+
+    Args:
+        files: (kind, uri, size in bytes as stored) of every input file.
+    """
+    for parts in range(1, len(files) + 1):
+        peak = estimated_peak(files, parts)
+        if peak <= budget:
+            return PartsChoice(parts, peak, budget)
+    peak = estimated_peak(files, len(files))
+    raise InputError(f"max-memory {format_size(budget)} is too small for these inputs: even one input file per part "
+                     f"({len(files)} parts) needs an estimated {format_size(peak)}; raise --max-memory to at least "
+                     f"that, or split the largest input file")

@@ -81,7 +81,6 @@ def main() -> None:
     args = parser.parse_args()
     result = measure(args.wiki, args.books, args.tokenizer, args.config)
     print(json.dumps(result), flush=True)
-    gc.freeze()  # as the pipeline's entry point: no collection over every object at exit
 
 
 if __name__ == "__main__":

@@ -1,31 +1,32 @@
 #!/usr/bin/env python
-"""Benchmark of the preprocessing stage (the Apache Beam job) on the real shared data.
+"""Benchmark of the preprocessing stage (the Apache Beam job) on the real shared data, at scale.
 
-    python bench/preprocess.py [--quick] [--work DIR] [--data DIR] [--diagnose | --no-diagnose]
+    python bench/preprocess.py [--quick] [--copies 8] [--reps 3] [--work DIR] [--data DIR]
+    python bench/preprocess.py --against REF [--label NAME] [--pairs 3]
 
-Measures, on this machine (3.5 to 7 minutes on 2 cores; --quick: one repetition, about 1.5 minutes):
+By default the input is the shared data (the Wikipedia dump slice and the books) copied 8 times with distinct
+document ids (books under new names, dumps with a new <dbname>): about 56 MiB, where the interpreter's start-up
+and imports are a few percent of a run. ``--quick``: the shared data once (about 2 minutes). Measured:
 
-1. Irreducible work: decompress + XML parse + wikitext/book cleaning + sentence split + tokenize of
-   the inputs, done standalone by ``bench/irreducible.py`` (no Beam) in a child process whose whole CPU
-   is counted, as the pipeline's is; its report also gives the CPU of the work alone. Each repetition
-   runs it right before the pipeline runs of item 2, and the CPU ratio is the median of the
-   repetitions' own ratios (this VM's speed drifts by up to 30 % within minutes).
-2. End to end: ``python -m preprocess run`` with the phase-1 config, in-memory (``--direct_num_workers
-   1``) and with two worker processes (``--direct_num_workers 2 --direct_running_mode
-   multi_processing``): wall time, CPU time of the whole process tree (``os.wait4``: the CPU of every
-   descendant the tree reaped; cross-checked against a psutil sample of the tree), peak RSS summed
-   over the tree, and the shard checksums of both runs (they must agree).
-3. Memory: the inputs copied four times under distinct names, run with ``--parts 4`` (and, unless
-   ``--quick``, ``--parts 1``); peak tree RSS against the 1x run.
-4. Diagnostics (by default in full mode when a CPU or scaling target is missed): CPU and wall per
-   Beam pipeline (documents, index, instances, shards) in both modes, the speed-up on the 4x input,
-   and a cProfile of the in-memory run summarised by package and by function.
+1. Irreducible work: decompress + XML parse + wikitext/book cleaning + sentence split + tokenize, done standalone
+   by ``bench/irreducible.py`` (no Beam) in a child process whose whole CPU is counted, as the pipeline's is.
+2. End to end: ``python -m preprocess run`` with the phase-1 config in-memory (``--direct_num_workers 1``) and with
+   two worker processes (``--direct_num_workers 2 --direct_running_mode multi_processing``): wall time, CPU of
+   the whole process tree (``os.wait4``), peak RSS summed over the tree, shard checksums. Each repetition runs
+   item 1 right before the two pipeline runs; the CPU ratio is the median of the repetitions' own ratios (this
+   VM's speed drifts by up to 30 % within minutes). Also: corpus tokens per CPU-second, peak RSS per input
+   byte, and the share of the run that is interpreter start-up and imports.
+3. Memory budget (not with --quick): ``--max-memory`` a quarter of the in-memory run's peak; the peak must stay
+   under it and the shards must be byte-identical.
+4. Beam's DaskRunner (not with --quick): a scheduler and 2 single-threaded workers on 127.0.0.1, started for the
+   run; CPU summed over scheduler, workers and driver; the shards must be byte-identical.
 
-Before each timed run it waits (briefly) for the rest of the machine to go quiet, and it records the
-CPU other processes used during each run: on a shared machine, contended runs are flagged.
+``--against REF`` measures instead paired runs (1 and 2 workers, alternating) of this tree and of REF (a git
+commit or a directory holding ``preprocess/`` and ``configs/``), and adds them to the results file under
+``comparisons.NAME``: how a change measured at scale.
 
-Writes ``bench/results/preprocess-<machine>.json`` and prints a summary and a README table row.
-Only the standard library, psutil and the project's modules are used.
+Writes ``bench/results/preprocess-<machine>.json`` and prints a summary. Run it alone on the machine (other
+processes' CPU during each run is recorded, and contended runs are flagged).
 """
 from __future__ import annotations
 
@@ -35,15 +36,19 @@ import datetime
 import glob
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -58,15 +63,17 @@ import psutil  # noqa: E402
 CONFIG = "configs/preprocess/phase1_seq128.yaml"
 VOCAB_SIZE = 8000
 TARGETS = {
-    "cpu_ratio_max": 1.5,          # end-to-end CPU (all processes) / irreducible CPU
-    "scaling_speedup_min": 1.6,    # wall(1 worker) / wall(2 workers)
-    "memory_ratio_max": 1.25,      # peak tree RSS, 4x input with --parts 4 / 1x input with --parts 1
+    "cpu_ratio_max": 1.3,          # end-to-end CPU (all processes) / irreducible CPU
+    "scaling_speedup_min": 1.8,    # wall(1 worker) / wall(2 workers)
+    "startup_share_max": 0.05,     # interpreter start-up and imports / the run's CPU (large input)
 }
+MODES = {"workers_1": ["--direct_num_workers", "1"],
+         "workers_2": ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]}
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 SAMPLE_INTERVAL = 0.1              # seconds between process-tree samples
 QUIET_WAIT = 10.0                  # seconds to wait for other processes to calm down before a timed run
-QUIET_BUDGET = [90.0]              # seconds of such waiting in all (keeps the whole benchmark bounded)
 CONTENDED_LOAD = 0.25              # other processes using more cores than this during a run: flagged
-RUN_TIMEOUT = 420                  # seconds; one pipeline run that takes longer is killed
+RUN_TIMEOUT = 600                  # seconds; one pipeline run that takes longer is killed
 WIKI_DBNAME = b"<dbname>enwiki</dbname>"
 
 
@@ -140,11 +147,12 @@ def describe_inputs(inputs: dict) -> dict:
     return {"files": files, "file_count": len(files), "bytes": sum(f["bytes"] for f in files)}
 
 
-def make_x4(inputs: dict, work: Path) -> dict:
-    """Four copies of the inputs whose document ids differ (copy 1 is the originals)."""
-    root = work / "input-x4"
+def make_copies(inputs: dict, work: Path, copies: int) -> dict:
+    """``copies`` copies of the inputs whose document ids differ (copy 1 is the originals): books under new file
+    names, dumps with a new <dbname>, recompressed."""
+    root = work / "input-copies"
     out = {"wiki": list(inputs["wiki"]), "books": list(inputs["books"])}
-    for copy in (2, 3, 4):
+    for copy in range(2, copies + 1):
         for path in inputs["books"]:
             stem, ext = os.path.splitext(os.path.basename(path))
             target = root / "books" / f"{stem}.copy{copy}{ext}"
@@ -153,8 +161,7 @@ def make_x4(inputs: dict, work: Path) -> dict:
                 shutil.copyfile(path, target)
             out["books"].append(str(target))
         for path in inputs["wiki"]:
-            name = os.path.basename(path)
-            stem = name[:-len(".bz2")]
+            stem = os.path.basename(path)[:-len(".bz2")]
             target = root / "wikipedia" / f"{stem}.copy{copy}.bz2"
             if not target.exists():
                 with bz2.open(path, "rb") as handle:
@@ -173,9 +180,10 @@ def make_x4(inputs: dict, work: Path) -> dict:
 # --------------------------------------------------------------------------------------------------
 # Subprocess measurement
 
-def child_env() -> dict:
+def child_env(tree: Path = REPO) -> dict:
+    """The environment of a measured child: ``tree``'s ``preprocess`` package first on the path."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join([str(tree)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
 
@@ -225,14 +233,15 @@ class TreeSampler(threading.Thread):
         self.own_cpu = time.thread_time() - started
 
 
-def run_measured(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT, env: dict | None = None) -> dict:
+def run_measured(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT, env: dict | None = None,
+                 cwd: Path = REPO) -> dict:
     """Run ``cmd``; wall, CPU of the whole reaped tree (wait4), sampled tree CPU and RSS, ru_maxrss."""
     log.parent.mkdir(parents=True, exist_ok=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy_before = _busy_cpu()
     with open(log, "wb") as out:
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env() | (env or {}), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=cwd, env=child_env(cwd) | (env or {}), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         sampler = TreeSampler(proc.pid, SAMPLE_INTERVAL)
         sampler.start()
@@ -268,7 +277,7 @@ def run_measured(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT, env: d
         "cpu_s": round(wait4_cpu, 3),
         "cpu_user_s": round(usage.ru_utime, 3),
         "cpu_system_s": round(usage.ru_stime, 3),
-        "rusage_children_delta_cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 3),
+        "rusage_children_delta_cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 3),
         "sampled_tree_cpu_s": round(sampled_cpu, 3),
         "processes_seen": len(sampler.cpu),
         # Per process, in start order (last sampled CPU): shows how the work spread over Beam's workers.
@@ -314,21 +323,17 @@ def _in_session(proc: psutil.Process, sid: int) -> bool:
         return False
 
 
-def pipeline_cmd(inputs: dict, tokenizer: Path, output: Path, parts: int, beam: list[str],
-                 launcher: list[str] | None = None) -> list[str]:
-    """The CLI's ``run`` command; ``launcher`` replaces ``python -m preprocess`` (profiler, stage timer)."""
-    return ((launcher or [sys.executable, "-m", "preprocess"]) + ["run", "--config", CONFIG,
-            "--wikipedia", *inputs["wiki"], "--books", *inputs["books"], "--tokenizer", str(tokenizer),
-            "--output", str(output), "--overwrite", "--parts", str(parts), *beam])
+def pipeline_cmd(inputs: dict, tokenizer: Path, output: Path, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "preprocess", "run", "--config", CONFIG, "--wikipedia", *inputs["wiki"],
+            "--books", *inputs["books"], "--tokenizer", str(tokenizer), "--output", str(output), "--overwrite", *args]
 
 
-def run_pipeline(inputs: dict, tokenizer: Path, output: Path, parts: int, beam: list[str], log: Path,
-                 launcher: list[str] | None = None, env: dict | None = None) -> dict:
+def run_pipeline(inputs: dict, tokenizer: Path, output: Path, args: list[str], log: Path, tree: Path = REPO,
+                 quiet_wait: float = QUIET_WAIT) -> dict:
+    """One measured ``python -m preprocess run`` (of ``tree``'s code), with its manifest's figures."""
     shutil.rmtree(output, ignore_errors=True)   # not part of the measured run
-    waited = time.monotonic()
-    load_before = wait_for_quiet(min(QUIET_WAIT, QUIET_BUDGET[0]))
-    QUIET_BUDGET[0] = max(0.0, QUIET_BUDGET[0] - (time.monotonic() - waited))
-    result = run_measured(pipeline_cmd(inputs, tokenizer, output, parts, beam, launcher), log, env=env)
+    load_before = wait_for_quiet(quiet_wait)
+    result = run_measured(pipeline_cmd(inputs, tokenizer, output, args), log, cwd=tree)
     result["foreign_load_before_cores"] = load_before
     result["contended"] = result["foreign_load_cores"] > CONTENDED_LOAD
     manifest = json.loads((output / "manifest.json").read_text())
@@ -339,10 +344,9 @@ def run_pipeline(inputs: dict, tokenizer: Path, output: Path, parts: int, beam: 
         "documents_read": docs["read"],
         "instances": summary["instances"],
         "instance_tokens": summary["instance_tokens"],
-        "driver_wall_s": summary["wall_seconds"],
+        "parts": manifest["parameters"]["parts"],
         "shard_sha256": [s["sha256"] for s in manifest["shards"]],
     })
-    # ru_maxrss is the largest single process; the sampled sum must be at least that (sampling may miss a peak).
     result["cpu_accounting_check"] = _cpu_check(result)
     return result
 
@@ -356,44 +360,36 @@ def _cpu_check(r: dict) -> str:
     return "ok"
 
 
-def startup_cost(log: Path) -> dict:
-    """CPU of starting the CLI's interpreter with the pipeline modules imported (paid once per run)."""
-    # As `python -m preprocess run` imports them for a local run.
-    code = ("from preprocess import cli; cli.load_pipeline_modules([]); "
+def startup_cost(log: Path, runs: int = 3) -> dict:
+    """CPU of the CLI's interpreter start-up with the pipeline modules imported (paid once per run: the local
+    pool forks its workers from the driver); median of ``runs``."""
+    code = ("from preprocess import cli; cli.load_pipeline_modules(); "
             "import preprocess.transforms, preprocess.tokenizer")
-    driver = run_measured([sys.executable, "-c", code], log)
-    worker = run_measured([sys.executable, "-c", "import apache_beam.runners.worker.sdk_worker_main, "
-                           "preprocess.transforms, preprocess.tokenizer"], log.with_name(log.stem + "-worker.log"))
-    return {"driver_import_cpu_s": driver["cpu_s"], "driver_import_wall_s": driver["wall_s"],
-            "worker_import_cpu_s": worker["cpu_s"], "worker_import_wall_s": worker["wall_s"]}
+    measured = [run_measured([sys.executable, "-c", code], log) for _ in range(runs)]
+    return {"driver_import_cpu_s": _median(measured, "cpu_s"), "driver_import_wall_s": _median(measured, "wall_s"),
+            "driver_import_peak_rss_bytes": max(r["ru_maxrss_bytes"] for r in measured)}
 
-
-# --------------------------------------------------------------------------------------------------
-# Irreducible work
 
 def irreducible(inputs: dict, tokenizer: Path, log: Path) -> dict:
-    """The irreducible work done standalone: ``bench/irreducible.py`` as a child process (interpreter, the imports
-    the work needs, tokenizer load, read + clean + split + tokenize), measured like the pipeline's process tree.
-    Its own report splits off the CPU of the work itself (``work_cpu_s``) and its phases."""
+    """The irreducible work done standalone: ``bench/irreducible.py`` as a child process, measured like the
+    pipeline's process tree. Its own report splits off the CPU of the work itself and its phases."""
     cmd = [sys.executable, str(REPO / "bench" / "irreducible.py"), "--config", str(REPO / CONFIG),
            "--tokenizer", str(tokenizer), "--wiki", *inputs["wiki"], "--books", *inputs["books"]]
+    load_before = wait_for_quiet(QUIET_WAIT)
     run = run_measured(cmd, log)
     work = json.loads([line for line in log.read_text().splitlines() if line.startswith("{")][-1])
     return {"cpu_s": run["cpu_s"], "wall_s": run["wall_s"], **work,
             "startup_cpu_s": round(run["cpu_s"] - work["work_cpu_s"], 3),
-            "foreign_load_cores": run["foreign_load_cores"]}
+            "foreign_load_before_cores": load_before, "foreign_load_cores": run["foreign_load_cores"],
+            "contended": run["foreign_load_cores"] > CONTENDED_LOAD}
 
-
-# --------------------------------------------------------------------------------------------------
-# Preparation
 
 def prepare_tokenizer(inputs: dict, work: Path) -> tuple[Path, dict]:
     target = work / "tokenizer"
     stamp = {"vocab_size": VOCAB_SIZE, "lowercase": True,
-             "inputs": [(os.path.basename(f), os.path.getsize(f)) for f in inputs["wiki"] + inputs["books"]]}
+             "inputs": [[os.path.basename(f), os.path.getsize(f)] for f in inputs["wiki"] + inputs["books"]]}
     stamp_file = work / "tokenizer.stamp.json"
-    if (target / "tokenizer.json").exists() and stamp_file.exists() and json.loads(stamp_file.read_text()) == \
-            json.loads(json.dumps(stamp)):
+    if (target / "tokenizer.json").exists() and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return target, {"reused": True}
     shutil.rmtree(target, ignore_errors=True)
     cmd = [sys.executable, "-m", "preprocess", "tokenizer", "train", "--wikipedia", *inputs["wiki"],
@@ -404,250 +400,147 @@ def prepare_tokenizer(inputs: dict, work: Path) -> tuple[Path, dict]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Stage breakdown (diagnostics): the CLI run with pipeline.run_beam wrapped to time each Beam pipeline
+# Memory budget and Dask
 
-STAGE_TIMER = r"""
-import concurrent.futures.process as futures_process
-import json, os, resource, sys, time
-entered = time.process_time()
-import preprocess.pipeline as pipeline
-from preprocess import cli
+def budget_run(inputs: dict, tokenizer: Path, work: Path, unbudgeted: dict) -> dict:
+    """The in-memory run under ``--max-memory`` a quarter of its unbudgeted peak; when the CLI refuses that (below
+    its estimate for one input file per part), also under the smallest budget it accepts."""
+    from preprocess import memory
 
-stages = []
-original = pipeline.run_beam
-
-
-def kind(labels):
-    # A fused pipeline (several stages in one Beam pipeline) is named after all of them: "documents+index+...".
-    joined = " ".join(labels)
-    names = [name for key, name in (("Files", "documents"), ("Count", "index"), ("Index", "index"),
-                                    ("CreateInstances", "instances"), ("Shards", "shards")) if key in joined]
-    return "+".join(dict.fromkeys(names)) or joined
-
-
-def timed(*args, **kwargs):
-    # The signature changes between versions; the pipeline builder is the last positional argument.
-    labels = []
-    build = args[-1]
-
-    def build_and_note(p):
-        build(p)
-        labels.extend(t.full_label for t in p.transforms_stack[0].parts)
-
-    ru0, c0, w0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time(), time.perf_counter()
-    original(*args[:-1], build_and_note, **kwargs)
-    w1, c1, ru1 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    stages.append({"stage": kind(labels), "wall_s": w1 - w0, "driver_cpu_s": c1 - c0,
-                   "workers_cpu_s": ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime})
+    files = [("wiki", u, os.path.getsize(u)) for u in inputs["wiki"]] + \
+            [("book", u, os.path.getsize(u)) for u in inputs["books"]]
+    smallest = memory.estimated_peak(files, len(files))
+    out = {"unbudgeted_peak_bytes": unbudgeted["peak_tree_rss_bytes"],
+           "smallest_accepted_budget_bytes": smallest}
+    budgets = {"quarter": unbudgeted["peak_tree_rss_bytes"] // 4, "smallest_accepted": smallest}
+    for name, budget in budgets.items():
+        log = work / "logs" / f"budget-{name}.log"
+        try:
+            r = run_pipeline(inputs, tokenizer, work / "out" / f"budget-{name}",
+                             [*MODES["workers_1"], "--max-memory", str(budget)], log)
+        except RuntimeError as exc:   # refused: the budget is below one input file per part
+            out[name] = {"budget_bytes": budget, "refused": str(exc).strip().splitlines()[-1],
+                         "under_budget": False, "shards_identical": False}
+            continue
+        chosen = re.search(r"max-memory \S+: \d+ parts? \(estimated peak \S+ per part\)", log.read_text())
+        out[name] = {"budget_bytes": budget, "parts_chosen": r["parts"], "log_line": chosen and chosen.group(0),
+                     "peak_tree_rss_bytes": r["peak_tree_rss_bytes"], "wall_s": r["wall_s"], "cpu_s": r["cpu_s"],
+                     "peak_over_budget": round(r["peak_tree_rss_bytes"] / budget, 3),
+                     "under_budget": r["peak_tree_rss_bytes"] <= budget,
+                     "shards_identical": r["shard_sha256"] == unbudgeted["shard_sha256"], "run": r}
+        if name == "quarter" and budget >= smallest:
+            break
+    return out
 
 
-pipeline.run_beam = timed
-
-# The local process pool (--direct_num_workers N > 1) runs its pipelines inside its workers: each stage is one
-# pool.map, and every task reports its worker's CPU with its result (forked workers share this __main__).
-POOL_STAGES = {"_documents_task": "documents", "_count_task": "index", "_instances_task": "instances",
-               "_shards_task": "shards"}
-original_map = futures_process.ProcessPoolExecutor.map
+def _describe_budget(name: str, b: dict) -> str:
+    if "refused" in b:
+        return f"{name} {_mib(b['budget_bytes'])} MiB: refused ({b['refused'][:160]})"
+    return (f"{name} {_mib(b['budget_bytes'])} MiB: {b['parts_chosen']} parts, peak {_mib(b['peak_tree_rss_bytes'])} "
+            f"MiB, under budget {b['under_budget']}, shards identical {b['shards_identical']}")
 
 
-def call_timed(packed):
-    fn, arg = packed
-    c0 = time.process_time()
-    result = fn(arg)
-    return result, time.process_time() - c0
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
-def timed_map(self, fn, iterable, **kwargs):
-    c0, w0 = time.process_time(), time.perf_counter()
-    pairs = list(original_map(self, call_timed, [(fn, arg) for arg in iterable], **kwargs))
-    stages.append({"stage": POOL_STAGES.get(fn.__name__, fn.__name__), "wall_s": time.perf_counter() - w0,
-                   "driver_cpu_s": time.process_time() - c0, "workers_cpu_s": sum(cpu for _, cpu in pairs)})
-    return iter([result for result, _ in pairs])
+def _stop_and_reap(proc: subprocess.Popen) -> float:
+    """SIGTERM, wait; the CPU of the process and of every descendant it reaped."""
+    proc.terminate()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    _, _, usage = os.wait4(proc.pid, 0)
+    return usage.ru_utime + usage.ru_stime
 
 
-futures_process.ProcessPoolExecutor.map = timed_map
-try:
-    rc = cli.main(sys.argv[1:])
-finally:
-    with open(os.environ["BENCH_STAGES_OUT"], "w") as handle:
-        json.dump({"stages": stages, "cpu_at_start_s": entered, "cpu_at_exit_s": time.process_time()}, handle)
-sys.exit(rc)
-"""
+def dask_run(inputs: dict, tokenizer: Path, work: Path, workers: int = 2) -> dict:
+    """The pipeline on Beam's DaskRunner against a scheduler and ``workers`` single-threaded workers, all on
+    127.0.0.1 and started for this run; CPU summed over scheduler, workers (with their nannies) and driver."""
+    logs = work / "logs"
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    started = time.perf_counter()
 
+    def spawn(cmd: list[str], name: str) -> subprocess.Popen:
+        with open(logs / f"dask-{name}.log", "wb") as log:
+            return subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
-def stage_breakdown(inputs: dict, tokenizer: Path, work: Path, mode: str, beam: list[str]) -> dict:
-    """CPU and wall per Beam pipeline (documents, index, instances, shards) and outside them."""
-    out_file = work / "profile" / f"stages-{mode}.json"
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    run = run_pipeline(inputs, tokenizer, work / "out" / f"stages-{mode}", 1, beam, work / "logs" / f"stages-{mode}.log",
-                       launcher=[sys.executable, "-c", STAGE_TIMER], env={"BENCH_STAGES_OUT": str(out_file)})
-    raw = json.loads(out_file.read_text())
-    by_stage: dict[str, dict] = {}
-    for st in raw["stages"]:
-        agg = by_stage.setdefault(st["stage"], {"pipelines": 0, "wall_s": 0.0, "driver_cpu_s": 0.0, "workers_cpu_s": 0.0})
-        agg["pipelines"] += 1
-        for key in ("wall_s", "driver_cpu_s", "workers_cpu_s"):
-            agg[key] += st[key]
-    for agg in by_stage.values():
-        agg["cpu_s"] = agg["driver_cpu_s"] + agg["workers_cpu_s"]
-        for key in list(agg):
-            agg[key] = round(agg[key], 3) if isinstance(agg[key], float) else agg[key]
-    in_stages_driver = sum(st["driver_cpu_s"] for st in raw["stages"])
-    in_stages_workers = sum(st["workers_cpu_s"] for st in raw["stages"])
-    in_stages_wall = sum(st["wall_s"] for st in raw["stages"])
-    return {
-        "run": {k: run[k] for k in ("wall_s", "cpu_s", "peak_tree_rss_bytes", "processes_seen", "foreign_load_cores",
-                                    "process_cpu_s")},
-        "by_stage": by_stage,
-        "driver_interpreter_start_cpu_s": round(raw["cpu_at_start_s"], 3),
-        "driver_outside_beam_cpu_s": round(raw["cpu_at_exit_s"] - in_stages_driver, 3),
-        "driver_outside_beam_wall_s": round(run["wall_s"] - in_stages_wall, 3),
-        "workers_cpu_not_reaped_within_stage_s": round(run["cpu_s"] - raw["cpu_at_exit_s"] - in_stages_workers, 3),
-        "note": "driver_outside_beam: interpreter start, imports, tokenizer load, file sizing, manifest (everything "
-                "of the driver process outside the Beam pipelines); "
-                "workers_cpu_s is the CPU of the worker subprocesses reaped during that stage, or with the local "
-                "process pool the CPU its workers spent in that stage's tasks (pipelines then counts pool.map calls)",
-    }
+    cluster = [spawn(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                      "--dashboard-address", f"127.0.0.1:{_free_port()}"], "scheduler")]
+    try:
+        from distributed import Client
+
+        for i in range(workers):
+            cluster.append(spawn(["dask", "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                                  "--no-dashboard"], f"worker{i}"))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(workers, timeout=120)
+        ready = time.perf_counter() - started
+        r = run_pipeline(inputs, tokenizer, work / "out" / "dask",
+                         ["--runner", DASK_RUNNER, "--dask_client_address", address], logs / "dask-driver.log")
+    finally:
+        cluster_cpu = [_stop_and_reap(proc) for proc in cluster]
+    return {"workers": workers, "address": "127.0.0.1 only", "cluster_start_wall_s": round(ready, 3),
+            "driver_wall_s": r["wall_s"], "driver_cpu_s": r["cpu_s"],
+            "scheduler_cpu_s": round(cluster_cpu[0], 3), "workers_cpu_s": [round(c, 3) for c in cluster_cpu[1:]],
+            "cpu_s": round(r["cpu_s"] + sum(cluster_cpu), 3), "peak_driver_tree_rss_bytes": r["peak_tree_rss_bytes"],
+            "shard_sha256": r["shard_sha256"], "contended": r["contended"], "run": r}
 
 
 # --------------------------------------------------------------------------------------------------
-# Profile
+# Paired comparison with another tree
 
-def _package_of(filename: str) -> str:
-    if filename == "~":
-        return "builtins"
-    path = filename.replace("\\", "/")
-    repo = str(REPO).replace("\\", "/") + "/"
-    if path.startswith(repo):
-        rel = path[len(repo):]
-        return rel[:-3].replace("/", ".") if rel.endswith(".py") else rel
-    if "site-packages/" in path:
-        return path.split("site-packages/", 1)[1].split("/", 1)[0].replace(".py", "")
-    if "/lib/python" in path:
-        return "stdlib." + path.split("/lib/python", 1)[1].split("/", 1)[1].split("/", 1)[0].replace(".py", "")
-    return path.rsplit("/", 1)[-1]
-
-
-_CLASS_LINES: dict[str, list[tuple[int, int, str]]] = {}
+def reference_tree(ref: str, work: Path) -> tuple[Path, str]:
+    """A directory with ``preprocess/`` and ``configs/``: ``ref`` itself, or a git commit exported under work/."""
+    if Path(ref).is_dir():
+        return Path(ref).resolve(), str(Path(ref).resolve())
+    commit = subprocess.run(["git", "rev-parse", ref], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    target = work / "trees" / commit[:12]
+    if not (target / "preprocess").is_dir():
+        archive = subprocess.run(["git", "archive", commit, "preprocess", "configs"], cwd=REPO,
+                                 capture_output=True, check=True).stdout
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(target, filter="data")
+    return target, commit
 
 
-def _qualname(filename: str, line: int, name: str) -> str:
-    """'preprocess.transforms:CleanAndTokenize.process' for a function defined in the project."""
-    import ast
-
-    if filename not in _CLASS_LINES:
-        try:
-            tree = ast.parse(Path(filename).read_text())
-            _CLASS_LINES[filename] = [(n.lineno, n.end_lineno, n.name) for n in ast.walk(tree)
-                                      if isinstance(n, ast.ClassDef)]
-        except (OSError, SyntaxError):
-            _CLASS_LINES[filename] = []
-    owners = [c for c in _CLASS_LINES[filename] if c[0] <= line <= c[1]]
-    owner = max(owners)[2] + "." if owners else ""
-    return f"{_package_of(filename)}:{owner}{name}"
-
-
-def profile_in_memory(inputs: dict, tokenizer: Path, work: Path) -> dict:
-    """cProfile of the in-memory (one worker) run: it executes every bundle on the driver's main thread."""
-    import pstats
-
-    stats_file = work / "profile" / "in-memory.pstats"
-    stats_file.parent.mkdir(parents=True, exist_ok=True)
-    run = run_pipeline(inputs, tokenizer, work / "out" / "profile", 1, ["--direct_num_workers", "1"],
-                       work / "logs" / "profile.log",
-                       launcher=[sys.executable, "-m", "cProfile", "-o", str(stats_file), "-m", "preprocess"])
-    st = pstats.Stats(str(stats_file))
-    total = st.total_tt
-    by_package: dict[str, float] = {}
-    builtins: dict[str, float] = {}
-    rows = []
-    for (filename, line, name), (cc, nc, tt, ct, callers) in st.stats.items():
-        if filename == "~":
-            builtins[name] = builtins.get(name, 0.0) + tt
-            # A C function's time goes to the package that called it (bz2 decompress -> sources' caller...).
-            for (caller_file, _, _), caller_stats in callers.items():
-                package = _package_of(caller_file) if caller_file != "~" else "builtins"
-                by_package[package] = by_package.get(package, 0.0) + caller_stats[2]
-        else:
-            package = _package_of(filename)
-            by_package[package] = by_package.get(package, 0.0) + tt
-        rows.append((tt, ct, nc, f"{_package_of(filename) if filename != '~' else ''}:{name}:{line}".lstrip(":")))
-
-    def cum(package_prefix: str, func: str) -> float:
-        return round(sum(ct for (f, _, n), (_, _, _, ct, _) in st.stats.items()
-                         if n == func and _package_of(f).startswith(package_prefix)), 3)
-
-    irreducible_entry = {
-        "sources.iter_wikipedia": cum("preprocess.sources", "iter_wikipedia"),
-        "books.iter_book": cum("preprocess.books", "iter_book"),
-        "text.to_document": cum("preprocess.text", "to_document"),
-        "tokenizer.encode_batch": cum("preprocess.tokenizer", "encode_batch"),
-    }
-    ours = sorted(((ct, tt, nc, _qualname(f, line, name)) for (f, line, name), (_, nc, tt, ct, _) in st.stats.items()
-                   if _package_of(f).startswith("preprocess.") and name != "<module>"), reverse=True)
-    rows.sort(reverse=True)
-    return {
-        "run": run,
-        "pstats": str(stats_file.relative_to(REPO)) if stats_file.is_relative_to(REPO) else str(stats_file),
-        "profiled_seconds": round(total, 3),
-        "note": "cProfile inflates pure-Python call overhead (Beam's per-element machinery) relative to C "
-                "code, so read the shares, not the absolute seconds",
-        "irreducible_entry_points_cumulative_s": irreducible_entry,
-        "top_project_functions_cumulative": [
-            {"function": q, "cumtime_s": round(ct, 3), "tottime_s": round(tt, 3), "calls": nc}
-            for ct, tt, nc, q in ours[:30]],
-        "by_package_self_time_s": dict(sorted(((k, round(v, 3)) for k, v in by_package.items() if v >= 0.05),
-                                            key=lambda kv: -kv[1])),
-        "top_builtins_tottime_s": dict(sorted(((k, round(v, 3)) for k, v in builtins.items() if v >= 0.05),
-                                              key=lambda kv: -kv[1])[:20]),
-        "top_functions_tottime": [{"function": f, "tottime_s": round(tt, 3), "cumtime_s": round(ct, 3), "calls": nc}
-                                  for tt, ct, nc, f in rows[:30]],
-    }
+def compare(inputs: dict, tokenizer: Path, work: Path, ref: str, pairs: int, say) -> dict:
+    """Paired runs of this tree and of ``ref``, alternating; the median of the pairs' differences."""
+    tree, described = reference_tree(ref, work)
+    out: dict = {"reference": described, "pairs": pairs, "input_bytes": describe_inputs(inputs)["bytes"]}
+    for mode, args in MODES.items():
+        rows = []
+        for i in range(pairs):
+            pair = {}
+            for name, where in (("reference", tree), ("this_tree", REPO)):
+                r = run_pipeline(inputs, tokenizer, work / "out" / f"compare-{name}", args,
+                                 work / "logs" / f"compare-{mode}-{name}-{i}.log", tree=where)
+                pair[name] = {k: r[k] for k in ("cpu_s", "wall_s", "peak_tree_rss_bytes", "shard_sha256", "contended")}
+            rows.append(pair)
+            say(f"compare {mode} #{i + 1}: reference {pair['reference']['cpu_s']:.2f} CPU-s "
+                f"{pair['reference']['wall_s']:.2f} s, this tree {pair['this_tree']['cpu_s']:.2f} CPU-s "
+                f"{pair['this_tree']['wall_s']:.2f} s")
+        out[mode] = {
+            f"{key}_change": round(statistics.median(p["this_tree"][key] / p["reference"][key] - 1 for p in rows), 4)
+            for key in ("cpu_s", "wall_s", "peak_tree_rss_bytes")}
+        out[mode]["shards_identical"] = len({tuple(p[n]["shard_sha256"]) for p in rows for n in p}) == 1
+        out[mode]["pairs"] = rows
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
 # Main
-
-def diagnose(inputs, x4, tokenizer, work, modes, mem_runs, irr, say) -> dict:
-    """Where the CPU and the wall time go: per-stage breakdown, 4x-input scaling, cProfile."""
-    logs = work / "logs"
-    diagnostics: dict = {}
-    for mode, beam in modes.items():
-        diagnostics[f"stages_{mode}"] = d = stage_breakdown(inputs, tokenizer, work, mode, beam)
-        say(f"stages {mode}: " + ", ".join(f"{k} {v['cpu_s']:.1f} CPU-s/{v['wall_s']:.1f} s"
-                                           for k, v in d["by_stage"].items())
-            + f", outside Beam {d['driver_outside_beam_cpu_s']:.1f} CPU-s")
-    st1 = diagnostics["stages_workers_1"]["by_stage"]
-    separate = "documents" in st1 and "instances" in st1   # not when the driver fuses them into one pipeline
-    non_instance = sum(v["cpu_s"] for k, v in st1.items() if k != "instances") \
-        + diagnostics["stages_workers_1"]["driver_outside_beam_cpu_s"]
-    diagnostics["derived"] = {
-        "documents_stage_cpu_over_irreducible_workers_1":
-            round(st1["documents"]["cpu_s"] / irr["work_cpu_s"], 3) if separate else None,
-        "instances_stage_cpu_over_irreducible_workers_1":
-            round(st1["instances"]["cpu_s"] / irr["work_cpu_s"], 3) if separate else None,
-        "cpu_ratio_workers_1_if_instances_were_free": round(non_instance / irr["work_cpu_s"], 3) if separate else None,
-        "note": "the irreducible work excludes building the BERT instances (masking, NSP pairs), which the "
-                "pipeline must do; these ratios separate that from the overhead on the same work",
-    }
-    if "x4_parts_1" in mem_runs:
-        say("scaling on the 4x input (--parts 1, 2 workers)")
-        r = run_pipeline(x4, tokenizer, work / "out" / "x4-parts1-w2", 1, modes["workers_2"],
-                         logs / "x4-parts1-workers_2.log")
-        diagnostics["scaling_x4_parts_1"] = {
-            "wall_1_worker_s": mem_runs["x4_parts_1"]["wall_s"], "wall_2_workers_s": r["wall_s"],
-            "speedup": round(mem_runs["x4_parts_1"]["wall_s"] / r["wall_s"], 3),
-            "cpu_1_worker_s": mem_runs["x4_parts_1"]["cpu_s"], "cpu_2_workers_s": r["cpu_s"],
-            "shards_identical": r["shard_sha256"] == mem_runs["x4_parts_1"]["shard_sha256"],
-            "run_2_workers": r,
-        }
-        say(f"4x scaling: {diagnostics['scaling_x4_parts_1']['speedup']:.2f} "
-            f"({mem_runs['x4_parts_1']['wall_s']:.1f} s -> {r['wall_s']:.1f} s)")
-    say("profiling the in-memory run with cProfile")
-    diagnostics["profile_workers_1"] = profile_in_memory(inputs, tokenizer, work)
-    say(f"profile written: {diagnostics['profile_workers_1']['pstats']}")
-    return diagnostics
-
 
 def _median(runs: list[dict], key: str) -> float:
     return round(statistics.median(r[key] for r in runs), 3)
@@ -657,29 +550,54 @@ def _mib(n: float) -> float:
     return round(n / 2**20, 1)
 
 
+def summarize(runs: dict[str, list[dict]], irr_runs: list[dict], input_bytes: int, startup: dict) -> dict:
+    """Per mode: medians, the paired CPU ratio, tokens per CPU-second, peak RSS per input byte, start-up share."""
+    e2e = {}
+    for mode, rs in runs.items():
+        quiet = [r for r in rs if not r["contended"]]   # other processes skew wall time far more than CPU time
+        cpu, wall = _median(quiet or rs, "cpu_s"), _median(quiet or rs, "wall_s")
+        pairs = [(r, i) for r, i in zip(rs, irr_runs) if not (r["contended"] or i["contended"])] \
+            or list(zip(rs, irr_runs))
+        peak = int(statistics.median(r["peak_tree_rss_bytes"] for r in rs))
+        e2e[mode] = {
+            "beam_args": MODES[mode], "wall_s": wall, "cpu_s": cpu,
+            "medians_over": f"{len(quiet)} uncontended run(s)" if quiet else f"all {len(rs)} runs (all contended)",
+            "cpu_ratio_vs_irreducible": round(statistics.median(r["cpu_s"] / i["cpu_s"] for r, i in pairs), 3),
+            "cpu_ratio_vs_irreducible_runs": [round(r["cpu_s"] / i["cpu_s"], 3) for r, i in pairs],
+            "cpu_ratio_vs_irreducible_work_only": round(statistics.median(r["cpu_s"] / i["work_cpu_s"]
+                                                                          for r, i in pairs), 3),
+            "corpus_tokens_per_cpu_s": round(rs[0]["corpus_tokens"] / cpu, 1),
+            "corpus_tokens_per_wall_s": round(rs[0]["corpus_tokens"] / wall, 1),
+            "peak_tree_rss_bytes": peak,
+            "peak_rss_per_input_byte": round(peak / input_bytes, 2),
+            "startup_share_of_cpu": round(startup["driver_import_cpu_s"] / cpu, 4),
+            "runs": rs,
+        }
+    return e2e
+
+
 def main(argv=None) -> int:
-    global QUIET_WAIT, QUIET_BUDGET
+    global QUIET_WAIT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one repetition of everything; skip the 4x --parts 1 run")
-    parser.add_argument("--work", type=Path, default=REPO / "bench" / "work", help="scratch dir (default bench/work)")
+    parser.add_argument("--quick", action="store_true", help="the shared data once; no budget or Dask run")
+    parser.add_argument("--copies", type=int, help="copies of the shared data (default 8; 1 with --quick)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of items 1-2 (default 3)")
+    parser.add_argument("--against", metavar="REF", help="only paired runs against REF (a commit or a directory)")
+    parser.add_argument("--label", help="name of the --against comparison in the results (default: REF)")
+    parser.add_argument("--pairs", type=int, default=3, help="pairs per mode with --against (default 3)")
+    parser.add_argument("--work", type=Path, default=REPO / "bench" / "work" / "preprocess",
+                        help="scratch dir (default bench/work/preprocess)")
     parser.add_argument("--data", type=Path, default=(REPO / ".." / "shared" / "data").resolve(),
                         help="real data dir with wikipedia/ and books/ (default ../shared/data)")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--note", help="free text recorded in the results (e.g. what tree was measured)")
+    parser.add_argument("--note", help="free text recorded in the results")
     parser.add_argument("--quiet-wait", type=float, default=QUIET_WAIT,
-                        help="seconds to wait, before each timed run, for other processes to go quiet (default 10; "
-                             "at most 9 times that in all)")
-    diagnose_group = parser.add_mutually_exclusive_group()
-    diagnose_group.add_argument("--diagnose", dest="diagnose", action="store_true", default=None,
-                          help="always add a per-stage breakdown of both modes and a cProfile of the in-memory run "
-                               "(default: in full mode when a CPU or scaling target is missed)")
-    diagnose_group.add_argument("--no-diagnose", dest="diagnose", action="store_false")
+                        help="seconds to wait, before each timed run, for other processes to go quiet (default 10)")
     args = parser.parse_args(argv)
     QUIET_WAIT = args.quiet_wait
-    QUIET_BUDGET = [args.quiet_wait * 9]
-    reps = 1 if args.quick else 3
+    copies = args.copies or (1 if args.quick else 8)
     work = args.work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
     logs = work / "logs"
     begun = time.perf_counter()
 
@@ -688,251 +606,156 @@ def main(argv=None) -> int:
 
     machine = machine_info()
     source_at_start = source_digest()
-    inputs = real_inputs(args.data)
-    say(f"machine {machine['slug']}: {machine['cpu_model']}, {machine['logical_cores']} cores, "
-        f"{_mib(machine['memory_bytes']):,.0f} MiB; {len(inputs['wiki']) + len(inputs['books'])} input files")
-
-    tokenizer, tok_info = prepare_tokenizer(inputs, work)
-    say(f"tokenizer {'reused' if tok_info['reused'] else 'trained'}: {tokenizer}")
-
-    startup = startup_cost(logs / "startup.log")
-    say(f"startup: driver imports {startup['driver_import_cpu_s']:.2f} CPU-s, "
-        f"worker imports {startup['worker_import_cpu_s']:.2f} CPU-s")
-
-    # 1 and 2. Each repetition does the irreducible work standalone (a child process), then runs the pipeline with
-    # 1 and with 2 workers: this VM's speed drifts by up to 30 % within minutes, and runs side by side see the same.
-    modes = {"workers_1": ["--direct_num_workers", "1"],
-             "workers_2": ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]}
-    irr_runs: list[dict] = []
-    runs: dict[str, list[dict]] = {m: [] for m in modes}
-    for rep in range(reps):
-        load_before = wait_for_quiet(min(QUIET_WAIT, QUIET_BUDGET[0]))
-        r = irreducible(inputs, tokenizer, logs / f"irreducible-{rep}.log")
-        r["foreign_load_before_cores"] = load_before
-        r["contended"] = r["foreign_load_cores"] > CONTENDED_LOAD
-        irr_runs.append(r)
-        say(f"irreducible #{rep + 1}, standalone: {r['cpu_s']:.2f} CPU-s = start-up {r['startup_cpu_s']:.2f} + work "
-            f"{r['work_cpu_s']:.2f} (read {r['read_cpu_s']:.2f}, clean+split {r['clean_split_cpu_s']:.2f}, "
-            f"tokenize {r['tokenize_cpu_s']:.2f}), {r['corpus_tokens']:,} tokens")
-        for mode, beam in modes.items():
-            r = run_pipeline(inputs, tokenizer, work / "out" / mode, 1, beam, logs / f"{mode}-{rep}.log")
-            runs[mode].append(r)
-            say(f"{mode} #{rep + 1}: wall {r['wall_s']:.2f} s, CPU {r['cpu_s']:.2f} s "
-                f"(sampled {r['sampled_tree_cpu_s']:.2f}, {r['processes_seen']} processes), "
-                f"peak tree RSS {_mib(r['peak_tree_rss_bytes'])} MiB; cpu check {r['cpu_accounting_check']}; "
-                f"other load {r['foreign_load_cores']:.2f} cores")
-    irr = dict(irr_runs[0])
-    for key in ("cpu_s", "wall_s", "work_cpu_s", "work_wall_s", "startup_cpu_s", "read_cpu_s", "clean_split_cpu_s",
-                "tokenize_cpu_s"):
-        irr[key] = _median(irr_runs, key)
-    irr["cpu_s_runs"] = [r["cpu_s"] for r in irr_runs]
-    irr["work_cpu_s_runs"] = [r["work_cpu_s"] for r in irr_runs]
-    irr["foreign_load_cores_runs"] = [r["foreign_load_cores"] for r in irr_runs]
-    for key in ("foreign_load_cores", "foreign_load_before_cores", "contended"):
-        irr.pop(key)
-
-    e2e = {}
-    for mode, rs in runs.items():
-        # Other processes skew wall time far more than CPU time: wall medians use the quiet runs when any.
-        quiet = [r for r in rs if not r["contended"]]
-        cpu, wall = _median(quiet or rs, "cpu_s"), _median(quiet or rs, "wall_s")
-        tokens = rs[0]["corpus_tokens"]
-        # Each repetition's pipeline CPU over the irreducible CPU measured just before it; the median is the figure.
-        pairs = list(zip(rs, irr_runs))
-        pairs = [(r, i) for r, i in pairs if not (r["contended"] or i["contended"])] or pairs
-        paired = [(r["cpu_s"] / i["cpu_s"], r["cpu_s"] / i["work_cpu_s"]) for r, i in pairs]
-        e2e[mode] = {
-            "beam_args": modes[mode],
-            "wall_s": wall, "cpu_s": cpu, "wall_s_runs": [r["wall_s"] for r in rs], "cpu_s_runs": [r["cpu_s"] for r in rs],
-            "medians_over": f"{len(quiet)} uncontended run(s)" if quiet else f"all {len(rs)} runs (all contended)",
-            "corpus_tokens": tokens,
-            "corpus_tokens_per_cpu_s": round(tokens / cpu, 1),
-            "corpus_tokens_per_wall_s": round(tokens / wall, 1),
-            "cpu_ratio_vs_irreducible": round(statistics.median(p for p, _ in paired), 3),
-            "cpu_ratio_vs_irreducible_runs": [round(p, 3) for p, _ in paired],
-            "cpu_ratio_of_medians": round(cpu / irr["cpu_s"], 3),
-            # Against the work alone, without the standalone program's start-up; and without either start-up.
-            "cpu_ratio_vs_irreducible_work_only": round(statistics.median(w for _, w in paired), 3),
-            "cpu_ratio_excluding_both_startups": round(
-                (cpu - startup["driver_import_cpu_s"]) / irr["work_cpu_s"], 3),
-            "peak_tree_rss_bytes": int(statistics.median(r["peak_tree_rss_bytes"] for r in rs)),  # all runs
-            "ru_maxrss_bytes": max(r["ru_maxrss_bytes"] for r in rs),
-            "foreign_load_cores_runs": [r["foreign_load_cores"] for r in rs],
-            "runs": rs,
-        }
-    sha = {mode: rs[0]["shard_sha256"] for mode, rs in runs.items()}
-    all_sha = {tuple(r["shard_sha256"]) for rs in runs.values() for r in rs}
-    speedup = round(e2e["workers_1"]["wall_s"] / e2e["workers_2"]["wall_s"], 3)
-
-    # 3. Memory: 1x --parts 1 is the in-memory end-to-end run above; 4x copies with --parts 4 (and 1).
-    x4 = make_x4(inputs, work)
-    say(f"4x input ready: {len(x4['wiki']) + len(x4['books'])} files")
-    mem_runs = {"x4_parts_4": run_pipeline(x4, tokenizer, work / "out" / "x4-parts4", 4, modes["workers_1"],
-                                           logs / "x4-parts4.log")}
-    say(f"4x --parts 4: wall {mem_runs['x4_parts_4']['wall_s']:.1f} s, peak tree RSS "
-        f"{_mib(mem_runs['x4_parts_4']['peak_tree_rss_bytes'])} MiB")
-    if not args.quick:
-        mem_runs["x4_parts_1"] = run_pipeline(x4, tokenizer, work / "out" / "x4-parts1", 1, modes["workers_1"],
-                                              logs / "x4-parts1.log")
-        say(f"4x --parts 1: wall {mem_runs['x4_parts_1']['wall_s']:.1f} s, peak tree RSS "
-            f"{_mib(mem_runs['x4_parts_1']['peak_tree_rss_bytes'])} MiB")
-    base_rss = e2e["workers_1"]["peak_tree_rss_bytes"]
-    memory = {
-        "x1_parts_1": {"peak_tree_rss_bytes": base_rss, "ru_maxrss_bytes": e2e["workers_1"]["ru_maxrss_bytes"],
-                       "source": "median of the end_to_end.workers_1 runs (same input, --parts 1, in-memory)"},
-        "x4_input": describe_inputs(x4) | {"copies": 4},
-    }
-    for name, r in mem_runs.items():
-        memory[name] = r | {"rss_ratio_vs_x1": round(r["peak_tree_rss_bytes"] / base_rss, 3)}
-        memory[name]["corpus_tokens_ratio_vs_x1"] = round(r["corpus_tokens"] / e2e["workers_1"]["corpus_tokens"], 3)
-    memory_ratio = memory["x4_parts_4"]["rss_ratio_vs_x1"]
-    x4_same = (memory["x4_parts_4"]["shard_sha256"] == memory["x4_parts_1"]["shard_sha256"]
-               if "x4_parts_1" in memory else None)
-
-    irr_tokens_match = irr["corpus_tokens"] == e2e["workers_1"]["corpus_tokens"]
-    checks = {
-        "shards_identical_1_vs_2_workers": len(all_sha) == 1,
-        "shard_sha256": sha["workers_1"],
-        "irreducible_tokens_equal_pipeline_corpus_tokens": irr_tokens_match,
-        "x4_documents_are_4x": memory["x4_parts_4"]["documents_used"] == 4 * e2e["workers_1"]["runs"][0]["documents_used"],
-        "x4_shards_identical_parts_4_vs_parts_1": x4_same,
-        "cpu_accounting": sorted({r["cpu_accounting_check"] for rs in runs.values() for r in rs}
-                                 | {r["cpu_accounting_check"] for r in mem_runs.values()}),
-        # Other processes on the machine during the timed runs (a shared machine skews wall times).
-        "contended_runs": [f"{mode} #{i + 1}" for mode, rs in runs.items() for i, r in enumerate(rs) if r["contended"]]
-                          + [name for name, r in mem_runs.items() if r["contended"]],
-        "max_foreign_load_cores": max(r["foreign_load_cores"] for r in [*runs["workers_1"], *runs["workers_2"],
-                                                                        *mem_runs.values()]),
-    }
-    ratio_1 = e2e["workers_1"]["cpu_ratio_vs_irreducible"]
-    ratio_2 = e2e["workers_2"]["cpu_ratio_vs_irreducible"]
-    targets = {
-        "cpu_ratio_workers_1": {"value": ratio_1, "target": f"<= {TARGETS['cpu_ratio_max']}",
-                                "pass": ratio_1 <= TARGETS["cpu_ratio_max"]},
-        "cpu_ratio_workers_2": {"value": ratio_2, "target": f"<= {TARGETS['cpu_ratio_max']}",
-                                "pass": ratio_2 <= TARGETS["cpu_ratio_max"]},
-        "scaling_speedup_2_workers": {"value": speedup, "target": f">= {TARGETS['scaling_speedup_min']}",
-                                      "pass": speedup >= TARGETS["scaling_speedup_min"],
-                                      "contended": any(all(r["contended"] for r in rs) for rs in runs.values())},
-        "memory_ratio_x4_parts_4": {"value": memory_ratio, "target": f"<= {TARGETS['memory_ratio_max']}",
-                                    "pass": memory_ratio <= TARGETS["memory_ratio_max"]},
-        "shards_identical_1_vs_2_workers": {"value": checks["shards_identical_1_vs_2_workers"], "target": "true",
-                                            "pass": checks["shards_identical_1_vs_2_workers"]},
-    }
-
-    # 4. Diagnostics: where the CPU and the wall time go.
-    missed = not all(targets[t]["pass"] for t in ("cpu_ratio_workers_1", "cpu_ratio_workers_2",
-                                                  "scaling_speedup_2_workers"))
-    diagnostics = None
-    if args.diagnose if args.diagnose is not None else (not args.quick and missed):
-        try:
-            diagnostics = diagnose(inputs, x4, tokenizer, work, modes, mem_runs, irr, say)
-        except Exception as exc:  # noqa: BLE001 - the measurements above are worth keeping anyway
-            diagnostics = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-            say(f"diagnostics failed: {diagnostics['error'][:300]}")
-
-    results = {
-        "benchmark": "preprocess",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "mode": "quick" if args.quick else "full",
-        "repetitions": reps,
-        "machine": machine,
-        "versions": versions(),
-        "source_sha256": source_at_start,
-        "source_changed_during_run": source_digest() != source_at_start,
-        "note": args.note,
-        "config": CONFIG,
-        "tokenizer": {"kind": "sentencepiece", "vocab_size": VOCAB_SIZE, "lowercase": True, **tok_info},
-        "input": describe_inputs(inputs) | {
-            "corpus_tokens": e2e["workers_1"]["corpus_tokens"],
-            "documents_used": e2e["workers_1"]["runs"][0]["documents_used"],
-            "documents_read": e2e["workers_1"]["runs"][0]["documents_read"],
-            "instances": e2e["workers_1"]["runs"][0]["instances"],
-            "instance_tokens": e2e["workers_1"]["runs"][0]["instance_tokens"],
-        },
-        "method": {
-            "irreducible": "bench/irreducible.py as a child process, measured like the pipeline (os.wait4 rusage): "
-                           "interpreter, the imports the work needs, tokenizer load, then sources.iter_wikipedia or "
-                           "books.iter_book + text.to_document + tokenizer.encode_batch over every input file "
-                           "(work_cpu_s: time.process_time around that loop alone); median of the repetitions",
-            "pipeline_cpu": "os.wait4 rusage of the `python -m preprocess run` child: user+system CPU of it and "
-                            "every descendant it reaped (Beam's worker subprocesses are waited for by the runner); "
-                            "cross-checked against a psutil sample of the tree every "
-                            f"{SAMPLE_INTERVAL} s (sampled_tree_cpu_s, a lower bound)",
-            "peak_rss": f"max over psutil samples every {SAMPLE_INTERVAL} s of the summed RSS of the process tree "
-                        "(shared pages counted once per process); ru_maxrss is the largest single process",
-            "medians": "wall and CPU figures are medians over the uncontended repetitions (all of them when every "
-                       "run was contended), RSS over all repetitions; per-run values under runs",
-            "cpu_ratio": "each repetition runs the irreducible work, then the pipeline with 1 and with 2 workers; "
-                         "cpu_ratio_vs_irreducible is the median over the repetitions of pipeline CPU / the "
-                         "irreducible CPU of the same repetition (the VM's speed drifts between repetitions); "
-                         "cpu_ratio_of_medians divides the medians instead",
-        },
-        "startup": startup,
-        "irreducible": irr,
-        "end_to_end": e2e,
-        "scaling": {"speedup_wall_1_over_2_workers": speedup, "wall_1_worker_s": e2e["workers_1"]["wall_s"],
-                    "wall_2_workers_s": e2e["workers_2"]["wall_s"]},
-        "memory": memory,
-        "checks": checks,
-        "targets": targets,
-        "all_targets_pass": all(t["pass"] for t in targets.values()),
-        "diagnostics": diagnostics,
-        "bench_wall_s": round(time.perf_counter() - begun, 1),
-    }
+    shared = real_inputs(args.data)
+    tokenizer, tok_info = prepare_tokenizer(shared, work)
+    inputs = make_copies(shared, work, copies)
+    described = describe_inputs(inputs)
+    say(f"machine {machine['slug']}: {machine['cpu_model']}; input {copies}x: {described['file_count']} files, "
+        f"{_mib(described['bytes'])} MiB; tokenizer {'reused' if tok_info['reused'] else 'trained'}")
     args.results.mkdir(parents=True, exist_ok=True)
     out_file = args.results / f"preprocess-{machine['slug']}.json"
+    previous = json.loads(out_file.read_text()) if out_file.exists() else {}
+
+    if args.against:
+        label = args.label or args.against
+        result = compare(inputs, tokenizer, work, args.against, args.pairs, say)
+        result |= {"date": _now(), "copies": copies, "versions": versions(), "note": args.note}
+        previous.setdefault("comparisons", {})[label] = result
+        out_file.write_text(json.dumps(previous, indent=2) + "\n")
+        for mode in MODES:
+            say(f"{label}, {mode}: CPU {result[mode]['cpu_s_change']:+.1%}, wall {result[mode]['wall_s_change']:+.1%},"
+                f" peak RSS {result[mode]['peak_tree_rss_bytes_change']:+.1%} (this tree against {args.against}); "
+                f"shards identical: {result[mode]['shards_identical']}")
+        return 0
+
+    startup = startup_cost(logs / "startup.log")
+    say(f"start-up: driver imports {startup['driver_import_cpu_s']:.2f} CPU-s")
+    irr_runs: list[dict] = []
+    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    for rep in range(args.reps):
+        r = irreducible(inputs, tokenizer, logs / f"irreducible-{rep}.log")
+        irr_runs.append(r)
+        say(f"irreducible #{rep + 1}: {r['cpu_s']:.2f} CPU-s (work {r['work_cpu_s']:.2f}), "
+            f"{r['corpus_tokens']:,} tokens")
+        for mode, beam in MODES.items():
+            r = run_pipeline(inputs, tokenizer, work / "out" / mode, beam, logs / f"{mode}-{rep}.log")
+            runs[mode].append(r)
+            say(f"{mode} #{rep + 1}: wall {r['wall_s']:.2f} s, CPU {r['cpu_s']:.2f} s, peak tree RSS "
+                f"{_mib(r['peak_tree_rss_bytes'])} MiB; cpu check {r['cpu_accounting_check']}; "
+                f"other load {r['foreign_load_cores']:.2f} cores")
+    irr = {key: _median(irr_runs, key) for key in ("cpu_s", "wall_s", "work_cpu_s", "startup_cpu_s", "read_cpu_s",
+                                                    "clean_split_cpu_s", "tokenize_cpu_s")}
+    irr |= {"corpus_tokens": irr_runs[0]["corpus_tokens"], "documents": irr_runs[0]["documents"], "runs": irr_runs}
+    e2e = summarize(runs, irr_runs, described["bytes"], startup)
+    w1, w2 = e2e["workers_1"], e2e["workers_2"]
+    speedup = round(w1["wall_s"] / w2["wall_s"], 3)
+
+    budget = dask = None
+    if not args.quick:
+        budget = budget_run(inputs, tokenizer, work, {"peak_tree_rss_bytes": w1["peak_tree_rss_bytes"],
+                                                      "shard_sha256": runs["workers_1"][0]["shard_sha256"]})
+        say("; ".join(_describe_budget(name, budget[name]) for name in ("quarter", "smallest_accepted")
+                      if name in budget))
+        dask = dask_run(inputs, tokenizer, work)
+        dask["cpu_ratio_vs_irreducible"] = round(dask["cpu_s"] / irr["cpu_s"], 3)
+        dask["shards_identical"] = dask["shard_sha256"] == runs["workers_1"][0]["shard_sha256"]
+        say(f"dask: wall {dask['driver_wall_s']:.2f} s, CPU {dask['cpu_s']:.2f} s (ratio "
+            f"{dask['cpu_ratio_vs_irreducible']:.2f}), identical {dask['shards_identical']}")
+
+    all_sha = {tuple(r["shard_sha256"]) for rs in runs.values() for r in rs}
+    checks = {
+        "shards_identical_1_vs_2_workers": len(all_sha) == 1,
+        "shard_sha256": runs["workers_1"][0]["shard_sha256"],
+        "irreducible_tokens_equal_pipeline_corpus_tokens":
+            irr["corpus_tokens"] == runs["workers_1"][0]["corpus_tokens"],
+        "cpu_accounting": sorted({r["cpu_accounting_check"] for rs in runs.values() for r in rs}),
+        "contended_runs": [f"{mode} #{i + 1}" for mode, rs in runs.items() for i, r in enumerate(rs) if r["contended"]]
+                          + [f"irreducible #{i + 1}" for i, r in enumerate(irr_runs) if r["contended"]],
+    }
+    if budget:
+        for name in ("quarter", "smallest_accepted"):
+            if name in budget:
+                checks[f"budget_{name}_under_budget"] = budget[name]["under_budget"]
+                checks[f"budget_{name}_shards_identical"] = budget[name]["shards_identical"]
+    if dask:
+        checks["dask_shards_identical"] = dask["shards_identical"]
+    targets = {
+        "cpu_ratio_workers_1": (w1["cpu_ratio_vs_irreducible"], "<=", TARGETS["cpu_ratio_max"]),
+        "cpu_ratio_workers_2": (w2["cpu_ratio_vs_irreducible"], "<=", TARGETS["cpu_ratio_max"]),
+        "speedup_1_to_2_workers": (speedup, ">=", TARGETS["scaling_speedup_min"]),
+        "startup_share_workers_1": (w1["startup_share_of_cpu"], "<=", TARGETS["startup_share_max"]),
+    }
+    targets = {name: {"value": v, "target": f"{op} {t}", "pass": v <= t if op == "<=" else v >= t}
+               for name, (v, op, t) in targets.items()}
+    if args.quick:
+        targets.pop("startup_share_workers_1")   # the 1x input is too small for start-up to be a small share
+
+    results = {
+        "benchmark": "preprocess", "date": _now(), "mode": "quick" if args.quick else "large",
+        "copies": copies, "repetitions": args.reps, "machine": machine, "versions": versions(),
+        "source_sha256": source_at_start, "source_changed_during_run": source_digest() != source_at_start,
+        "note": args.note, "config": CONFIG,
+        "tokenizer": {"kind": "sentencepiece", "vocab_size": VOCAB_SIZE, "lowercase": True, **tok_info},
+        "input": described | {"copies": copies, "corpus_tokens": runs["workers_1"][0]["corpus_tokens"],
+                              "documents_used": runs["workers_1"][0]["documents_used"],
+                              "instances": runs["workers_1"][0]["instances"]},
+        "method": {
+            "irreducible": "bench/irreducible.py as a child process, measured like the pipeline (os.wait4 rusage): "
+                           "interpreter, the imports the work needs, tokenizer load, read + clean + split + tokenize",
+            "pipeline_cpu": "os.wait4 rusage of the `python -m preprocess run` child and every descendant it reaped",
+            "peak_rss": f"max over psutil samples every {SAMPLE_INTERVAL} s of the summed RSS of the process tree "
+                        "(at least the largest process's ru_maxrss)",
+            "cpu_ratio": "median over the repetitions of pipeline CPU / irreducible CPU of the same repetition",
+            "startup_share": "CPU of `python -c` importing the CLI and the pipeline modules (median of 3) / the "
+                             "run's CPU; the local pool forks its workers from the driver, so it is paid once",
+            "budget": "--max-memory a quarter of the median peak of the in-memory (1 worker) runs, 1 worker; "
+                      "when refused, also the smallest budget the estimate accepts (one input file per part)",
+            "dask": "DaskRunner, `dask scheduler` and 2 `dask worker --nthreads 1` on 127.0.0.1 started for the run; "
+                    "CPU of scheduler, workers (nannies and their worker processes) and the driver's tree",
+        },
+        "startup": startup, "irreducible": irr, "end_to_end": e2e,
+        "scaling": {"speedup_wall_1_over_2_workers": speedup, "wall_1_worker_s": w1["wall_s"],
+                    "wall_2_workers_s": w2["wall_s"]},
+        "memory_budget": budget, "dask": dask, "checks": checks, "targets": targets,
+        "all_checks_pass": all(v is not False for k, v in checks.items() if k != "contended_runs")
+                           and checks["cpu_accounting"] == ["ok"],
+        "comparisons": previous.get("comparisons", {}) if previous.get("machine", {}).get("slug") == machine["slug"]
+                       else {},
+        "bench_wall_s": round(time.perf_counter() - begun, 1),
+    }
     out_file.write_text(json.dumps(results, indent=2) + "\n")
 
-    w1, w2 = e2e["workers_1"], e2e["workers_2"]
-    ok = lambda t: "PASS" if targets[t]["pass"] else "FAIL"  # noqa: E731
+    ok = lambda t: "PASS" if targets[t]["pass"] else "MISS"  # noqa: E731
     print()
-    print(f"Preprocess benchmark, {machine['slug']} ({machine['cpu_model']}), {results['mode']}, {reps} rep(s)")
-    print(f"  input: {results['input']['file_count']} files, {_mib(results['input']['bytes'])} MiB, "
-          f"{w1['corpus_tokens']:,} corpus tokens, {results['input']['documents_used']} documents")
-    print(f"  irreducible, standalone: {irr['cpu_s']:.2f} CPU-s = {irr['corpus_tokens'] / irr['cpu_s']:,.0f} "
-          f"tokens/CPU-s (the work alone: {irr['work_cpu_s']:.2f} CPU-s)")
-    print(f"  1 worker (in-memory): wall {w1['wall_s']:.2f} s, CPU {w1['cpu_s']:.2f} s = "
-          f"{w1['corpus_tokens_per_cpu_s']:,.0f} tokens/CPU-s, ratio {ratio_1:.2f} [{ok('cpu_ratio_workers_1')} <= 1.5]")
-    print(f"  2 workers (multi_processing): wall {w2['wall_s']:.2f} s, CPU {w2['cpu_s']:.2f} s = "
-          f"{w2['corpus_tokens_per_cpu_s']:,.0f} tokens/CPU-s, ratio {ratio_2:.2f} [{ok('cpu_ratio_workers_2')} <= 1.5]")
-    print(f"  scaling: speed-up {speedup:.2f} [{ok('scaling_speedup_2_workers')} >= 1.6]; shards identical: "
-          f"{checks['shards_identical_1_vs_2_workers']} ({sha['workers_1'][0][:16]}...)")
-    extra = (f"; 4x --parts 1: {_mib(memory['x4_parts_1']['peak_tree_rss_bytes'])} MiB "
-             f"({memory['x4_parts_1']['rss_ratio_vs_x1']:.2f}x)") if "x4_parts_1" in memory else ""
-    print(f"  memory: 1x {_mib(base_rss)} MiB, 4x --parts 4 {_mib(memory['x4_parts_4']['peak_tree_rss_bytes'])} MiB, "
-          f"ratio {memory_ratio:.2f} [{ok('memory_ratio_x4_parts_4')} <= 1.25]{extra}")
-    if diagnostics and "error" not in diagnostics:
-        for mode in modes:
-            d = diagnostics[f"stages_{mode}"]
-            print(f"  stages {mode}: " + ", ".join(f"{k} {v['cpu_s']:.1f} CPU-s / {v['wall_s']:.1f} s wall"
-                                                  for k, v in d["by_stage"].items())
-                  + f", driver outside Beam {d['driver_outside_beam_cpu_s']:.1f} CPU-s")
-        dv = diagnostics["derived"]
-        if dv["documents_stage_cpu_over_irreducible_workers_1"] is not None:
-            print(f"  documents stage / irreducible {dv['documents_stage_cpu_over_irreducible_workers_1']:.2f}, "
-                  f"instances stage / irreducible {dv['instances_stage_cpu_over_irreducible_workers_1']:.2f}, "
-                  f"ratio if instances were free {dv['cpu_ratio_workers_1_if_instances_were_free']:.2f}")
-        if "scaling_x4_parts_1" in diagnostics:
-            sx = diagnostics["scaling_x4_parts_1"]
-            print(f"  4x input scaling: {sx['wall_1_worker_s']:.1f} s -> {sx['wall_2_workers_s']:.1f} s = "
-                  f"{sx['speedup']:.2f}x")
-        top = list(diagnostics["profile_workers_1"]["by_package_self_time_s"].items())[:8]
-        print("  profile (self time by package, C calls counted to their caller; cProfile-inflated): " + ", ".join(f"{k} {v:.1f}s" for k, v in top))
+    print(f"Preprocess benchmark, {machine['slug']} ({machine['cpu_model']}), {results['mode']}, {args.reps} rep(s)")
+    print(f"  input: {copies}x, {described['file_count']} files, {_mib(described['bytes'])} MiB, "
+          f"{runs['workers_1'][0]['corpus_tokens']:,} corpus tokens")
+    print(f"  irreducible: {irr['cpu_s']:.2f} CPU-s (the work alone {irr['work_cpu_s']:.2f})")
+    for mode, name in (("workers_1", "cpu_ratio_workers_1"), ("workers_2", "cpu_ratio_workers_2")):
+        m = e2e[mode]
+        print(f"  {mode}: wall {m['wall_s']:.2f} s, CPU {m['cpu_s']:.2f} s, ratio {m['cpu_ratio_vs_irreducible']:.2f} "
+              f"[{ok(name)} <= {TARGETS['cpu_ratio_max']}], {m['corpus_tokens_per_cpu_s']:,.0f} tokens/CPU-s, peak "
+              f"{_mib(m['peak_tree_rss_bytes'])} MiB = {m['peak_rss_per_input_byte']:.1f} B per input byte, start-up "
+              f"{m['startup_share_of_cpu']:.1%}")
+    print(f"  speed-up 1 -> 2 workers: {speedup:.2f} [{ok('speedup_1_to_2_workers')} >= "
+          f"{TARGETS['scaling_speedup_min']}]; shards identical: {checks['shards_identical_1_vs_2_workers']} "
+          f"({checks['shard_sha256'][0][:16]}...)")
+    if budget:
+        print(f"  memory budget (unbudgeted peak {_mib(budget['unbudgeted_peak_bytes'])} MiB): "
+              + "; ".join(_describe_budget(n, budget[n]) for n in ("quarter", "smallest_accepted") if n in budget))
+    if dask:
+        print(f"  dask (2 workers): wall {dask['driver_wall_s']:.2f} s, CPU {dask['cpu_s']:.2f} s, ratio "
+              f"{dask['cpu_ratio_vs_irreducible']:.2f}, identical {dask['shards_identical']}")
     if results["source_changed_during_run"]:
         print("  WARNING: preprocess/ or configs/ changed while the benchmark ran: the figures mix code versions")
     if checks["contended_runs"]:
-        print(f"  WARNING: other processes used up to {checks['max_foreign_load_cores']:.2f} cores during "
-              f"{', '.join(checks['contended_runs'])} (left out of the medians where a quiet run exists)")
+        print(f"  WARNING: other processes were busy during {', '.join(checks['contended_runs'])}")
     print(f"  results: {out_file.relative_to(REPO) if out_file.is_relative_to(REPO) else out_file}")
-    print()
-    print("| Machine | Corpus tokens | Tokens/CPU-s | CPU / irreducible | Wall 1 w | Wall 2 w | Speed-up | "
-          "RSS 4x/1x (--parts 4) |")
-    print("|---|---|---|---|---|---|---|---|")
-    print(f"| {machine['slug']} ({machine['cpu_model']}) | {w1['corpus_tokens']:,} | {w1['corpus_tokens_per_cpu_s']:,.0f} | "
-          f"{ratio_1:.2f} (2 w: {ratio_2:.2f}) | {w1['wall_s']:.1f} s | {w2['wall_s']:.1f} s | {speedup:.2f}× | "
-          f"{memory_ratio:.2f} ({_mib(base_rss):.0f} → {_mib(memory['x4_parts_4']['peak_tree_rss_bytes']):.0f} MiB) |")
-    return 0
+    return 0 if results["all_checks_pass"] else 1
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 if __name__ == "__main__":

@@ -187,6 +187,22 @@ def save(engine, directory: Path, tag: str, client_state: dict) -> None:
         engine.save_checkpoint(str(directory), tag=tag, client_state=client_state, save_latest=False)
 
 
+def follow_schedule(engine, peak_lr: float) -> None:
+    """Make the next step's learning rate this run's schedule's, after a checkpoint was loaded.
+
+    The checkpoint brings the rate its own run's schedule gave for the next step (and that run's peak); a run
+    resumed with another schedule (extended by more steps, or with a new peak) would otherwise take its first
+    step at that stale rate, zero when the old schedule had ended.
+    """
+    scheduler = engine.lr_scheduler
+    scheduler.base_lrs = [peak_lr] * len(scheduler.base_lrs)
+    rates = [peak_lr * rate(scheduler.last_epoch) for rate in scheduler.lr_lambdas]
+    for groups in {id(g): g for g in (scheduler.optimizer.param_groups, engine.optimizer.param_groups)}.values():
+        for group, lr in zip(groups, rates):
+            group["lr"] = lr
+    scheduler._last_lr = rates
+
+
 def load(engine, directory: Path, tag: str, *, module_only: bool = False) -> dict:
     with _quiet():
         path, client_state = engine.load_checkpoint(

@@ -144,6 +144,7 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
         began = time.perf_counter()
         state = ds.load(engine, load_from.directory, load_from.tag)[CLIENT_KEY]
         timings["checkpoint_load_s"] = round(time.perf_counter() - began, 2)
+        ds.follow_schedule(engine, cfg.optimizer.lr)
         loader.load_state_dict(state["data"])
         step, consumed, skipped_total = state["step"], state["consumed_samples"], state["skipped_steps"]
         if state["world_size"] == world:

@@ -106,6 +106,19 @@ def test_a_save_that_dies_midway_leaves_the_previous_checkpoint_as_the_one_resum
     assert [c.step for c in checkpoints.complete(out / "checkpoints")] == [2, 4, 6]
 
 
+def test_a_run_extended_on_resume_takes_its_first_step_at_the_new_schedules_rate(one_rank, sample_dataset, tmp_path):
+    """The checkpoint's 2-step schedule had decayed to 0; the run resumed with 4 steps continues on its own."""
+    from pretrain.schedule import lr_at
+
+    out = tmp_path / "run"
+    assert train.run(_cfg(sample_dataset, out, 2), one_rank, resume=False) == 0
+    longer = _cfg(sample_dataset, out, 4)
+    assert train.run(longer, one_rank, resume=True) == 0
+    rates = {r["step"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    for step in (3, 4):  # a record's lr is the rate its step used: lr_at(step - 1)
+        assert rates[step] == pytest.approx(lr_at(step - 1, longer.optimizer.lr, longer.schedule)) and rates[step] > 0
+
+
 def test_tiny_model_learns_on_the_real_wikipedia_slice_and_exports_for_transformers(one_rank, real_dataset, tmp_path):
     import transformers
 

@@ -366,10 +366,14 @@ def _with_probabilities(best: list) -> list[dict]:
 
 
 def write_predictions(predictions: dict[str, str], path: str) -> None:
-    """Writes ``{qid: answer text}`` as the official evaluation script reads it (``predictions.json``)."""
+    """Writes ``{qid: answer text}`` as the official evaluation script reads it (``predictions.json``).
+
+    ASCII with JSON escapes: the official script opens the file in the locale's encoding, which need not be
+    UTF-8, and every encoding Python opens text files in reads ASCII alike.
+    """
     directory = os.path.dirname(path)
     if directory:
         os.makedirs(directory, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(predictions, handle, ensure_ascii=False, indent=2)
+    with open(path, "w", encoding="ascii") as handle:
+        json.dump(predictions, handle, ensure_ascii=True, indent=2)
         handle.write("\n")

@@ -249,6 +249,17 @@ def test_version_2_predicts_no_answer_when_the_null_score_wins(word_tokenizer, t
     assert json.loads((tmp_path / "out" / "predictions.json").read_text(encoding="utf-8")) == predictions
 
 
+def test_predictions_file_reads_the_same_in_any_locale_encoding(tmp_path):
+    predictions = {"q1": "Zürich", "q2": "東京", "q3": "naïve café — “quoted”"}
+    path = tmp_path / "predictions.json"
+    write_predictions(predictions, str(path))
+    raw = path.read_bytes()
+    assert raw.isascii()
+    for encoding in ("ascii", "latin-1", "cp1252", "utf-8"):  # what open() uses under C, POSIX, Windows, UTF-8 locales
+        with open(path, encoding=encoding) as handle:
+            assert json.load(handle) == predictions
+
+
 def test_accented_answers_come_back_as_the_original_text(word_tokenizer):
     context = "Le Café est ouvert in Paris."
     examples = [example(context, question="where is le cafe ?", answer="Café")]

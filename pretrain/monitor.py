@@ -34,10 +34,35 @@ def setup_logging(rank: int) -> None:
                         format=f"%(asctime)s [rank {rank}] %(message)s", datefmt="%H:%M:%S")
 
 
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Drop the records of ``path`` past ``step`` (an interrupted attempt's, which a resumed run redoes),
+    and a last line cut short by a kill, so the file holds each step once."""
+    if not path.is_file():
+        return
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if isinstance(record, dict) and record.get("step", 0) > step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text("".join(line + "\n" for line in kept))
+        partial.replace(path)
+        log.info(f"{path}: dropped {dropped} records past the resumed step {step}")
+
+
 class Monitor:
     def __init__(self, output_dir: Path | None, *, total_steps: int, start_step: int, progress: bool,
                  ds_monitor=None):
         self.enabled = output_dir is not None
+        if self.enabled:
+            keep_records_up_to(output_dir / "metrics.jsonl", start_step)
         self.metrics_file = (output_dir / "metrics.jsonl").open("a") if self.enabled else None
         self.ds_monitor = ds_monitor if self.enabled else None
         self.bar = None

@@ -152,9 +152,11 @@ def refuse_credentials(given: list[tuple[str, str]], rendered: list[tuple[str, s
                 continue
             seen.add(finding.value)
             source = next((index for index, (_, value) in enumerate(given) if finding.value in value), None)
-            label = where if source is None else given[source][0]
+            # a rendered place is named by keys and options the user chose, which could hold a credential too
+            label = credentials.redact(where if source is None else given[source][0])
+            line = f"{label}: {finding.describe()}: {CREDENTIAL_FIX}"
             # in the order of the user's files and options; what only the rendering holds comes last
-            lines.append((len(given) if source is None else source, f"{label}: {finding.describe()}: {CREDENTIAL_FIX}"))
+            lines.append((len(given) if source is None else source, line))
     if lines:
         raise ValidationError("\n".join(line for _, line in sorted(lines, key=lambda line: line[0])))
 

@@ -98,6 +98,16 @@ def test_what_the_project_renders_is_left_alone(text):
     assert credentials.redact(text) == text
 
 
+@pytest.mark.parametrize("name, secret", [
+    ("HF_TOKEN", True), ("--password", True), ("apiKey", True), ("AccountKey", True), ("X-Auth-Token", True),
+    ("PGPASSWORD", True), ("client_secret", True), ("GOOGLE_APPLICATION_CREDENTIALS", True),
+    ("TOKENIZERS_PARALLELISM", False), ("--tokenizer", False), ("MONKEY", False), ("AUTHOR", False),
+    ("image_pull_policy", False), ("HF_HOME", False),
+])
+def test_credential_names_are_whole_words(name, secret):
+    assert credentials.is_secret_name(name) is secret
+
+
 def test_redacted_forms_show_little():
     assert credentials.find(f"X_TOKEN={HF}")[0].redacted == "hf_A…"
     assert credentials.find("--password=hunter22")[0].redacted == "…"  # short: not even 4 characters
@@ -184,6 +194,7 @@ def test_nothing_rendered_escapes_the_scan():
     """Whatever a credential's source, the rendered field is named when no given value holds it."""
     _, documents = render(JOBS["k8s-pretrain-pytorchjob.yaml"])
     documents[1]["metadata"]["labels"]["team"] = GITHUB
+    documents[1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["nodeSelector"] = {JWT: "true"}
     documents[1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"] += [
         "--token", HF]
     with pytest.raises(ConfigError) as refused:
@@ -191,6 +202,8 @@ def test_nothing_rendered_escapes_the_scan():
     assert str(refused.value).splitlines() == [
         f"PyTorchJob bert-pretrain-bert-large-phase1-seq128: metadata.labels.team: a GitHub token (ghp_…): "
         f"{validate.CREDENTIAL_FIX}",
+        "PyTorchJob bert-pretrain-bert-large-phase1-seq128: spec.pytorchReplicaSpecs.Master.template.spec."
+        f"nodeSelector.eyJh… (the key): a JSON Web Token (eyJh…): {validate.CREDENTIAL_FIX}",
         "PyTorchJob bert-pretrain-bert-large-phase1-seq128: spec.pytorchReplicaSpecs.Worker.template.spec."
         f"containers[0].args: a Hugging Face token (hf_A…) assigned to --token: {validate.CREDENTIAL_FIX}"]
 

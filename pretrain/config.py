@@ -29,6 +29,7 @@ class ModelConfig:
 class DataConfig:
     path: str = ""                       # a dataset directory written by `python -m preprocess run`
     window_batches: int = 64             # length grouping window, in global batches
+    verify: bool = False                 # hash every shard against the manifest at start-up (slow on big data)
 
     def __post_init__(self):
         if self.window_batches < 1:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from preprocess.schema import DatasetFormatError, check_manifest
+from preprocess.verify import verify_shards
 from pretrain.sampling import ORDER_VERSION, EpochOrder, epoch_batches
 
 PAD_MULTIPLE = 8
@@ -41,14 +42,15 @@ class Expected:
 class ShardedInstances:
     """The rows of a dataset directory, read in place from its memory-mapped shards.
 
-    Opening a dataset checks that every shard exists with the size the manifest lists; a shard is mapped,
+    Opening a dataset checks that every shard exists with the size the manifest lists (with ``verify``, also
+    its sha256, which reads every byte); a shard is mapped,
     and its record batches located (footer and batch headers), when a row of it is first read, which also
     checks its row count. No row is read at start-up, and a rank's own memory for the dataset is a few
     numbers per record batch (of 4,096 rows), whatever the number of rows. The rows' bytes stay in the page
     cache, which the ranks of a node share. Rows are numbered shard by shard in manifest order.
     """
 
-    def __init__(self, directory: str | Path, expected: Expected | None = None):
+    def __init__(self, directory: str | Path, expected: Expected | None = None, *, verify: bool = False):
         directory = Path(directory)
         self.directory = directory
         manifest_path = directory / "manifest.json"
@@ -69,6 +71,8 @@ class ShardedInstances:
             raise DatasetFormatError(f"{manifest_path}: its shards hold {listed} rows but it lists {self.manifest['rows']} "
                                      "in all; the manifest was altered or some shards are missing from it: copy the "
                                      "dataset again, or re-run preprocessing")
+        if verify:
+            verify_shards(directory, self.manifest["shards"])
         self._shard_starts = np.zeros(len(self._shards) + 1, np.int64)
         np.cumsum([shard.num_rows for shard in self._shards], out=self._shard_starts[1:])
 

@@ -109,7 +109,7 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     rank, world = rendezvous.rank, rendezvous.world_size
     out = Path(cfg.output_dir)
     plan = batch_plan(cfg.train, world)
-    data = ShardedInstances(cfg.data.path)
+    data = ShardedInstances(cfg.data.path, verify=cfg.data.verify)
     _check_init_tokenizer(cfg, data.manifest)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every run
     model = build_model(cfg, data.manifest)

@@ -245,3 +245,18 @@ def test_a_manifest_that_lists_only_some_shards_is_refused(synthetic_dataset, tm
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetFormatError, match="its shards hold 20000 rows but it lists 30000 in all"):
         ShardedInstances(copy)
+
+
+def test_verify_hashes_every_shard_and_names_an_altered_one(synthetic_dataset, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(synthetic_dataset(30_000, rows_per_shard=10_000), copy)
+    assert len(ShardedInstances(copy, verify=True)) == 30_000
+    shard = copy / json.loads((copy / "manifest.json").read_text())["shards"][2]["name"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte altered inside the rows
+    altered = tmp_path / "altered"
+    altered.write_bytes(bytes(data))
+    altered.replace(shard)
+    assert len(ShardedInstances(copy)) == 30_000  # without verify, opening reads no rows
+    with pytest.raises(DatasetFormatError, match=f"{shard}: sha256 .* but the manifest lists .*altered or damaged"):
+        ShardedInstances(copy, verify=True)

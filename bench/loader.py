@@ -5,8 +5,9 @@
 
 1. Writes synthetic datasets in the real shard format (``python -m preprocess.synthetic``, seq 128, the
    bert-base-uncased vocabulary) once under ``--work``; the disk is checked first.
-2. For each dataset, a fresh process (one rank of an 8-rank job with BERT-Large phase 1's batch: global
-   65,536, micro-batch 64, accumulation 128, window 64 global batches; --quick: global 8,192) opens the dataset, reads its first
+2. For each dataset, a fresh process (one rank of an 8-rank job with the shipped BERT-Large phase-1
+   config's batch: global 65,536, micro-batch 64, accumulation 128, its length-grouping window; --quick:
+   global 8,192), run once after the page cache is dropped (cold) and once again (warm), opens the dataset, reads its first
    step, then reads steps for ``--seconds``; it records wall times and its USS (``psutil``
    ``memory_full_info().uss``: memory no other process shares) after imports, after opening, after the
    first step and at the end.
@@ -35,9 +36,20 @@ sys.path.insert(0, str(REPO))
 
 TARGETS = {"uss_bytes_per_row_max": 16, "uss_bytes_per_row_goal": 8, "first_batch_s_max": 10.0,
            "samples_per_s_per_rank_min": 20_000}
-RANK_SHAPE = {"global_batch": 65536, "micro_batch": 64, "world_size": 8, "rank": 3, "window_batches": 64}
-# Quick mode's datasets are smaller than one window of the full shape: a window of 524,288 rows.
-QUICK_RANK_SHAPE = {**RANK_SHAPE, "global_batch": 8192}
+PHASE1_CONFIG = REPO / "configs" / "pretrain" / "bert_large_phase1_seq128.yaml"
+WORLD_SIZE, RANK = 8, 3  # one node of 8 GPUs; rank 3 stands for any
+
+
+def rank_shape(quick: bool) -> dict:
+    """The data shape of one rank of an 8-GPU node under the shipped BERT-Large phase-1 config."""
+    from pretrain import config
+
+    cfg = config.load(str(PHASE1_CONFIG), [])
+    shape = {"config": str(PHASE1_CONFIG.relative_to(REPO)), "global_batch": cfg.train.global_batch_size,
+             "micro_batch": cfg.train.micro_batch_size, "world_size": WORLD_SIZE, "rank": RANK,
+             "window_batches": cfg.data.window_batches}
+    # Quick mode's datasets hold a few windows of a smaller global batch.
+    return {**shape, "global_batch": 8192} if quick else shape
 
 
 def _bench_helpers():
@@ -155,7 +167,7 @@ def main(argv=None) -> int:
     helpers = _bench_helpers()
     args.work.mkdir(parents=True, exist_ok=True)
     datasets = {rows: ensure_dataset(args.work, rows) for rows in (args.small_rows, args.rows)}
-    shape = QUICK_RANK_SHAPE if args.quick else RANK_SHAPE
+    shape = rank_shape(args.quick)
     ranks, cold = {}, {}
     for rows, info in datasets.items():
         # Cold: the shards come from disk (a dataset larger than memory always partly does); warm: run again.

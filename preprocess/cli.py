@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -191,8 +192,13 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def load_pipeline_modules() -> None:
-    """Import Apache Beam and the pipeline modules (most of a run's start-up time)."""
+    """Import Apache Beam and the pipeline modules (most of a run's start-up time), then take the objects they
+    created out of the cycle collector's view (``gc.freeze``). Beam's import alone leaves over 100,000 objects
+    that live as long as the process; unfrozen, every full collection of a long run traverses them again, a cost
+    per input byte (the local pool's forked workers inherit the frozen set too)."""
     import preprocess.pipeline  # noqa: F401
+
+    gc.freeze()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,12 @@
 """A memory budget for one-machine runs: ``--max-memory SIZE`` chooses the number of parts (``--parts``).
 
 The DirectRunner holds a stage's data in memory, so a run's peak grows with the input of its largest part. The
-estimate per part is a fixed base (the interpreter, Apache Beam, the tokenizer, one shard being assembled) plus a
-factor per input byte as stored, by kind: a ``.bz2`` dump counts compressed, and expands about fourfold. The
-factors come from peak-memory runs of the benchmark (``bench/preprocess.py``, recorded in its results) and are
-rounded up. The smallest number of parts whose estimate fits is chosen; the output does not depend on it.
+estimate per part is a fixed base (the interpreter, Apache Beam, the tokenizer, and a full-size shard being
+sorted and written) plus a factor per input byte as stored, by kind: a ``.bz2`` dump counts compressed (its
+text is about 3.6 times larger), and wikitext yields fewer tokens per byte than a book. The constants were fitted
+to peak-memory runs of the benchmark corpus (``bench/preprocess.py``: single-kind inputs and the 8-fold input
+with 1, 4 and 16 parts) and rounded up, so the estimate errs high. The smallest number of parts whose estimate
+fits is chosen; the output does not depend on it.
 """
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from dataclasses import dataclass
 from preprocess.records import InputError
 
 # Peak bytes of one in-memory run per input byte, by kind, and the base every run needs (see the module docstring).
-PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 60.0, "wiki": 15.0, "book": 15.0}
-BASE_PEAK_BYTES = 320 << 20
+PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 12.5, "wiki": 3.5, "book": 9.0}
+BASE_PEAK_BYTES = 370 << 20
 COMPRESSED_SUFFIXES = (".bz2", ".gz", ".xz", ".zst")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 

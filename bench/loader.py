@@ -13,7 +13,9 @@
    first step and at the end.
 3. The growth of USS between the two datasets, divided by the growth in rows, is the per-row private
    memory of a rank (target <= 16 bytes, goal 8). The mapped shard pages a lone rank touches count in its USS
-   (no other process maps them); on a node, the ranks share them through the page cache.
+   (no other process maps them); on a node, the ranks share them through the page cache. So the target is
+   judged on two ranks of the job run together (the pages both map drop out of each one's USS), and the
+   figures without any mapped shard pages are recorded beside it.
 Writes ``bench/results/loader-<machine>[-quick].json`` and prints a summary.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,6 +93,16 @@ def mapped_shard_bytes() -> int:
     return total
 
 
+def _barrier(shape: dict, name: str) -> None:
+    """Wait until every rank of ``shape["together"]`` has reached ``name`` (files in a shared directory)."""
+    together = shape.get("together")
+    if not together:
+        return
+    Path(together["directory"], f"{name}-{shape['rank']}").touch()
+    while not all(Path(together["directory"], f"{name}-{rank}").exists() for rank in together["ranks"]):
+        time.sleep(0.01)
+
+
 def measure_rank(dataset: str, seconds: float, shape: dict) -> dict:
     """One rank's figures (runs in a fresh process: see ``--measure``)."""
     import psutil
@@ -122,7 +135,9 @@ def measure_rank(dataset: str, seconds: float, shape: dict) -> dict:
             padded += micro["input_ids"].size
         steps += 1
     wall = time.perf_counter() - began
+    _barrier(shape, "read")  # ranks run together measure while all of them still map the shards
     uss["end"] = memory()
+    _barrier(shape, "measured")
     return {"rows": len(data), "shards": len(data.manifest["shards"]), "open_s": round(open_s, 3),
             "first_step_s": round(first_batch_s, 3), "first_step_samples": int(sum(len(m["input_ids"]) for m in first)),
             "steps": steps, "wall_s": round(wall, 2), "samples_per_s": round(samples / wall),
@@ -141,11 +156,22 @@ def drop_page_cache() -> bool:
         return False
 
 
+def run_ranks(dataset: str, seconds: float, shape: dict, ranks: tuple[int, ...]) -> list[dict]:
+    """Ranks ``ranks`` of the job at once, each in its own process; their figures."""
+    with tempfile.TemporaryDirectory(prefix="loader-barrier-") as barrier:
+        together = {"directory": barrier, "ranks": list(ranks)} if len(ranks) > 1 else None
+        procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--measure", dataset,
+                                   "--seconds", str(seconds),
+                                   "--shape", json.dumps({**shape, "rank": rank, "together": together})],
+                                  cwd=REPO, stdout=subprocess.PIPE, text=True) for rank in ranks]
+        outputs = [proc.communicate()[0] for proc in procs]
+    if any(proc.returncode for proc in procs):
+        raise RuntimeError(f"a rank of the loader benchmark failed on {dataset}")
+    return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+
+
 def run_rank(dataset: str, seconds: float, shape: dict) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--measure", dataset, "--seconds", str(seconds),
-           "--shape", json.dumps(shape)]
-    done = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_ranks(dataset, seconds, shape, (shape["rank"],))[0]
 
 
 def main(argv=None) -> int:
@@ -168,16 +194,21 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     datasets = {rows: ensure_dataset(args.work, rows) for rows in (args.small_rows, args.rows)}
     shape = rank_shape(args.quick)
-    ranks, cold = {}, {}
+    ranks, cold, pair = {}, {}, {}
     for rows, info in datasets.items():
         # Cold: the shards come from disk (a dataset larger than memory always partly does); warm: run again.
         dropped = drop_page_cache()
         cold[rows] = {**run_rank(info["path"], args.seconds, shape), "page_cache_dropped": dropped}
         ranks[rows] = run_rank(info["path"], args.seconds, shape)
+        # Two ranks of one node read the same blocks: the shard pages they share drop out of each one's USS.
+        pair[rows] = run_ranks(info["path"], args.seconds, shape, (shape["rank"], shape["rank"] + 1))
     small, large = ranks[args.small_rows], ranks[args.rows]
     growth = {f"{measure}_{stage}": (large["memory_bytes"][stage][measure] - small["memory_bytes"][stage][measure])
               / (args.rows - args.small_rows)
               for stage in ("after_open", "after_first_step", "end") for measure in ("uss", "uss_without_shard_pages")}
+    growth["uss_end_two_ranks"] = max(
+        (big["memory_bytes"]["end"]["uss"] - little["memory_bytes"]["end"]["uss"]) / (args.rows - args.small_rows)
+        for big, little in zip(pair[args.rows], pair[args.small_rows]))
     shard_bytes = {rows: sum(s["bytes"] for s in json.loads((Path(info["path"]) / "manifest.json").read_text())["shards"])
                    for rows, info in datasets.items()}
     result = {
@@ -188,9 +219,10 @@ def main(argv=None) -> int:
         "datasets": {str(rows): {**info, "shard_bytes": shard_bytes[rows]} for rows, info in datasets.items()},
         "ranks": {str(rows): figures for rows, figures in ranks.items()},
         "ranks_cold_page_cache": {str(rows): figures for rows, figures in cold.items()},
+        "two_ranks_together": {str(rows): figures for rows, figures in pair.items()},
         "growth_bytes_per_row": {key: round(value, 2) for key, value in growth.items()},
         "targets": TARGETS,
-        "met": {"uss_bytes_per_row": growth["uss_end"] <= TARGETS["uss_bytes_per_row_max"],
+        "met": {"uss_bytes_per_row": growth["uss_end_two_ranks"] <= TARGETS["uss_bytes_per_row_max"],
                 "first_batch_s": large["first_step_s"] <= TARGETS["first_batch_s_max"],
                 "samples_per_s_per_rank": large["samples_per_s"] >= TARGETS["samples_per_s_per_rank_min"]},
     }
@@ -207,7 +239,8 @@ def main(argv=None) -> int:
         print(f"  {rows:>13,} rows, cold page cache: open {figures['open_s']:.2f} s, first step "
               f"{figures['first_step_s']:.2f} s, {figures['samples_per_s']:,} samples/s")
     print(f"  USS growth per row: {growth['uss_end']:.2f} B (after the first step {growth['uss_after_first_step']:.2f} B);"
-          f" without the mapped shard pages {growth['uss_without_shard_pages_end']:.2f} B; targets met: {result['met']}")
+          f" without the mapped shard pages {growth['uss_without_shard_pages_end']:.2f} B; two ranks together "
+          f"{growth['uss_end_two_ranks']:.2f} B per rank; targets met: {result['met']}")
     return 0
 
 

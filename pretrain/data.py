@@ -43,10 +43,9 @@ class ShardedInstances:
     """The rows of a dataset directory, read in place from its memory-mapped shards.
 
     Opening a dataset checks that every shard exists with the size the manifest lists (with ``verify``, also
-    its sha256, which reads every byte); a shard is mapped,
-    and its record batches located (footer and batch headers), when a row of it is first read, which also
-    checks its row count. No row is read at start-up, and a rank's own memory for the dataset is a few
-    numbers per record batch (of 4,096 rows), whatever the number of rows. The rows' bytes stay in the page
+    its sha256, which reads every byte). A shard is mapped, and a record batch of it located (its header
+    read, its row count checked), when a row of it is first read: no row is read at start-up, and a rank's
+    own memory for the dataset is a few numbers per record batch (of 4,096 rows), whatever its rows. The rows' bytes stay in the page
     cache, which the ranks of a node share. Rows are numbered shard by shard in manifest order.
     """
 
@@ -170,49 +169,80 @@ class _MappedShard:
         self._bytes = None  # mapped when a row of this shard is first read
 
     def _open(self) -> None:
-        """Map the file and find its record batches' buffers (reads the footer and each batch's header)."""
+        """Map the file and read its footer and first record batch's header.
+
+        The pipeline writes record batches of equal size (the last one shorter), so the first batch's size
+        places every row; each batch's header is read when a row of it is first read, and its size checked.
+        A shard written otherwise has all its headers read at once.
+        """
         path = self.path
         try:
             mapped = pa.memory_map(str(path))
-            reader = ipc.open_file(mapped)
+            self._reader = ipc.open_file(mapped)
             mapped.seek(0)
-            whole = mapped.read_buffer(mapped.size())
+            self._whole = mapped.read_buffer(mapped.size())
+            first = self._reader.get_batch(0) if self._reader.num_record_batches else None
         except (pa.ArrowException, OSError) as error:
             raise DatasetFormatError(f"{path}: not a readable Arrow shard ({error}); the file is truncated or "
                                      "damaged: copy it again, or re-run preprocessing") from None
         self._views: dict[np.dtype, np.ndarray] = {}
-        schema = reader.schema
+        schema = self._reader.schema
         self._list_type = {name: _numpy_type(schema.field(name).type.value_type) for name in _LIST_COLUMNS}
         self._scalar_type = {name: _numpy_type(schema.field(name).type) for name in _SCALAR_COLUMNS}
-        batches = reader.num_record_batches
-        self.batch_starts = np.zeros(batches + 1, np.int64)
+        batches = self._reader.num_record_batches
+        self._read = np.zeros(batches, bool)
         self._offsets_at = {name: np.zeros(batches, np.int64) for name in _LIST_COLUMNS}
         self._values_at = {name: np.zeros(batches, np.int64) for name in _LIST_COLUMNS}
         self._scalar_at = {name: np.zeros(batches, np.int64) for name in _SCALAR_COLUMNS}
-        for index in range(batches):
-            batch = reader.get_batch(index)
-            self.batch_starts[index + 1] = self.batch_starts[index] + batch.num_rows
-            if not batch.num_rows:
-                continue
-            for name in _LIST_COLUMNS:
-                buffers = batch.column(name).buffers()
-                self._offsets_at[name][index] = self._element(buffers[1], whole, np.dtype(np.int32))
-                self._values_at[name][index] = self._element(buffers[3], whole, self._list_type[name])
-            for name in _SCALAR_COLUMNS:
-                self._scalar_at[name][index] = self._element(batch.column(name).buffers()[1], whole,
-                                                             self._scalar_type[name])
-        if self.batch_starts[-1] != self.num_rows:
-            raise DatasetFormatError(f"{path}: {self.batch_starts[-1]} rows but the manifest lists {self.num_rows}; "
+        size = first.num_rows if first is not None else 0
+        if size and (batches - 1) * size < self.num_rows <= batches * size:
+            self.batch_starts = np.minimum(np.arange(batches + 1, dtype=np.int64) * size, self.num_rows)
+            self._place(0, first)
+        else:
+            self._read_every_header()
+        self._bytes = np.frombuffer(self._whole, np.uint8)
+
+    def _read_headers(self, indices: np.ndarray) -> bool:
+        """Place the record batches ``indices``; False when one of them is not the size expected (every
+        header has then been read, and ``batch_starts`` changed)."""
+        for index in indices.tolist():
+            batch = self._reader.get_batch(index)
+            if batch.num_rows != self.batch_starts[index + 1] - self.batch_starts[index]:
+                self._read_every_header()
+                return False
+            self._place(index, batch)
+        return True
+
+    def _read_every_header(self) -> None:
+        starts = [0]
+        for index in range(self._reader.num_record_batches):
+            batch = self._reader.get_batch(index)
+            starts.append(starts[-1] + batch.num_rows)
+            self._place(index, batch)
+        if starts[-1] != self.num_rows:
+            raise DatasetFormatError(f"{self.path}: {starts[-1]} rows but the manifest lists {self.num_rows}; "
                                      "the shard or the manifest was altered: copy the dataset again, or re-run "
                                      "preprocessing")
-        self._bytes = np.frombuffer(whole, np.uint8)
+        self.batch_starts = np.asarray(starts, np.int64)
 
-    def _element(self, buffer: pa.Buffer | None, whole: pa.Buffer, dtype: np.dtype) -> int:
+    def _place(self, index: int, batch: pa.RecordBatch) -> None:
+        """Record where record batch ``index``'s buffers lie in the file."""
+        self._read[index] = True
+        if not batch.num_rows:
+            return
+        for name in _LIST_COLUMNS:
+            buffers = batch.column(name).buffers()
+            self._offsets_at[name][index] = self._element(buffers[1], np.dtype(np.int32))
+            self._values_at[name][index] = self._element(buffers[3], self._list_type[name])
+        for name in _SCALAR_COLUMNS:
+            self._scalar_at[name][index] = self._element(batch.column(name).buffers()[1], self._scalar_type[name])
+
+    def _element(self, buffer: pa.Buffer | None, dtype: np.dtype) -> int:
         """The index of ``buffer``'s first element in a ``dtype`` view of the whole file."""
         if buffer is None or buffer.size == 0:
             return 0
-        position = buffer.address - whole.address
-        if not 0 <= position <= whole.size - buffer.size or position % dtype.itemsize:
+        position = buffer.address - self._whole.address
+        if not 0 <= position <= self._whole.size - buffer.size or position % dtype.itemsize:
             raise DatasetFormatError(f"{self.path}: its buffers are not stored in place (compressed or unaligned "
                                      "Arrow IPC); write shards with the preprocessing stage")
         return position // dtype.itemsize
@@ -228,6 +258,9 @@ class _MappedShard:
         if self._bytes is None:
             self._open()
         batch = np.searchsorted(self.batch_starts, rows, side="right") - 1
+        unread = np.unique(batch[~self._read[batch]])
+        if unread.size and not self._read_headers(unread):
+            batch = np.searchsorted(self.batch_starts, rows, side="right") - 1
         return batch, rows - self.batch_starts[batch]
 
     def list_bounds(self, column: str, batch: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

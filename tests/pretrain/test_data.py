@@ -188,7 +188,7 @@ def test_a_damaged_or_altered_shard_is_refused_naming_it(synthetic_dataset, tmp_
     manifest["rows"] += 1
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetFormatError, match=f"{shard}: 10000 rows but the manifest lists 10001"):
-        collate(ShardedInstances(copy), np.asarray([15_000]))
+        collate(ShardedInstances(copy), np.asarray([19_000]))  # in the shard's last record batch
 
 
 def test_a_position_saved_in_another_sample_order_is_refused(sample_dataset):
@@ -260,3 +260,24 @@ def test_verify_hashes_every_shard_and_names_an_altered_one(synthetic_dataset, t
     assert len(ShardedInstances(copy)) == 30_000  # without verify, opening reads no rows
     with pytest.raises(DatasetFormatError, match=f"{shard}: sha256 .* but the manifest lists .*altered or damaged"):
         ShardedInstances(copy, verify=True)
+
+
+def test_shards_with_record_batches_of_any_size_are_read_alike(synthetic_dataset, tmp_path):
+    source = synthetic_dataset(30_000, rows_per_shard=10_000)
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    # Shard 1: a first batch that cannot be the common size; shard 2: one that can, then a shorter one.
+    for index, cuts in ((1, (0, 700, 4796, 4809, 10_000)), (2, (0, 4096, 4196, 10_000))):
+        shard = copy / manifest["shards"][index]["name"]
+        table = ipc.open_file(pa.memory_map(str(shard))).read_all()
+        uneven = tmp_path / "uneven.arrow"
+        with pa.OSFile(str(uneven), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+            for start, stop in zip(cuts, cuts[1:]):
+                writer.write_batch(table.slice(start, stop - start).combine_chunks().to_batches()[0])
+        uneven.replace(shard)
+        manifest["shards"][index]["bytes"] = shard.stat().st_size
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    rows = np.asarray([10_001, 19_999, 10_700, 14_800, 10_699, 5, 25_000, 24_150, 20_000, 29_999])
+    got, want = collate(ShardedInstances(copy), rows), collate(ShardedInstances(source), rows)
+    assert all((got[k] == want[k]).all() for k in want)

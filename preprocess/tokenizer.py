@@ -238,7 +238,7 @@ class WordPieceTokenizer(Tokenizer):
             token = next(token for i, token in enumerate(tokens) if vocab[token] != i)
             raise InputError(f"{self._source}: token {token!r} appears twice (lines {tokens.index(token) + 1} and "
                              f"{vocab[token] + 1}); a vocab.txt needs one token per line, each once")
-        self._hf = _HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+        self._hf = _HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=200))
         # As google-research/bert: accents are stripped exactly when lowercasing (uncased models).
         self._hf.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=True, strip_accents=self.lowercase, lowercase=self.lowercase)

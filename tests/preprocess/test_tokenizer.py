@@ -285,6 +285,17 @@ def test_real_bert_uncased_vocab(minilm_dir):
     assert bert.encode("a [MASK] b") == [1037, 1031, 7308, 1033, 1038]
 
 
+def test_wordpiece_splits_words_up_to_200_characters_as_google_research_bert(bert_vocab):
+    """google-research/bert's WordpieceTokenizer gives [UNK] only past 200 characters (transformers' default: 100)."""
+    bert = tok.load_tokenizer(str(bert_vocab), lowercase=True)
+    unk = bert.special_ids["[UNK]"]
+    for length in (101, 150, 200):
+        word = ("abcdefghij" * 20)[:length]
+        ids = bert.encode(word)
+        assert unk not in ids and bert.decode(ids).replace(" ", "") == word
+    assert bert.encode("x" + "abcdefghij" * 20) == [unk]
+
+
 def test_wordpiece_crlf_vocab_reads_like_lf(tmp_path, wp_path):
     crlf = tmp_path / "crlf" / "vocab.txt"
     crlf.parent.mkdir()

@@ -75,6 +75,20 @@ def open_file(uri: str, mode: str = "rb", decompress: bool = False) -> IO:
     return smart_open.open(uri, mode, compression="infer_from_extension" if decompress else "disable", **text)
 
 
+def _umask() -> int:
+    """The process's file-creation mask."""
+    try:
+        with open("/proc/self/status") as status:  # Linux: read without setting it
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # elsewhere reading it means setting it, so it is set straight back
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def open_write(uri: str, binary: bool = True):
     """Open ``uri`` for writing; the file appears complete or not at all."""
@@ -83,6 +97,7 @@ def open_write(uri: str, binary: bool = True):
         path = local_path(uri)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path) or ".")
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from the rest of the team
         try:
             with os.fdopen(fd, mode, **({} if binary else {"encoding": "utf-8"})) as handle:
                 yield handle

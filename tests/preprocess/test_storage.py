@@ -4,6 +4,8 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import os
+import stat
 import subprocess
 import sys
 
@@ -58,3 +60,16 @@ def test_local_files_need_no_object_store_client(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, capture_output=True, text=True,
                          timeout=60).stdout
     assert out.strip() == ""
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_written_files_follow_the_umask(tmp_path, mask):
+    previous = os.umask(mask)
+    try:
+        for binary in (True, False):
+            target = tmp_path / f"file-{binary}-{mask:o}.json"
+            with storage.open_write(str(target), binary=binary) as handle:
+                handle.write(b"{}" if binary else "{}")
+            assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~mask
+    finally:
+        os.umask(previous)

@@ -219,6 +219,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=REPO / "bench" / "work" / "bert-large")
     parser.add_argument("--data", type=Path, default=(REPO / ".." / "shared" / "data").resolve())
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--keep-runs", action="store_true", help="keep every run directory (about 22 GB); by default "
+                        "each is removed once measured and no longer needed (at most about 15 GB at a time)")
     args = parser.parse_args()
     begun = time.perf_counter()
     machine = bench_preprocess.machine_info()
@@ -227,6 +229,11 @@ def main() -> int:
     runs, logs = args.work / "runs", args.work / "logs"
     shutil.rmtree(runs, ignore_errors=True)
     stages, stats, memory = {}, {}, {}
+
+    def done_with(*paths: Path) -> None:
+        for path in paths if not args.keep_runs else ():
+            shutil.rmtree(path)
+
     baseline = runtime_baseline(environment(1))
 
     phase1 = {**COMMON, "model.preset": args.preset, "data.path": datasets[128][0], "output_dir": runs / "phase1",
@@ -248,6 +255,7 @@ def main() -> int:
     stages["resume"] = run_job("resume-1rank", pretrain_command(PHASE1, 1, resume, resume=True), environment(1), logs)
     stats["resume"] = run_stats(resumed, 8)
     memory["resume"] = memory_check(PHASE1, resume, 1, vocab, stages["resume"], baseline)
+    done_with(resumed)
     print(f"resume: {stats['resume']['step_s']} s/step, timings {stats['resume']['summary']['timings']}", flush=True)
 
     phase2 = {**COMMON, "data.path": datasets[512][0], "output_dir": runs / "phase2",
@@ -256,6 +264,7 @@ def main() -> int:
     stages["phase2"] = run_job("phase2", pretrain_command(PHASE2, 2, phase2), environment(2), logs)
     stats["phase2"] = run_stats(runs / "phase2", 4)
     memory["phase2"] = memory_check(PHASE2, phase2, 2, vocab, stages["phase2"], baseline)
+    done_with(runs / "phase1" / "checkpoints")  # phase1/hf stays: the phase-2 run's model config comes from it
     print(f"phase 2: {stats['phase2']['step_s']} s/step", flush=True)
 
     logits = compare_logits(runs / "phase2" / "hf", datasets[512][0], rows=4)
@@ -264,6 +273,7 @@ def main() -> int:
     stages["offline_export"] = run_job("offline-export", [sys.executable, "-m", "pretrain.export", str(runs / "phase2"),
                                                           str(offline)], environment(1), logs)
     export_diff = weights_diff(runs / "phase2" / "hf", offline)
+    done_with(offline, runs / "phase2" / "checkpoints")
 
     finetune_out = runs / "finetune-sst2"
     finetune_cmd = [sys.executable, "-m", "finetune", "glue", "--checkpoint", str(runs / "phase2" / "hf"), "--tasks",
@@ -273,6 +283,7 @@ def main() -> int:
                                   "glue.training.eval_batch_size=32", "glue.per_task={}") for a in ("--set", s)]]
     stages["finetune"] = run_job("finetune-sst2", finetune_cmd, environment(1), logs)
     report = json.loads((finetune_out / "report.json").read_text())
+    done_with(runs)
     finetune = {"wall_s": stages["finetune"]["wall_s"],
                 "tasks": [{**{k: t.get(k) for k in ("task", "mean", "seconds", "train_examples", "eval_examples")},
                            "steps": [r["steps"] for r in t["runs"]]} for t in report["results"]]}

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from preprocess import configlib
-from pretrain import checkpoints, engine as ds
+from pretrain import checkpoints, engine as ds, resume as resume_check
 from pretrain.config import PretrainConfig, batch_plan
 from pretrain.data import Expected, PretrainingLoader, ShardedInstances
 from pretrain.hf_compat import export, load_pretrained
@@ -118,6 +118,10 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     model.bert.encoder.gradient_checkpointing = cfg.model.activation_checkpointing
     ckpt_dir = out / "checkpoints"
     found = checkpoints.newest(ckpt_dir) if resume else None
+    _check_run_tokenizer(out, data)
+    if found is not None and "settings" in found.info:
+        for change in resume_check.check(found.info["settings"], _settings(cfg, data.manifest), str(found.path)):
+            log.info(f"resuming with a changed setting, applied from step {found.step} on: {change}")
     ds_config = ds.deepspeed_config(cfg, plan, out)
     load_from, timings = found, {}  # seconds of the checkpoint work, for summary.json
     if found is not None and found.info["world_size"] != world and cfg.zero.stage > 0:
@@ -263,6 +267,26 @@ def _metrics(window, *, step, lr, grad_norm, loss_scale, skipped, elapsed, consu
             "sequences_per_second": s["sequences"] / max(elapsed, 1e-9), "mfu": mfu, "consumed_samples": consumed}
 
 
+def _settings(cfg: PretrainConfig, manifest: dict) -> dict:
+    """What a checkpoint records of the run that wrote it, for ``pretrain.resume``."""
+    return {**resume_check.flatten(configlib.to_dict(cfg)), **resume_check.dataset_identity(manifest)}
+
+
+def _check_run_tokenizer(out: Path, data: ShardedInstances) -> None:
+    """A run's ``tokenizer/`` is the vocabulary its weights learn: never replaced by another dataset's."""
+    from preprocess.tokenizer import load_tokenizer
+
+    existing = out / "tokenizer"
+    if not existing.is_dir():
+        return
+    ours = load_tokenizer(str(existing)).identity()["vocab_sha256"]
+    theirs = data.manifest["tokenizer"]["vocab_sha256"]
+    if ours != theirs:
+        raise resume_check.ResumeError(
+            f"{existing}: this run's vocabulary ({ours[:12]}…) is not the one {data.directory} was made with "
+            f"({theirs[:12]}…); point data.path at a dataset made with {existing}, or start a new output_dir")
+
+
 def _save(engine, cfg, loader, out, step, consumed, skipped, world, monitor, timings) -> None:
     ckpt_dir, tag = out / "checkpoints", checkpoints.tag_for(step)
     began = time.perf_counter()
@@ -278,7 +302,8 @@ def _save(engine, cfg, loader, out, step, consumed, skipped, world, monitor, tim
     dist.barrier()  # every rank has written its part
     if engine.global_rank == 0:
         checkpoints.publish(ckpt_dir, tag, {"step": step, "consumed_samples": consumed, "world_size": world,
-                                            "zero_stage": cfg.zero.stage, "precision": cfg.train.precision})
+                                            "zero_stage": cfg.zero.stage, "precision": cfg.train.precision,
+                                            "settings": _settings(cfg, loader.data.manifest)})
         checkpoints.prune(ckpt_dir, cfg.checkpoint.keep_last)
     dist.barrier()
     seconds = round(time.perf_counter() - began, 2)

@@ -1,0 +1,94 @@
+"""Whether a run may continue from a checkpoint under the config it is started with now.
+
+A checkpoint records the resolved config it was written under, the dataset's identity and the vocabulary's
+hash. On resume every setting that differs is sorted into one of two kinds:
+
+* **applied from the resumed step on** (and logged): the learning rate and schedule, the optimizer's
+  hyperparameters, the step budget and micro-batch split, checkpoint cadence, logging, fault limits,
+  where the output and the dataset live, and the loss-scaler settings;
+* **refused**, all differences in one line: everything the saved state depends on — the model's shape,
+  the precision, the global batch, the seed, the ZeRO stage and offload layout, the optimizer kind,
+  the sample order (length-grouping window), the dataset itself (its manifest's shard hashes) and its
+  vocabulary.
+
+A setting not listed as applicable is refused, so a new config key is safe until someone decides otherwise.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+# Settings a resumed run takes from its new config: none of them is baked into the saved state.
+APPLIED_FROM_RESUME = (
+    "output_dir", "data.path", "data.verify",
+    "train.max_steps", "train.micro_batch_size", "train.gradient_clipping", "train.initial_scale_power",
+    "train.loss_scale_window", "train.hysteresis", "train.min_loss_scale",
+    "optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay", "optimizer.torch_adam",
+    "schedule.", "checkpoint.", "faults.", "logging.", "model.activation_checkpointing", "model.init_from",
+)
+
+
+class ResumeError(ValueError):
+    """The checkpoint cannot continue under the new config."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str
+    saved: object
+    now: object
+
+    def __str__(self) -> str:
+        return f"{self.key}: {_show(self.saved)} -> {_show(self.now)}"
+
+
+def dataset_identity(manifest: dict) -> dict:
+    """What names a dataset whatever its path: a hash of its shards' names and sha256 values, and its vocabulary."""
+    shards = [[entry["name"], entry.get("sha256")] for entry in manifest["shards"]]
+    digest = hashlib.sha256(json.dumps(shards, separators=(",", ":")).encode()).hexdigest()
+    return {"dataset.shards_sha256": digest, "dataset.vocab_sha256": manifest["tokenizer"]["vocab_sha256"]}
+
+
+def flatten(config: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def compare(saved: dict, now: dict) -> tuple[list[Difference], list[Difference]]:
+    """(refused, applied) differences between two flattened settings dictionaries."""
+    refused, applied = [], []
+    for key in sorted(set(saved) | set(now)):
+        before, after = saved.get(key), now.get(key)
+        if before == after:
+            continue
+        (applied if _applicable(key) else refused).append(Difference(key, before, after))
+    return refused, applied
+
+
+def check(saved_settings: dict, now_settings: dict, checkpoint: str) -> list[Difference]:
+    """Raise ``ResumeError`` naming every difference the checkpoint cannot take; the applied ones otherwise."""
+    refused, applied = compare(saved_settings, now_settings)
+    if refused:
+        raise ResumeError(f"{checkpoint} cannot continue under this config: " + "; ".join(map(str, refused)) +
+                          ". Put these settings back, or start a new run (output_dir) from its weights "
+                          "(model.init_from)")
+    return applied
+
+
+def _applicable(key: str) -> bool:
+    return any(key == name or (name.endswith(".") and key.startswith(name)) for name in APPLIED_FROM_RESUME)
+
+
+def _show(value: object) -> str:
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12] + "…"
+    return "(not set)" if value is None else json.dumps(value) if not isinstance(value, str) else value
+
+
+__all__ = ["APPLIED_FROM_RESUME", "Difference", "ResumeError", "check", "compare", "dataset_identity", "flatten"]

@@ -19,9 +19,10 @@ if __package__ in (None, ""):  # run as a script (the launchers do that): make t
 from preprocess.configlib import ConfigError  # noqa: E402
 from preprocess.schema import DatasetFormatError  # noqa: E402
 from pretrain import config as config_module  # noqa: E402
+from preprocess.writelock import OutputLockedError, end_with_parent  # noqa: E402
 from pretrain.hf_compat import CheckpointError  # noqa: E402
 
-EXPECTED_ERRORS = (ConfigError, DatasetFormatError, CheckpointError, FileNotFoundError, ValueError)
+EXPECTED_ERRORS = (ConfigError, DatasetFormatError, CheckpointError, FileNotFoundError, ValueError, OutputLockedError)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,6 +89,7 @@ def main(argv=None) -> int:
     from pretrain import engine, launch, train
     from pretrain.monitor import setup_logging
 
+    end_with_parent()  # a rank never outlives its launcher (torchrun, deepspeed, mpirun, srun) or shell
     rendezvous = launch.from_environment()
     setup_logging(rendezvous.rank)
     engine.init_distributed(rendezvous, cfg.faults.timeout_minutes)

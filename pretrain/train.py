@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from preprocess import configlib
+from preprocess import configlib, writelock
 from pretrain import checkpoints, engine as ds, resume as resume_check
 from pretrain.config import PretrainConfig, batch_plan
 from pretrain.data import Expected, PretrainingLoader, ShardedInstances
@@ -28,6 +28,7 @@ from pretrain.monitor import Monitor, log, peak_tflops
 from pretrain.objective import STAT_NAMES, PretrainingObjective
 
 PREEMPTED, DIVERGED = 75, 3
+LOCK_NAME = "writer.lock"  # in output_dir while a run writes it
 CLIENT_KEY = "bert_pipeline"  # our state inside DeepSpeed's client_state (its own keys share the dict)
 
 
@@ -106,6 +107,14 @@ def seed_everything(seed: int, rank: int) -> None:
 
 
 def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
+    """Train (or resume) the run of ``cfg``; its exit status. Rank 0 holds the run directory's writer lock."""
+    if rendezvous.rank != 0:
+        return _run(cfg, rendezvous, resume=resume)
+    with writelock.hold(Path(cfg.output_dir) / LOCK_NAME, f"the run directory {cfg.output_dir}"):
+        return _run(cfg, rendezvous, resume=resume)
+
+
+def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     rank, world = rendezvous.rank, rendezvous.world_size
     out = Path(cfg.output_dir)
     plan = batch_plan(cfg.train, world)

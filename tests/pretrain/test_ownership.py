@@ -1,0 +1,62 @@
+"""A run directory has one writer, and ranks do not outlive their launcher."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from preprocess.writelock import OutputLockedError
+from pretrain import config, engine, train
+from pretrain.launch import Rendezvous
+from tests.pretrain.launching import REPO, TINY, command, environment, free_port, settings
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+        engine.init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", free_port(), "single"), timeout_minutes=5)
+    return Rendezvous(0, 1, 0, "127.0.0.1", 0, "single")
+
+
+def test_a_second_run_on_the_same_output_is_refused_naming_the_first(one_rank, sample_dataset, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = psutil.Process(holder.pid).create_time()
+        stat = open(f"/proc/{holder.pid}/stat").read().rsplit(")", 1)[1].split()[19]
+        (out / train.LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                       "process_start": stat, "started": started}))
+        cfg = config.load(TINY, [a for a in settings(sample_dataset, out, steps=2) if a != "--set"])
+        with pytest.raises(OutputLockedError, match=f"the run directory {out} is being written by process {holder.pid}"):
+            train.run(cfg, one_rank, resume=True)
+        assert not (out / "config.yaml").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert train.run(cfg, one_rank, resume=True) == 0  # the holder is gone: its lock is stale
+    assert not (out / train.LOCK_NAME).exists()
+
+
+def test_ranks_exit_when_their_launcher_is_killed(sample_dataset, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(command("torchrun", 2, settings(sample_dataset, out, steps=100000), free_port()),
+                            cwd=REPO, env=environment(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 180
+    while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip()):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.2)
+    ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "run.py" in " ".join(c.cmdline())]
+    assert len(ranks) == 2
+    proc.send_signal(signal.SIGKILL)  # the launcher alone: nothing forwards a signal to the ranks
+    proc.wait()
+    gone, alive = psutil.wait_procs(ranks, timeout=90)
+    assert not alive, f"ranks {[p.pid for p in alive]} outlived their launcher"

@@ -73,10 +73,26 @@ def init_distributed(rendezvous: Rendezvous, timeout_minutes: float) -> None:
     if accelerator.device_name() != "cpu":
         accelerator.set_device(rendezvous.local_rank)
     backend = deepspeed.get_accelerator().communication_backend_name()
+    _every_group_times_out_after(timedelta(minutes=timeout_minutes))
     with _quiet():
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
                                    timeout=timedelta(minutes=timeout_minutes), rank=rendezvous.rank,
                                    world_size=rendezvous.world_size)
+
+
+def _every_group_times_out_after(timeout: timedelta) -> None:
+    """Make ``timeout`` the default of every process group this process creates from now on.
+
+    DeepSpeed creates its own groups without a timeout (the clone of the world group that carries ZeRO's
+    gradient reduction, among others), and torch gives such a group its backend's default (30 minutes on
+    gloo, 10 on NCCL), not the default group's: a stopped rank then held the others for half an hour. torch
+    reads these two module defaults only when a group is created without a timeout.
+    """
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timeout
+    if isinstance(getattr(distributed_c10d, "default_pg_nccl_timeout", None), timedelta):
+        distributed_c10d.default_pg_nccl_timeout = timeout
 
 
 def shutdown() -> None:

@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     engine.init_distributed(rendezvous, cfg.faults.timeout_minutes)
     try:
         status = train.run(cfg, rendezvous, resume=args.resume)
-    except EXPECTED_ERRORS as error:
+    except (*EXPECTED_ERRORS, train.CollectiveTimeout) as error:
         print(f"error (rank {rendezvous.rank}): {error}", file=sys.stderr)
         _die(2)
     except BaseException:

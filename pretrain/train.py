@@ -32,6 +32,10 @@ LOCK_NAME = "writer.lock"  # in output_dir while a run writes it
 CLIENT_KEY = "bert_pipeline"  # our state inside DeepSpeed's client_state (its own keys share the dict)
 
 
+class CollectiveTimeout(RuntimeError):
+    """A collective waited longer than ``faults.timeout_minutes``."""
+
+
 class Diverged(RuntimeError):
     """Too many consecutive non-finite steps."""
 
@@ -241,6 +245,13 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     except Diverged as error:
         monitor.info(str(error))
         status = DIVERGED
+    except RuntimeError as error:  # torch's DistBackendError included
+        if "timed out" not in str(error).lower() and "timeout" not in str(error).lower():
+            raise
+        raise CollectiveTimeout(
+            f"step {step + 1}: a collective (the gradient reduction or the step's statistics) waited longer than "
+            f"faults.timeout_minutes ({cfg.faults.timeout_minutes:g}): another rank stopped or hung; the job "
+            "stops so that it can be restarted with --resume from the last checkpoint") from None
     finally:
         stop.restore()
         monitor.close()

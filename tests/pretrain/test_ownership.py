@@ -60,3 +60,28 @@ def test_ranks_exit_when_their_launcher_is_killed(sample_dataset, tmp_path):
     proc.wait()
     gone, alive = psutil.wait_procs(ranks, timeout=90)
     assert not alive, f"ranks {[p.pid for p in alive]} outlived their launcher"
+
+
+def test_a_stopped_rank_makes_the_others_exit_within_the_collective_timeout(sample_dataset, tmp_path):
+    out = tmp_path / "run"
+    args = settings(sample_dataset, out, steps=100000, **{"faults.timeout_minutes": 0.25, "zero.stage": 2})
+    proc = subprocess.Popen(command("torchrun", 2, args, free_port()), cwd=REPO, env=environment(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 180
+        while not ((out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        ranks = sorted((c for c in psutil.Process(proc.pid).children(recursive=True)
+                        if "run.py" in " ".join(c.cmdline())), key=lambda p: p.pid)
+        stopped, waiting = ranks
+        stopped.suspend()  # SIGSTOP: alive, holding its sockets, answering nothing
+        began = time.time()
+        waiting.wait(timeout=15 + 75)  # raises if it is still blocked well past the 15-second timeout
+        assert time.time() - began < 90
+    finally:
+        for process in psutil.Process(proc.pid).children(recursive=True):
+            process.kill()
+        output = proc.communicate(timeout=120)[0]
+    assert "a collective (the gradient reduction or the step's statistics) waited longer than " \
+           "faults.timeout_minutes (0.25)" in output, output[-3000:]

@@ -2,16 +2,22 @@
 
 * a Hugging Face directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, with a
   ``vocab.txt`` or our ``tokenizer/``): used as it is;
-* one of our pretraining runs: its ``hf/`` export when the run finished, otherwise its newest complete
-  checkpoint, exported once into the finetuning output (any ZeRO stage, any number of ranks);
+* one of our pretraining runs: its ``hf/`` export when the run finished (and the export did), otherwise its
+  newest intact checkpoint, exported once into the finetuning output (any ZeRO stage, any number of ranks);
 * a single checkpoint ``runs/X/checkpoints/step_NNNNNNNN``: exported the same way.
+
+A weights file that is truncated, or a DeepSpeed checkpoint whose files fail their checksums or hold pickled
+code, is refused here with one line naming the file.
 """
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
-from pretrain.hf_compat import CheckpointError, load_config
+from pretrain.hf_compat import CheckpointError, check_weights_file, is_complete, load_config
+
+log = logging.getLogger("finetune")
 
 
 def resolve(path: str | Path, scratch: Path) -> Path:
@@ -21,15 +27,20 @@ def resolve(path: str | Path, scratch: Path) -> Path:
         raise CheckpointError(f"checkpoint {path} does not exist; pass a Hugging Face BERT directory, a "
                               "pretraining run directory or one of its checkpoints/step_* directories")
     if (path / "config.json").is_file():
+        check_weights_file(path)
         return path
-    if (path / "hf" / "config.json").is_file():
+    if is_complete(path / "hf"):
+        check_weights_file(path / "hf")
         return path / "hf"
+    if (path / "hf").exists():
+        log.warning(f"{path / 'hf'} is incomplete (an export that did not finish): using the run's newest "
+                    "complete checkpoint instead")
     from pretrain.export import export_checkpoint, find_checkpoint
 
     found = find_checkpoint(path)  # raises a CheckpointError that says what was expected
     target = scratch / f"exported-{found.directory.parent.name}-{found.tag}"
-    if not (target / "model.safetensors").is_file():
-        export_checkpoint(found.path, target)
+    if not is_complete(target):  # the export renames its directory into place when it is whole
+        export_checkpoint(found, target)
     return target
 
 

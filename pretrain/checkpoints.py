@@ -4,18 +4,35 @@ A checkpoint is ``<run>/checkpoints/step_00001000/`` as written by DeepSpeed on 
 only once ``COMPLETE`` exists in it: rank 0 writes that marker (atomically, by rename) after every rank
 has returned from the save. A save that crashes midway leaves a directory without the marker, which
 resume ignores and the next successful save removes.
+
+The marker also lists every file of the checkpoint with its size and sha256, so that a file truncated,
+altered or lost after the save is found before anything reads it (``verify``). sha256 because it is the
+hash the dataset manifests already use and, with the SHA extensions of current x86 and ARM CPUs, hashlib
+reads it at disk speed; a faster non-cryptographic hash would not be in the standard library.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "COMPLETE"
+ON_CORRUPT = ("fallback", "fail")
 _TAG = re.compile(r"step_(\d{8})")
+_CHUNK = 16 << 20
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the path and what to do."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A complete checkpoint whose files no longer match its marker, or that cannot be read safely."""
 
 
 def tag_for(step: int) -> str:
@@ -52,11 +69,77 @@ def newest(directory: Path) -> Checkpoint | None:
 
 
 def publish(directory: Path, tag: str, info: dict) -> None:
-    """Mark ``directory/tag`` complete. Call on rank 0 after all ranks finished saving."""
+    """Mark ``directory/tag`` complete, listing its files' sizes and hashes. Call on rank 0 after all ranks
+    finished saving (on a shared filesystem: rank 0 must see every rank's files)."""
     target = directory / tag / MARKER
     temporary = target.with_name(MARKER + ".tmp")
-    temporary.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    listed = {**info, "files": file_list(directory / tag)}
+    temporary.write_text(json.dumps(listed, indent=2, sort_keys=True) + "\n")
     os.replace(temporary, target)
+
+
+def file_list(path: Path) -> dict[str, dict]:
+    """``{relative path: {"bytes": size, "sha256": hex}}`` for every file under the checkpoint ``path``."""
+    listed = {}
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        name = file.relative_to(path).as_posix()
+        if name not in (MARKER, MARKER + ".tmp"):
+            listed[name] = {"bytes": file.stat().st_size, "sha256": sha256(file)}
+    return listed
+
+
+def sha256(file: Path) -> str:
+    with open(file, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def verify(checkpoint: Checkpoint) -> int:
+    """Check every file the marker lists: present, of the recorded size, with the recorded sha256.
+
+    Raises ``CorruptCheckpoint`` naming the first file that differs; returns the number of files checked
+    (0 for a marker written before markers listed files, which can only be trusted as it is).
+    """
+    listed = checkpoint.info.get("files") or {}
+    fix = f"restore the file from a copy, or remove {checkpoint.path} to use an earlier checkpoint"
+    for name, recorded in sorted(listed.items()):
+        file = checkpoint.path / name
+        if not file.is_file():
+            raise CorruptCheckpoint(f"{file}: missing, though {MARKER} lists it ({recorded['bytes']:,} bytes); {fix}")
+        size = file.stat().st_size
+        if size != recorded["bytes"]:
+            raise CorruptCheckpoint(f"{file}: {size:,} bytes where {MARKER} recorded {recorded['bytes']:,} "
+                                    f"(truncated or overwritten); {fix}")
+        if sha256(file) != recorded["sha256"]:
+            raise CorruptCheckpoint(f"{file}: its sha256 differs from the one {MARKER} recorded (the file was "
+                                    f"altered after the save); {fix}")
+    return len(listed)
+
+
+def newest_intact(directory: Path, on_corrupt: str = "fallback", *,
+                  check: Callable[[Checkpoint], object] | None = None,
+                  warn: Callable[[str], None] | None = None) -> Checkpoint | None:
+    """The newest complete checkpoint that passes ``verify`` (and ``check``, which raises CheckpointError).
+
+    ``on_corrupt="fallback"`` skips a corrupt one with a warning naming the file and takes the next older;
+    ``"fail"`` raises at the first. Returns None when there is no complete checkpoint; raises when every
+    complete checkpoint is corrupt (there is nothing safe to resume from and starting over would hide it).
+    """
+    if on_corrupt not in ON_CORRUPT:
+        raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+    found = complete(directory)
+    for position, candidate in enumerate(reversed(found)):
+        try:
+            verify(candidate)
+            if check is not None:
+                check(candidate)
+            return candidate
+        except CheckpointError as error:
+            older = found[-position - 2] if position + 1 < len(found) else None
+            if on_corrupt == "fail" or older is None:
+                raise
+            if warn is not None:
+                warn(f"{error} -- falling back to {older.tag}")
+    return None
 
 
 def prune(directory: Path, keep_last: int) -> list[str]:

@@ -100,10 +100,13 @@ class CheckpointConfig:
     every_steps: int = 1000              # 0: only at the end and on preemption
     keep_last: int = 3
     export_hf: bool = True               # write a Hugging Face directory at the end of the run
+    on_corrupt: str = "fallback"         # resume past a checkpoint whose files fail their checksums: fallback | fail
 
     def __post_init__(self):
         if self.every_steps < 0 or self.keep_last < 1:
             raise ValueError("every_steps must be >= 0 and keep_last >= 1")
+        if self.on_corrupt not in ("fallback", "fail"):
+            raise ValueError(f"checkpoint.on_corrupt must be fallback or fail, got {self.on_corrupt!r}")
 
 
 @dataclass(frozen=True)

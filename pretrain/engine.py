@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from pretrain.checkpoints import CheckpointError, CorruptCheckpoint
 from pretrain.config import BatchPlan, PretrainConfig
 from pretrain.lamb import Lamb
 from pretrain.launch import Rendezvous
@@ -203,6 +204,29 @@ def save(engine, directory: Path, tag: str, client_state: dict) -> None:
         engine.save_checkpoint(str(directory), tag=tag, client_state=client_state, save_latest=False)
 
 
+# Where DeepSpeed's optimizers keep this rank's fp32 master weights: ZeRO 1/2, the bf16 optimizer, ZeRO 3,
+# and the fused and unfused fp16 optimizers without ZeRO.
+_MASTER_ATTRIBUTES = ("single_partition_of_fp32_groups", "fp32_groups_flat_partition", "fp32_partitioned_groups_flat",
+                      "fp32_groups_flat", "fp32_groups")
+
+
+def weights_finite(engine) -> bool:
+    """Whether every rank's weights (its part of the module and of the fp32 masters) are finite. A collective."""
+    import torch.distributed as dist
+
+    tensors = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()]  # ZeRO 3: this rank's partition
+    for name in _MASTER_ATTRIBUTES:
+        groups = getattr(engine.optimizer, name, None) or []
+        for group in groups:
+            tensors.extend(group if isinstance(group, (list, tuple)) else [group])
+    bad = any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+              for t in tensors)
+    flag = torch.tensor([float(bad)], device=engine.device)
+    if dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0
+
+
 def follow_schedule(engine, peak_lr: float) -> None:
     """Make the next step's learning rate this run's schedule's, after a checkpoint was loaded.
 
@@ -220,7 +244,8 @@ def follow_schedule(engine, peak_lr: float) -> None:
 
 
 def load(engine, directory: Path, tag: str, *, module_only: bool = False) -> dict:
-    with _quiet():
+    refuse_unsafe(directory / tag)
+    with _quiet(), weights_only_loading(directory / tag):
         path, client_state = engine.load_checkpoint(
             str(directory), tag=tag, load_module_only=module_only,
             load_optimizer_states=not module_only, load_lr_scheduler_states=not module_only)
@@ -237,7 +262,8 @@ def convert_to_universal(directory: Path, tag: str, output: Path) -> None:
 
     args = Namespace(input_folder=str(directory / tag), output_folder=str(output), num_extract_workers=1,
                      num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
-    with _quiet():
+    refuse_unsafe(directory / tag)
+    with _quiet(), weights_only_loading(directory / tag):
         ds_to_universal.main(args)
 
 
@@ -293,18 +319,20 @@ def consolidate_checkpoint(directory: Path, tag: str, zero_stage: int, scratch: 
 
     ZeRO 1-3: the checkpoint is converted to DeepSpeed's universal format under ``scratch``, which holds
     each parameter's fp32 master whole. Stage 0: the module's own weights (fp32 masters of an fp16 run
-    when the optimizer kept them). The files are DeepSpeed pickles, loaded as DeepSpeed itself loads them:
-    only do this for checkpoints your own runs wrote (ours carry a COMPLETE marker).
+    when the optimizer kept them). The files are DeepSpeed pickles, read as weights only (``refuse_unsafe``).
     """
     if zero_stage > 0:
         convert_to_universal(directory, tag, scratch)
         state = {}
-        for param_dir in sorted(p for p in (scratch / "zero").iterdir() if p.is_dir()):
-            saved = torch.load(param_dir / "fp32.pt", map_location="cpu", weights_only=True)
-            # ZeRO 1/2 store {"param": tensor, ...}; ZeRO 3 the flat tensor (the caller restores shapes).
-            state[param_dir.name] = saved["param"] if isinstance(saved, dict) else saved
+        with weights_only_loading(scratch):
+            for param_dir in sorted(p for p in (scratch / "zero").iterdir() if p.is_dir()):
+                saved = torch.load(param_dir / "fp32.pt", map_location="cpu", weights_only=True)
+                # ZeRO 1/2 store {"param": tensor, ...}; ZeRO 3 the flat tensor (the caller restores shapes).
+                state[param_dir.name] = saved["param"] if isinstance(saved, dict) else saved
         return state
-    saved = torch.load(directory / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    refuse_unsafe(directory / tag)
+    with weights_only_loading(directory / tag):
+        saved = torch.load(directory / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
     state = {k: v.float() for k, v in saved["module"].items()}
     optimizer = saved.get("optimizer") or {}
     if "fp32_groups" in optimizer:  # fp16 without ZeRO: the optimizer's per-parameter fp32 masters
@@ -313,6 +341,80 @@ def consolidate_checkpoint(directory: Path, tag: str, zero_stage: int, scratch: 
         if len(names) == len(masters):
             state.update({n: m.float() for n, m in zip(names, masters)})
     return state
+
+
+# What DeepSpeed 0.19.8 checkpoints hold besides tensors and plain containers, allowed through torch's
+# weights-only unpickler (which rebuilds these from their saved fields and calls nothing else):
+#   numpy arrays and dtypes: our per-rank RNG state (np.random.get_state()) in the client state;
+#   fragment_address: ZeRO 1/2 optimizer files record where each parameter lies in the flat partition;
+#   ZeroStageEnum, LossScaler: ZeRO 2/3 optimizer files record the stage and the (static, for bf16) loss scaler.
+_SAFE_GLOBALS_ADDED = False
+
+
+def _allow_checkpoint_types() -> None:
+    global _SAFE_GLOBALS_ADDED
+    if _SAFE_GLOBALS_ADDED:
+        return
+    import numpy as np
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    torch.serialization.add_safe_globals([_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)),
+                                          fragment_address, ZeroStageEnum, LossScaler])
+    _SAFE_GLOBALS_ADDED = True
+
+
+def refuse_unsafe(path: Path) -> None:
+    """Refuse a checkpoint directory with a pickle that would load anything but the allowed types.
+
+    Only the pickles' opcodes are read (nothing is executed), so the message can name the file; the loads
+    themselves then run under ``weights_only_loading`` as well, which is the guarantee.
+    """
+    _allow_checkpoint_types()
+    for file in sorted(Path(path).rglob("*.pt")):
+        try:
+            code = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(file))
+        except Exception as error:  # zipfile and torch raise their own types for a cut or foreign file
+            raise CorruptCheckpoint(f"{file}: unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]});"
+                                    f" the file is truncated or not a checkpoint file: restore it from a copy, or "
+                                    f"remove {path} to use an earlier checkpoint") from error
+        if code:
+            raise CorruptCheckpoint(f"{file}: refused to load: it would import {', '.join(code[:3])}, which a "
+                                    "checkpoint of weights never needs (loading it could run code); use only "
+                                    "checkpoints your own runs wrote, and remove this one")
+
+
+@contextlib.contextmanager
+def weights_only_loading(path: Path):
+    """Every ``torch.load`` inside, DeepSpeed's included (which pass ``weights_only=False``), loads weights only.
+
+    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` overrides the argument of each call; it is an environment variable, so
+    it also reaches the worker processes DeepSpeed's universal conversion starts. A pickle that the
+    weights-only unpickler refuses becomes a ``CorruptCheckpoint`` naming ``path``.
+    """
+    _allow_checkpoint_types()
+    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    except Exception as error:
+        import pickle
+
+        if isinstance(error, pickle.UnpicklingError) or "Weights only load failed" in str(error):
+            raise CorruptCheckpoint(f"{path}: refused to load: it holds objects other than weights "
+                                    f"({str(error).splitlines()[0][:200]}); use only checkpoints your own runs "
+                                    "wrote") from error
+        raise
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ Works in one process on CPU for a checkpoint of any ZeRO stage written by any nu
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -15,14 +16,26 @@ from pathlib import Path
 from pretrain import checkpoints
 from pretrain.hf_compat import CheckpointError
 
+log = logging.getLogger("pretrain")
+
 
 def find_checkpoint(path: Path) -> checkpoints.Checkpoint:
-    """A run directory (its newest complete checkpoint), its checkpoints/ directory, or one checkpoint."""
+    """A run directory (its newest intact checkpoint), its checkpoints/ directory, or one checkpoint.
+
+    Files are checked against the checkpoint's marker and for pickled code first: one named checkpoint that
+    fails is refused; for a run, a failing checkpoint is skipped with a warning for the next older one.
+    """
+    from pretrain.engine import refuse_unsafe
+
     path = Path(path)
     if (path / checkpoints.MARKER).is_file():
-        return next(c for c in checkpoints.complete(path.parent) if c.tag == path.name)
+        found = next(c for c in checkpoints.complete(path.parent) if c.tag == path.name)
+        checkpoints.verify(found)
+        refuse_unsafe(found.path)
+        return found
     for candidate in (path / "checkpoints", path):
-        found = checkpoints.newest(candidate)
+        found = checkpoints.newest_intact(candidate, "fallback", check=lambda c: refuse_unsafe(c.path),
+                                          warn=log.warning)
         if found is not None:
             return found
     if path.name.startswith("step_") and path.is_dir():
@@ -32,13 +45,14 @@ def find_checkpoint(path: Path) -> checkpoints.Checkpoint:
                           "checkpoints/ directory or a checkpoints/step_NNNNNNNN directory)")
 
 
-def export_checkpoint(path: Path, output: Path) -> Path:
-    """Write ``output`` (config.json, model.safetensors, tokenizer) from the checkpoint at ``path``."""
+def export_checkpoint(path: Path | checkpoints.Checkpoint, output: Path) -> Path:
+    """Write ``output`` (config.json, model.safetensors, tokenizer) from the checkpoint at ``path`` (or from
+    a checkpoint ``find_checkpoint`` already checked)."""
     from pretrain import engine
     from pretrain.hf_compat import export
     from pretrain.model import BertConfig, BertForPreTraining
 
-    found = find_checkpoint(path)
+    found = path if isinstance(path, checkpoints.Checkpoint) else find_checkpoint(path)
     run_dir = found.directory.parent
     import yaml
 
@@ -48,7 +62,16 @@ def export_checkpoint(path: Path, output: Path) -> Path:
     cfg = configlib.from_dict(PretrainConfig, yaml.safe_load((run_dir / "config.yaml").read_text()),
                               str(run_dir / "config.yaml"))
     with tempfile.TemporaryDirectory() as scratch:
-        state = engine.consolidate_checkpoint(found.directory, found.tag, found.info["zero_stage"], Path(scratch) / "u")
+        try:
+            state = engine.consolidate_checkpoint(found.directory, found.tag, found.info["zero_stage"],
+                                                  Path(scratch) / "u")
+        except CheckpointError:
+            raise
+        except Exception as error:  # a checkpoint from before markers listed checksums can still be cut short
+            log.debug("consolidating %s failed", found.path, exc_info=True)
+            raise CheckpointError(f"{found.path}: DeepSpeed could not read it ({type(error).__name__}: "
+                                  f"{str(error).splitlines()[0][:200] if str(error) else ''}); a file is damaged: "
+                                  "export an earlier checkpoint of the run") from error
     # The decoder is tied to the word embeddings: one parameter, which the conversion may list under both names.
     state = {k.removeprefix("model."): v for k, v in state.items() if not k.endswith("cls.predictions.decoder.weight")}
     model_config = _config_from_weights(cfg, state, BertConfig)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
 
+from pretrain.checkpoints import CheckpointError
 from pretrain.model import BertConfig, BertForPreTraining
 
 _TIED_OR_BUFFERS = ("bert.embeddings.position_ids", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 
 
-class CheckpointError(ValueError):
-    """A directory that is not a loadable BERT checkpoint; the message names it and what is wrong."""
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def load_config(directory: str | Path) -> BertConfig:
@@ -34,15 +36,60 @@ def load_config(directory: str | Path) -> BertConfig:
     return BertConfig(**{k: v for k, v in raw.items() if k in known})
 
 
-def load_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+def is_complete(directory: str | Path) -> bool:
+    """A Hugging Face directory with its config and weights (an export cut short has neither or only one)."""
     directory = Path(directory)
-    if (directory / "model.safetensors").is_file():
-        from safetensors.torch import load_file
+    return (directory / "config.json").is_file() and any((directory / name).is_file() for name in WEIGHT_FILES)
 
-        return load_file(str(directory / "model.safetensors"))
-    if (directory / "pytorch_model.bin").is_file():
-        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+
+def weights_file(directory: str | Path) -> Path:
+    directory = Path(directory)
+    for name in WEIGHT_FILES:
+        if (directory / name).is_file():
+            return directory / name
     raise CheckpointError(f"{directory}: neither model.safetensors nor pytorch_model.bin found")
+
+
+def check_weights_file(directory: str | Path) -> Path:
+    """Read the weights file's header (not its tensors): a truncated or foreign file is refused here, with
+    its name, rather than deep inside a training run. ``pytorch_model.bin`` is read as weights only."""
+    path = weights_file(directory)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        else:
+            torch.load(path, map_location="meta", weights_only=True)
+    except Exception as error:  # safetensors, zipfile and the weights-only unpickler each raise their own type
+        raise CheckpointError(f"{path}: unreadable ({_first_line(error)}); the file is truncated or not a weights "
+                              "file: export or download it again") from error
+    return path
+
+
+def load_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    path = weights_file(directory)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise CheckpointError(f"{path}: unreadable ({_first_line(error)}); the file is truncated or not a weights "
+                              "file: export or download it again") from error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors holding NaN or inf."""
+    return [name for name, value in state.items()
+            if value.is_floating_point() and not bool(torch.isfinite(value).all())]
 
 
 def to_pretraining_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -81,13 +128,30 @@ def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str 
     With ``tokenizer_dir`` (a tokenizer saved by the preprocessing stage) the tokenizer goes along:
     as ``tokenizer/`` in our format, and, for a WordPiece vocabulary, also as the ``vocab.txt`` and
     ``tokenizer_config.json`` that ``transformers``' ``BertTokenizer`` reads.
-    """
-    import shutil
 
+    Weights holding NaN or inf are refused. The files are written into ``<directory>.partial`` and that
+    is renamed to ``directory`` at the end, so a kill midway never leaves a half-written ``directory``.
+    """
+    directory = Path(directory)
+    bad = non_finite(model.state_dict())
+    if bad:
+        raise CheckpointError(f"{directory}: not exported: {len(bad)} weight tensors hold NaN or inf (first "
+                              f"{bad[0]}); export an earlier checkpoint of the run")
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
+    partial.mkdir(parents=True)
+    _write_export(model, partial, tokenizer_dir)
+    replaced = directory.with_name(directory.name + ".replaced")
+    shutil.rmtree(replaced, ignore_errors=True)
+    if directory.exists():
+        os.rename(directory, replaced)  # a directory cannot be renamed over a non-empty one
+    os.rename(partial, directory)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _write_export(model: BertForPreTraining, directory: Path, tokenizer_dir: str | Path | None) -> None:
     from safetensors.torch import save_file
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     config = {**dataclasses.asdict(model.config), "model_type": "bert", "architectures": ["BertForPreTraining"],
               "position_embedding_type": "absolute", "tie_word_embeddings": True}
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

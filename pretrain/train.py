@@ -130,7 +130,7 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
                                           special_ids=data.manifest["tokenizer"]["special_ids"]))
     model.bert.encoder.gradient_checkpointing = cfg.model.activation_checkpointing
     ckpt_dir = out / "checkpoints"
-    found = checkpoints.newest(ckpt_dir) if resume else None
+    found = _resume_point(ckpt_dir, cfg.checkpoint.on_corrupt, rank) if resume else None
     _check_run_tokenizer(out, data)
     if found is not None and "settings" in found.info:
         for change in resume_check.check(found.info["settings"], _settings(cfg, data.manifest), str(found.path)):
@@ -318,6 +318,9 @@ def _save(engine, cfg, loader, out, step, consumed, skipped, world, monitor, tim
     client_state = {CLIENT_KEY: {"data": loader.state_dict(), "step": step, "consumed_samples": consumed,
                                  "skipped_steps": skipped, "world_size": world, "rng": rngs,
                                  "config": configlib.to_dict(cfg)}}
+    if not ds.weights_finite(engine):
+        raise Diverged(f"step {step}: the weights hold NaN or inf; not saving {tag} (nor exporting). The last good "
+                       f"checkpoint is kept in {ckpt_dir}: resume from it with a lower learning rate")
     ds.save(engine, ckpt_dir, tag, client_state)
     dist.barrier()  # every rank has written its part
     if engine.global_rank == 0:
@@ -334,7 +337,7 @@ def _save(engine, cfg, loader, out, step, consumed, skipped, world, monitor, tim
 def _universal(found: checkpoints.Checkpoint, rank: int) -> checkpoints.Checkpoint:
     """A universal copy of ``found`` (made once, by rank 0) for loading on another world size."""
     target_dir = found.directory / "universal"
-    if rank == 0 and not (target_dir / found.tag / checkpoints.MARKER).is_file():
+    if rank == 0 and not _intact(target_dir, found.tag):
         log.info(f"{found.path} was written by {found.info['world_size']} ranks: converting it to a universal "
                  "checkpoint to load on this world size")
         shutil.rmtree(target_dir / found.tag, ignore_errors=True)
@@ -344,8 +347,38 @@ def _universal(found: checkpoints.Checkpoint, rank: int) -> checkpoints.Checkpoi
     return checkpoints.Checkpoint(target_dir, found.tag, found.step, found.info)
 
 
+def _resume_point(ckpt_dir: Path, on_corrupt: str, rank: int) -> checkpoints.Checkpoint | None:
+    """The newest intact checkpoint (see ``checkpoints.newest_intact``), chosen by rank 0, which alone reads
+    every file, and told to the other ranks; a refusal is raised on every rank."""
+    choice: list = [None]
+    if rank == 0:
+        try:
+            found = checkpoints.newest_intact(ckpt_dir, on_corrupt, check=lambda c: ds.refuse_unsafe(c.path),
+                                              warn=log.warning)
+            choice = [("tag", found.tag if found else None)]
+        except checkpoints.CheckpointError as error:
+            choice = [("error", str(error))]
+    dist.broadcast_object_list(choice, src=0)
+    kind, value = choice[0]
+    if kind == "error":
+        raise checkpoints.CorruptCheckpoint(value)
+    return next((c for c in checkpoints.complete(ckpt_dir) if c.tag == value), None)
+
+
+def _intact(directory: Path, tag: str) -> bool:
+    found = next((c for c in checkpoints.complete(directory) if c.tag == tag), None)
+    try:
+        return found is not None and checkpoints.verify(found) >= 0
+    except checkpoints.CorruptCheckpoint as error:
+        log.warning(f"{error}; converting again")
+        return False
+
+
 def _export(engine, model, data, out) -> None:
     """The final weights as a Hugging Face directory (rank 0), with the dataset's tokenizer."""
+    if not ds.weights_finite(engine):
+        raise Diverged(f"the final weights hold NaN or inf: not exporting {out / 'hf'}. The last good checkpoint is "
+                       f"kept in {out / 'checkpoints'}: resume from it with a lower learning rate")
     state = ds.consolidated_state_dict(engine)
     if engine.global_rank == 0:
         state = {k.removeprefix("model."): v for k, v in state.items()}

@@ -1,4 +1,5 @@
-"""Command line: ``python -m preprocess run …`` and ``python -m preprocess tokenizer train …``."""
+"""Command line: ``python -m preprocess run …``, ``python -m preprocess tokenizer train …`` and
+``python -m preprocess verify DIR``."""
 from __future__ import annotations
 
 import argparse
@@ -71,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     _tokenizer_parser(sub)
+    verify = sub.add_parser("verify", help="check a dataset against its manifest (every shard's size and sha256)")
+    verify.add_argument("dataset", metavar="DIR")
     return parser
 
 
@@ -211,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             load_pipeline_modules()
             return _command_run(args, rest)
+        if args.command == "verify":
+            from preprocess.verify import verify_dataset
+
+            print(verify_dataset(args.dataset))
+            return 0
         return _command_tokenizer_train(args)
     except KeyboardInterrupt:
         print("interrupted: nothing was published", file=sys.stderr)

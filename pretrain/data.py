@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from preprocess.schema import DatasetFormatError, check_manifest
-from preprocess.verify import verify_shards
+from preprocess.verify import inside, verify_shards
 from pretrain.sampling import ORDER_VERSION, EpochOrder, epoch_batches
 
 PAD_MULTIPLE = 8
@@ -139,15 +139,6 @@ class ShardedInstances:
 
 _LIST_COLUMNS = ("input_ids", "masked_positions", "masked_labels")
 _SCALAR_COLUMNS = ("segment_a_len", "next_sentence_label")
-
-
-def inside(directory: Path, name: str, what: str) -> Path:
-    """``directory / name``, refusing a ``name`` from the manifest that could point outside ``directory``."""
-    relative = Path(str(name))
-    if not str(name) or relative.is_absolute() or ".." in relative.parts:
-        raise DatasetFormatError(f"{directory / 'manifest.json'}: {what} {name!r} is not a relative path inside "
-                                 "the dataset directory; the manifest was altered: re-run preprocessing")
-    return directory / relative
 
 
 class _MappedShard:

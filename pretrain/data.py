@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from preprocess.schema import DatasetFormatError, check_manifest
 from preprocess.verify import inside, verify_shards
+from pretrain.mapped_shards import MappedShard, ranges
 from pretrain.sampling import ORDER_VERSION, EpochOrder, epoch_batches
 
 PAD_MULTIPLE = 8
@@ -45,8 +44,9 @@ class ShardedInstances:
     Opening a dataset checks that every shard exists with the size the manifest lists (with ``verify``, also
     its sha256, which reads every byte). A shard is mapped, and a record batch of it located (its header
     read, its row count checked), when a row of it is first read: no row is read at start-up, and a rank's
-    own memory for the dataset is a few numbers per record batch (of 4,096 rows), whatever its rows. The rows' bytes stay in the page
-    cache, which the ranks of a node share. Rows are numbered shard by shard in manifest order.
+    own memory for the dataset is a few numbers per record batch (of 4,096 rows), whatever its rows. The rows'
+    bytes stay in the page cache, which the ranks of a node share. Rows are numbered shard by shard in manifest
+    order.
     """
 
     def __init__(self, directory: str | Path, expected: Expected | None = None, *, verify: bool = False):
@@ -62,7 +62,7 @@ class ShardedInstances:
             check_compatible(self.manifest, expected, str(directory))
         self.pad_id = self.manifest["tokenizer"]["special_ids"]["[PAD]"]
         self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
-        self._shards = [_MappedShard(inside(directory, entry["name"], "shard name"), int(entry["rows"]), entry.get("bytes"))
+        self._shards = [MappedShard(inside(directory, entry["name"], "shard name"), int(entry["rows"]), entry.get("bytes"))
                         for entry in self.manifest["shards"]]
         self.tokenizer_dir = inside(directory, self.manifest["tokenizer"]["dir"], "tokenizer.dir")
         listed = sum(int(entry["rows"]) for entry in self.manifest["shards"])
@@ -82,7 +82,7 @@ class ShardedInstances:
         """Refuse this dataset if it does not fit the model (see ``check_compatible``)."""
         check_compatible(self.manifest, expected, str(self.directory))
 
-    def locate(self, rows: np.ndarray) -> list[tuple[_MappedShard, np.ndarray, np.ndarray, np.ndarray]]:
+    def locate(self, rows: np.ndarray) -> list[tuple[MappedShard, np.ndarray, np.ndarray, np.ndarray]]:
         """``rows`` grouped by shard: (shard, positions in ``rows``, record batch, row within the batch)."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
@@ -126,7 +126,7 @@ class ShardedInstances:
             values = shard.values(column)
             if out is None:
                 out = np.empty(int(lengths.sum()), values.dtype)
-            out[_ranges(out_starts[selection], lengths[selection])] = values[_ranges(starts[selection], lengths[selection])]
+            out[ranges(out_starts[selection], lengths[selection])] = values[ranges(starts[selection], lengths[selection])]
         return (out if out is not None else np.zeros(0, np.int64)), lengths
 
     def scalars(self, column: str, located: list, count: int) -> np.ndarray:
@@ -135,147 +135,6 @@ class ShardedInstances:
         for shard, selection, batch, row in located:
             out[selection] = shard.scalar(column, batch, row)
         return out
-
-
-_LIST_COLUMNS = ("input_ids", "masked_positions", "masked_labels")
-_SCALAR_COLUMNS = ("segment_a_len", "next_sentence_label")
-
-
-class _MappedShard:
-    """One shard file mapped into memory, with the position of every record batch's column buffers.
-
-    Arrow IPC files keep each buffer 8-byte aligned, so typed numpy views of the whole mapping address
-    any buffer's elements directly: a row is found by (record batch, row within it) without pyarrow.
-    """
-
-    def __init__(self, path: Path, manifest_rows: int, manifest_bytes: int | None):
-        if not path.is_file():
-            raise DatasetFormatError(f"{path}: shard listed in the manifest is missing; copy the whole dataset "
-                                     "directory again, or re-run preprocessing")
-        size = path.stat().st_size
-        if manifest_bytes is not None and size != manifest_bytes:
-            raise DatasetFormatError(f"{path}: {size} bytes but the manifest lists {manifest_bytes}; the file is "
-                                     "truncated or altered: copy it again, or re-run preprocessing")
-        self.path, self.num_rows = path, manifest_rows
-        self._bytes = None  # mapped when a row of this shard is first read
-
-    def _open(self) -> None:
-        """Map the file and read its footer and first record batch's header.
-
-        The pipeline writes record batches of equal size (the last one shorter), so the first batch's size
-        places every row; each batch's header is read when a row of it is first read, and its size checked.
-        A shard written otherwise has all its headers read at once.
-        """
-        path = self.path
-        try:
-            mapped = pa.memory_map(str(path))
-            self._reader = ipc.open_file(mapped)
-            mapped.seek(0)
-            self._whole = mapped.read_buffer(mapped.size())
-            first = self._reader.get_batch(0) if self._reader.num_record_batches else None
-        except (pa.ArrowException, OSError) as error:
-            raise DatasetFormatError(f"{path}: not a readable Arrow shard ({error}); the file is truncated or "
-                                     "damaged: copy it again, or re-run preprocessing") from None
-        self._views: dict[np.dtype, np.ndarray] = {}
-        schema = self._reader.schema
-        self._list_type = {name: _numpy_type(schema.field(name).type.value_type) for name in _LIST_COLUMNS}
-        self._scalar_type = {name: _numpy_type(schema.field(name).type) for name in _SCALAR_COLUMNS}
-        batches = self._reader.num_record_batches
-        self._read = np.zeros(batches, bool)
-        self._offsets_at = {name: np.zeros(batches, np.int64) for name in _LIST_COLUMNS}
-        self._values_at = {name: np.zeros(batches, np.int64) for name in _LIST_COLUMNS}
-        self._scalar_at = {name: np.zeros(batches, np.int64) for name in _SCALAR_COLUMNS}
-        size = first.num_rows if first is not None else 0
-        if size and (batches - 1) * size < self.num_rows <= batches * size:
-            self.batch_starts = np.minimum(np.arange(batches + 1, dtype=np.int64) * size, self.num_rows)
-            self._place(0, first)
-        else:
-            self._read_every_header()
-        self._bytes = np.frombuffer(self._whole, np.uint8)
-
-    def _read_headers(self, indices: np.ndarray) -> bool:
-        """Place the record batches ``indices``; False when one of them is not the size expected (every
-        header has then been read, and ``batch_starts`` changed)."""
-        for index in indices.tolist():
-            batch = self._reader.get_batch(index)
-            if batch.num_rows != self.batch_starts[index + 1] - self.batch_starts[index]:
-                self._read_every_header()
-                return False
-            self._place(index, batch)
-        return True
-
-    def _read_every_header(self) -> None:
-        starts = [0]
-        for index in range(self._reader.num_record_batches):
-            batch = self._reader.get_batch(index)
-            starts.append(starts[-1] + batch.num_rows)
-            self._place(index, batch)
-        if starts[-1] != self.num_rows:
-            raise DatasetFormatError(f"{self.path}: {starts[-1]} rows but the manifest lists {self.num_rows}; "
-                                     "the shard or the manifest was altered: copy the dataset again, or re-run "
-                                     "preprocessing")
-        self.batch_starts = np.asarray(starts, np.int64)
-
-    def _place(self, index: int, batch: pa.RecordBatch) -> None:
-        """Record where record batch ``index``'s buffers lie in the file."""
-        self._read[index] = True
-        if not batch.num_rows:
-            return
-        for name in _LIST_COLUMNS:
-            buffers = batch.column(name).buffers()
-            self._offsets_at[name][index] = self._element(buffers[1], np.dtype(np.int32))
-            self._values_at[name][index] = self._element(buffers[3], self._list_type[name])
-        for name in _SCALAR_COLUMNS:
-            self._scalar_at[name][index] = self._element(batch.column(name).buffers()[1], self._scalar_type[name])
-
-    def _element(self, buffer: pa.Buffer | None, dtype: np.dtype) -> int:
-        """The index of ``buffer``'s first element in a ``dtype`` view of the whole file."""
-        if buffer is None or buffer.size == 0:
-            return 0
-        position = buffer.address - self._whole.address
-        if not 0 <= position <= self._whole.size - buffer.size or position % dtype.itemsize:
-            raise DatasetFormatError(f"{self.path}: its buffers are not stored in place (compressed or unaligned "
-                                     "Arrow IPC); write shards with the preprocessing stage")
-        return position // dtype.itemsize
-
-    def _view(self, dtype: np.dtype) -> np.ndarray:
-        if dtype not in self._views:
-            usable = len(self._bytes) - len(self._bytes) % dtype.itemsize
-            self._views[dtype] = self._bytes[:usable].view(dtype)
-        return self._views[dtype]
-
-    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(record batch, row within it) of each of the shard's ``rows``; every read of rows starts here."""
-        if self._bytes is None:
-            self._open()
-        batch = np.searchsorted(self.batch_starts, rows, side="right") - 1
-        unread = np.unique(batch[~self._read[batch]])
-        if unread.size and not self._read_headers(unread):
-            batch = np.searchsorted(self.batch_starts, rows, side="right") - 1
-        return batch, rows - self.batch_starts[batch]
-
-    def list_bounds(self, column: str, batch: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(index of each row's first value in ``values(column)``, its number of values)."""
-        offsets = self._view(np.dtype(np.int32))
-        at = self._offsets_at[column][batch] + row
-        first = offsets[at].astype(np.int64)
-        return self._values_at[column][batch] + first, offsets[at + 1] - first
-
-    def values(self, column: str) -> np.ndarray:
-        return self._view(self._list_type[column])
-
-    def scalar(self, column: str, batch: np.ndarray, row: np.ndarray) -> np.ndarray:
-        return self._view(self._scalar_type[column])[self._scalar_at[column][batch] + row]
-
-
-def _numpy_type(arrow_type: pa.DataType) -> np.dtype:
-    return pa.array([], arrow_type).to_numpy(zero_copy_only=False).dtype
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The concatenation of ``arange(start, start + length)`` for each pair."""
-    total = int(lengths.sum())
-    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
 
 
 def check_compatible(manifest: dict, expected: Expected, where: str) -> None:

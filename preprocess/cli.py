@@ -169,8 +169,9 @@ def _clear_message(exc: BaseException) -> str | None:
         tail = text.split(InputError.MARKER, 1)[1]
         return tail.strip().splitlines()[0].strip().rstrip("'\"]")
     from preprocess.schema import DatasetFormatError
+    from preprocess.writelock import OutputLockedError
 
-    if isinstance(exc, (DatasetFormatError, FileNotFoundError, PermissionError)):
+    if isinstance(exc, (DatasetFormatError, FileNotFoundError, PermissionError, OutputLockedError)):
         return str(exc)
     return None
 

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import apache_beam as beam
 
-from preprocess import docstore, dumpsplit, handoff, shards, stages, storage, transforms
+from preprocess import docstore, dumpsplit, handoff, shards, stages, storage, transforms, writelock
 
 
 def estimated_cost(kind: str, uri: str, size: int) -> float:
@@ -83,6 +83,7 @@ _claimed = None  # the pool's shared count of claimed document units (set in eac
 def _init_worker(claimed) -> None:
     global _claimed
     _claimed = claimed
+    writelock.end_with_parent()  # a worker never outlives its driver (nor keeps writing its output)
 
 
 class ClaimUnits(beam.DoFn):

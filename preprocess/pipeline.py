@@ -23,11 +23,13 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from preprocess import beamargs, configlib, handoff, local, memory, schema, shards, sources, stages, storage, transforms
+from preprocess import (beamargs, configlib, handoff, local, memory, schema, shards, sources, stages, storage, transforms,
+                        writelock)
 from preprocess.config import PreprocessConfig
 from preprocess.memory import split_parts
 from preprocess.records import InputError
@@ -177,7 +179,19 @@ def fit_memory_budget(cfg: PreprocessConfig, sized: list[tuple[str, str, int]],
 def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokenizer: str, output: str,
         beam_args: list[str] = (), overwrite: bool = False, progress: bool | None = None,
         verbose: bool = False) -> dict:
-    """Run the whole stage and return the manifest (its ``summary`` has the headline figures)."""
+    """Run the whole stage and return the manifest (its ``summary`` has the headline figures). A local output
+    is held by ``DIR.lock`` while the run writes it: a second run on it is refused, naming the first."""
+    if storage.is_local(output):  # one writer per dataset; object stores have no lock of ours
+        lock = Path(storage.local_path(output).rstrip("/") + ".lock")
+        with writelock.hold(lock, f"the dataset {output}"):
+            return _run(cfg, wikipedia=wikipedia, books=books, tokenizer=tokenizer, output=output,
+                        beam_args=beam_args, overwrite=overwrite, progress=progress, verbose=verbose)
+    return _run(cfg, wikipedia=wikipedia, books=books, tokenizer=tokenizer, output=output, beam_args=beam_args,
+                overwrite=overwrite, progress=progress, verbose=verbose)
+
+
+def _run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokenizer: str, output: str,
+         beam_args: list[str], overwrite: bool, progress: bool | None, verbose: bool) -> dict:
     from preprocess.tokenizer import load_tokenizer
 
     started = time.time()

@@ -133,6 +133,9 @@ def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str 
     is renamed to ``directory`` at the end, so a kill midway never leaves a half-written ``directory``.
     """
     directory = Path(directory)
+    if directory.is_dir() and any(directory.iterdir()) and not (directory / "config.json").is_file():
+        raise CheckpointError(f"{directory}: not empty and not an earlier export, which the export would replace; "
+                              "pass a new or empty directory")
     bad = non_finite(model.state_dict())
     if bad:
         raise CheckpointError(f"{directory}: not exported: {len(bad)} weight tensors hold NaN or inf (first "

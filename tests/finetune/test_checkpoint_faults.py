@@ -63,6 +63,9 @@ def test_a_later_export_replaces_the_directory_whole(killed_during_export, tmp_p
     target = tmp_path / "hf"
     target.mkdir()
     (target / "stale.txt").write_text("from an older export")
+    with pytest.raises(CheckpointError, match="hf: not empty and not an earlier export"):
+        hf_compat.export(model, target)  # someone's other files are not swept away
+    (target / "config.json").write_text("{}")
     hf_compat.export(model, target)
     assert hf_compat.is_complete(target) and not (target / "stale.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported-run-step_00000004", "hf"]

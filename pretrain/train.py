@@ -238,6 +238,10 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
                     monitor.info(f"step {step}: not checkpointing during a run of skipped steps")
                 else:
                     _save(engine, cfg, loader, out, step, consumed, skipped_total, world, monitor, timings)
+        if status == 0 and not ds.weights_finite(engine):  # e.g. the last steps were skipped, so never saved
+            raise Diverged(f"the final weights hold NaN or inf: the run is not done and {out / 'hf'} is not "
+                           f"exported. The last good checkpoint is kept in {ckpt_dir}: resume from it with a lower "
+                           "learning rate")
         if status == 0 and cfg.checkpoint.export_hf:
             began = time.perf_counter()
             _export(engine, model, data, out)
@@ -375,10 +379,8 @@ def _intact(directory: Path, tag: str) -> bool:
 
 
 def _export(engine, model, data, out) -> None:
-    """The final weights as a Hugging Face directory (rank 0), with the dataset's tokenizer."""
-    if not ds.weights_finite(engine):
-        raise Diverged(f"the final weights hold NaN or inf: not exporting {out / 'hf'}. The last good checkpoint is "
-                       f"kept in {out / 'checkpoints'}: resume from it with a lower learning rate")
+    """The final weights (checked finite by the caller) as a Hugging Face directory (rank 0), with the dataset's
+    tokenizer."""
     state = ds.consolidated_state_dict(engine)
     if engine.global_rank == 0:
         state = {k.removeprefix("model."): v for k, v in state.items()}

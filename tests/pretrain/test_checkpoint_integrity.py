@@ -139,11 +139,12 @@ def test_nan_weights_from_an_altered_optimizer_file_never_exit_0_or_export(finis
     torch.save(saved, optim_file)
     republish(newest)
     caplog.set_level("INFO", logger="pretrain")
-    cfg = tiny_config(sample_dataset, run_dir, 6, **{"checkpoint.export_hf": "true"})
-    assert train.run(cfg, start_one_rank(), resume=True) == train.DIVERGED
-    # Step 5 trains on, step 6 is skipped as non-finite (so not checkpointed); the export refuses the weights.
+    for export_hf in ("false", "true"):  # without an export to refuse, the run still does not end "done"
+        cfg = tiny_config(sample_dataset, run_dir, 6, **{"checkpoint.export_hf": export_hf})
+        assert train.run(cfg, start_one_rank(), resume=True) == train.DIVERGED
+    # Step 5 trains on, step 6 is skipped as non-finite (so not checkpointed); the final check stops the run.
     assert "step 6: non-finite loss or gradient; step skipped" in caplog.text
-    assert f"the final weights hold NaN or inf: not exporting {run_dir / 'hf'}" in caplog.text
+    assert f"the final weights hold NaN or inf: the run is not done and {run_dir / 'hf'} is not exported" in caplog.text
     assert summary(run_dir)["status"] == "diverged"
     assert not (run_dir / "hf").exists() and checkpoints.newest(run_dir / "checkpoints").step == 4
     # Nor does the offline export write them out.

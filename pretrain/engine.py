@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from pretrain.checkpoints import CheckpointError, CorruptCheckpoint
+from pretrain import safe_loading
 from pretrain.config import BatchPlan, PretrainConfig
 from pretrain.lamb import Lamb
 from pretrain.launch import Rendezvous
@@ -370,51 +370,15 @@ def _allow_checkpoint_types() -> None:
 
 
 def refuse_unsafe(path: Path) -> None:
-    """Refuse a checkpoint directory with a pickle that would load anything but the allowed types.
-
-    Only the pickles' opcodes are read (nothing is executed), so the message can name the file; the loads
-    themselves then run under ``weights_only_loading`` as well, which is the guarantee.
-    """
+    """Refuse a checkpoint directory with a pickle that would load anything but weights (see safe_loading)."""
     _allow_checkpoint_types()
-    for file in sorted(Path(path).rglob("*.pt")):
-        try:
-            code = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(file))
-        except Exception as error:  # zipfile and torch raise their own types for a cut or foreign file
-            raise CorruptCheckpoint(f"{file}: unreadable ({type(error).__name__}: {str(error).splitlines()[0][:200]});"
-                                    f" the file is truncated or not a checkpoint file: restore it from a copy, or "
-                                    f"remove {path} to use an earlier checkpoint") from error
-        if code:
-            raise CorruptCheckpoint(f"{file}: refused to load: it would import {', '.join(code[:3])}, which a "
-                                    "checkpoint of weights never needs (loading it could run code); use only "
-                                    "checkpoints your own runs wrote, and remove this one")
+    safe_loading.refuse_unsafe(path)
 
 
-@contextlib.contextmanager
 def weights_only_loading(path: Path):
-    """Every ``torch.load`` inside, DeepSpeed's included (which pass ``weights_only=False``), loads weights only.
-
-    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` overrides the argument of each call; it is an environment variable, so
-    it also reaches the worker processes DeepSpeed's universal conversion starts. A pickle that the
-    weights-only unpickler refuses becomes a ``CorruptCheckpoint`` naming ``path``.
-    """
+    """A context in which every ``torch.load``, DeepSpeed's included, loads weights only (see safe_loading)."""
     _allow_checkpoint_types()
-    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
-        yield
-    except Exception as error:
-        import pickle
-
-        if isinstance(error, pickle.UnpicklingError) or "Weights only load failed" in str(error):
-            raise CorruptCheckpoint(f"{path}: refused to load: it holds objects other than weights "
-                                    f"({str(error).splitlines()[0][:200]}); use only checkpoints your own runs "
-                                    "wrote") from error
-        raise
-    finally:
-        if previous is None:
-            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
-        else:
-            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
+    return safe_loading.weights_only_loading(path)
 
 
 @contextlib.contextmanager

@@ -63,8 +63,7 @@ def check_weights_file(directory: str | Path) -> Path:
         else:
             torch.load(path, map_location="meta", weights_only=True)
     except Exception as error:  # safetensors, zipfile and the weights-only unpickler each raise their own type
-        raise CheckpointError(f"{path}: unreadable ({_first_line(error)}); the file is truncated or not a weights "
-                              "file: export or download it again") from error
+        raise CheckpointError(_unreadable(path, error)) from error
     return path
 
 
@@ -77,13 +76,18 @@ def load_weights(directory: str | Path) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise CheckpointError(f"{path}: unreadable ({_first_line(error)}); the file is truncated or not a weights "
-                              "file: export or download it again") from error
+        raise CheckpointError(_unreadable(path, error)) from error
 
 
-def _first_line(error: BaseException) -> str:
+def _unreadable(path: Path, error: BaseException) -> str:
+    import pickle
+
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+    detail = f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+    if isinstance(error, pickle.UnpicklingError):
+        return (f"{path}: refused to load: it holds objects other than weights ({detail}); loading it could run "
+                "code: use a model.safetensors export instead")
+    return f"{path}: unreadable ({detail}); the file is truncated or not a weights file: export or download it again"
 
 
 def non_finite(state: dict[str, torch.Tensor]) -> list[str]:

@@ -92,3 +92,20 @@ def test_a_truncated_deepspeed_file_is_named_in_one_line(killed_during_export, t
     assert cli.main(_glue(step_dir, tmp_path / "out")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {damaged}: ") and "truncated" in err and "\n" not in err
+
+
+def test_a_pytorch_model_bin_carrying_code_is_refused_without_running_it(tmp_path, capsys):
+    import torch
+
+    from pretrain.model import BertForPreTraining, preset
+    from tests.pretrain.faults import Payload
+
+    hf_dir, marker = tmp_path / "hf", tmp_path / "payload-ran"
+    model = BertForPreTraining(preset("tiny", vocab_size=300, max_position_embeddings=64))
+    hf_compat.export(model, hf_dir)
+    (hf_dir / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "innocent_looking_key": Payload(marker)}, hf_dir / "pytorch_model.bin")
+    assert cli.main(_glue(hf_dir, tmp_path / "out")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {hf_dir / 'pytorch_model.bin'}: refused to load") and "\n" not in err
+    assert not marker.exists()

@@ -110,3 +110,21 @@ def test_the_payload_would_run_if_loaded_unsafely(tmp_path):
     torch.save({"weights": torch.zeros(2), "innocent_looking_key": Payload(marker)}, tmp_path / "file.pt")
     torch.load(tmp_path / "file.pt", weights_only=False)
     assert marker.exists()
+
+
+def test_two_ranks_refuse_a_payload_in_rank_1s_file_as_a_job(sample_dataset, tmp_path):
+    """As users resume: torchrun, 2 ranks, ZeRO 1; rank 0 scans every rank's files and all ranks stop."""
+    from tests.pretrain.launching import launch, settings
+
+    out, marker = tmp_path / "run", tmp_path / "payload-ran"
+    common = {"checkpoint.every_steps": 2, "checkpoint.keep_last": 5, "checkpoint.on_corrupt": "fail"}
+    result = launch("torchrun", 2, settings(sample_dataset, out, steps=2, **common))
+    assert result.returncode == 0, result.stdout[-3000:]
+    newest = checkpoint_at(out, 2)
+    planted_file = newest.path / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    plant_payload(planted_file, marker)
+    republish(newest)
+    refused = launch("torchrun", 2, ["--resume", *settings(sample_dataset, out, steps=4, **common)])
+    assert refused.returncode != 0 and not marker.exists()
+    assert f"error (rank 0): {planted_file}: refused to load" in refused.stdout, refused.stdout[-3000:]
+    assert f'File "{REPO / "pretrain"}' not in refused.stdout  # torchrun reports the exit, with its own traceback

@@ -24,7 +24,6 @@ from pathlib import Path
 MARKER = "COMPLETE"
 ON_CORRUPT = ("fallback", "fail")
 _TAG = re.compile(r"step_(\d{8})")
-_CHUNK = 16 << 20
 
 
 class CheckpointError(ValueError):

@@ -51,3 +51,18 @@ def synthetic_dataset(tmp_path_factory, bert_vocab):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def one_rank():
+    """This process as a world of one rank (gloo), for running the training loop in-process."""
+    import torch.distributed as dist
+
+    from pretrain import engine
+    from pretrain.launch import Rendezvous
+    from tests.pretrain.launching import free_port
+
+    if not dist.is_initialized():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+        engine.init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", free_port(), "single"), timeout_minutes=5)
+    return Rendezvous(0, 1, 0, "127.0.0.1", 0, "single")

@@ -1,6 +1,5 @@
 """A run directory has one writer, and ranks do not outlive their launcher."""
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -11,19 +10,8 @@ import psutil
 import pytest
 
 from preprocess.writelock import OutputLockedError
-from pretrain import config, engine, train
-from pretrain.launch import Rendezvous
+from pretrain import config, train
 from tests.pretrain.launching import REPO, TINY, command, environment, free_port, settings
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        os.environ["DS_ACCELERATOR"] = "cpu"
-        engine.init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", free_port(), "single"), timeout_minutes=5)
-    return Rendezvous(0, 1, 0, "127.0.0.1", 0, "single")
 
 
 def test_a_second_run_on_the_same_output_is_refused_naming_the_first(one_rank, sample_dataset, tmp_path):

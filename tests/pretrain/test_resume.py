@@ -1,23 +1,11 @@
 """Resuming under a changed config: what the saved state depends on is refused, the rest applied and logged;
 a run's vocabulary is never replaced."""
 import json
-import os
 
 import pytest
 
-from pretrain import config, engine, resume, train
-from pretrain.launch import Rendezvous
-from tests.pretrain.launching import TINY, free_port, settings
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        os.environ["DS_ACCELERATOR"] = "cpu"
-        engine.init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", free_port(), "single"), timeout_minutes=5)
-    return Rendezvous(0, 1, 0, "127.0.0.1", 0, "single")
+from pretrain import config, resume, train
+from tests.pretrain.launching import TINY, settings
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,6 @@
 """The training loop in this process (1 rank): non-finite steps, atomic checkpoints, learning on real text,
 the Hugging Face export; and, as real jobs, preemption signals, a dying rank and refused inputs."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,18 +12,7 @@ import torch
 
 from pretrain import checkpoints, config, engine, train
 from pretrain.data import PretrainingLoader
-from pretrain.launch import Rendezvous
 from tests.pretrain.launching import REPO, RUN, TINY, command, environment, free_port, launch, losses, settings
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        os.environ["DS_ACCELERATOR"] = "cpu"
-        engine.init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", free_port(), "single"), timeout_minutes=5)
-    return Rendezvous(0, 1, 0, "127.0.0.1", 0, "single")
 
 
 @pytest.fixture(autouse=True)

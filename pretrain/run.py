@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -104,7 +105,11 @@ def main(argv=None) -> int:
         traceback.print_exc()
         _die(1)
     engine.shutdown()
-    return status
+    # Leave without the interpreter's teardown, whose C++ destructors aborted a finished rank now and then
+    # ("terminate called without an active exception": a thread of the distributed runtime still joinable),
+    # turning a finished job into a failed one. Everything we write is closed by now; logs are flushed here.
+    logging.shutdown()
+    _die(status)
 
 
 def _die(status: int) -> None:

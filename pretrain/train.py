@@ -131,7 +131,8 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     model.bert.encoder.gradient_checkpointing = cfg.model.activation_checkpointing
     ckpt_dir = out / "checkpoints"
     found = _resume_point(ckpt_dir, cfg.checkpoint.on_corrupt, rank) if resume else None
-    _check_run_tokenizer(out, data)
+    if rank == 0:  # the rank that writes tokenizer/ (others could see it half copied)
+        _check_run_tokenizer(out, data)
     if found is not None and "settings" in found.info:
         for change in resume_check.check(found.info["settings"], _settings(cfg, data.manifest), str(found.path)):
             log.info(f"resuming with a changed setting, applied from step {found.step} on: {change}")

@@ -143,6 +143,13 @@ def test_rows_read_in_place_equal_arrow_rows_across_shards_and_record_batches(sy
     assert (data.lengths_of(picked) == [len(rows[i]["input_ids"]) for i in picked]).all()
 
 
+def _copy(dataset, tmp_path):
+    """A copy of ``dataset`` to damage, and its manifest."""
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    return copy, json.loads((copy / "manifest.json").read_text())
+
+
 def _first_step_peak(dataset) -> int:
     tracemalloc.start()
     try:
@@ -164,15 +171,13 @@ def test_a_ranks_memory_does_not_grow_with_the_dataset(synthetic_dataset):
 
 def test_a_damaged_or_altered_shard_is_refused_naming_it(synthetic_dataset, tmp_path):
     source = synthetic_dataset(30_000, rows_per_shard=10_000)
-    copy = tmp_path / "copy"
-    shutil.copytree(source, copy)
-    shard = copy / json.loads((copy / "manifest.json").read_text())["shards"][1]["name"]
+    copy, manifest = _copy(source, tmp_path)
+    shard = copy / manifest["shards"][1]["name"]
     data = shard.read_bytes()
     shard.write_bytes(data[:len(data) // 2])
     with pytest.raises(DatasetFormatError, match=f"{shard}: {len(data) // 2} bytes but the manifest lists "
                                                  f"{len(data)}; the file is truncated"):
         ShardedInstances(copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
     manifest["shards"][1]["bytes"] = len(data) // 2  # a manifest altered to match: refused when first read
     (copy / "manifest.json").write_text(json.dumps(manifest))
     opened = ShardedInstances(copy)
@@ -202,9 +207,7 @@ def test_a_position_saved_in_another_sample_order_is_refused(sample_dataset):
 
 
 def test_token_ids_beyond_the_vocabulary_are_refused_when_read_naming_shard_and_row(synthetic_dataset, tmp_path):
-    copy = tmp_path / "copy"
-    shutil.copytree(synthetic_dataset(30_000, rows_per_shard=10_000), copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
+    copy, manifest = _copy(synthetic_dataset(30_000, rows_per_shard=10_000), tmp_path)
     shard = copy / manifest["shards"][2]["name"]
     table = ipc.open_file(pa.memory_map(str(shard))).read_all()
     ids = table.column("input_ids").to_pylist()
@@ -225,9 +228,7 @@ def test_token_ids_beyond_the_vocabulary_are_refused_when_read_naming_shard_and_
 @pytest.mark.parametrize("field,value", [("shard", "/etc/passwd"), ("shard", "../elsewhere.arrow"),
                                          ("tokenizer", "/home/someone/tokenizer"), ("tokenizer", "sub/../../up")])
 def test_manifest_paths_must_stay_inside_the_dataset(sample_dataset, tmp_path, field, value):
-    copy = tmp_path / "copy"
-    shutil.copytree(sample_dataset, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
+    copy, manifest = _copy(sample_dataset, tmp_path)
     if field == "shard":
         manifest["shards"][0]["name"] = value
     else:
@@ -238,9 +239,7 @@ def test_manifest_paths_must_stay_inside_the_dataset(sample_dataset, tmp_path, f
 
 
 def test_a_manifest_that_lists_only_some_shards_is_refused(synthetic_dataset, tmp_path):
-    copy = tmp_path / "copy"
-    shutil.copytree(synthetic_dataset(30_000, rows_per_shard=10_000), copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
+    copy, manifest = _copy(synthetic_dataset(30_000, rows_per_shard=10_000), tmp_path)
     del manifest["shards"][2]
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetFormatError, match="its shards hold 20000 rows but it lists 30000 in all"):
@@ -248,8 +247,7 @@ def test_a_manifest_that_lists_only_some_shards_is_refused(synthetic_dataset, tm
 
 
 def test_verify_hashes_every_shard_and_names_an_altered_one(synthetic_dataset, tmp_path):
-    copy = tmp_path / "copy"
-    shutil.copytree(synthetic_dataset(30_000, rows_per_shard=10_000), copy)
+    copy, _ = _copy(synthetic_dataset(30_000, rows_per_shard=10_000), tmp_path)
     assert len(ShardedInstances(copy, verify=True)) == 30_000
     shard = copy / json.loads((copy / "manifest.json").read_text())["shards"][2]["name"]
     data = bytearray(shard.read_bytes())
@@ -264,9 +262,7 @@ def test_verify_hashes_every_shard_and_names_an_altered_one(synthetic_dataset, t
 
 def test_shards_with_record_batches_of_any_size_are_read_alike(synthetic_dataset, tmp_path):
     source = synthetic_dataset(30_000, rows_per_shard=10_000)
-    copy = tmp_path / "copy"
-    shutil.copytree(source, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
+    copy, manifest = _copy(source, tmp_path)
     # Shard 1: a first batch that cannot be the common size; shard 2: one that can, then a shorter one.
     for index, cuts in ((1, (0, 700, 4796, 4809, 10_000)), (2, (0, 4096, 4196, 10_000))):
         shard = copy / manifest["shards"][index]["name"]

@@ -191,8 +191,9 @@ def read_rows(data: ShardedInstances, rows: np.ndarray) -> RowBlock:
     labels, _ = data.gather("masked_labels", located, len(rows))
     for values, per_row, column in ((tokens, lengths, "input_ids"), (labels, counts, "masked_labels")):
         if len(values) and values.max() >= data.vocab_size:
-            bad = int(np.searchsorted(np.cumsum(per_row), np.flatnonzero(values >= data.vocab_size)[0], side="right"))
-            raise DatasetFormatError(f"{data.where(rows[bad])}: {column} holds id {int(values.max())}, beyond the "
+            first = int(np.flatnonzero(values >= data.vocab_size)[0])
+            bad = int(np.searchsorted(np.cumsum(per_row), first, side="right"))
+            raise DatasetFormatError(f"{data.where(rows[bad])}: {column} holds id {int(values[first])}, beyond the "
                                      f"vocabulary of {data.vocab_size}; the shard was altered or belongs to "
                                      "another dataset: copy the dataset again, or re-run preprocessing")
     return RowBlock(tokens, lengths, positions, counts, labels, data.scalars("segment_a_len", located, len(rows)),

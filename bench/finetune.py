@@ -49,10 +49,10 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from common import configlib  # noqa: E402
 from finetune.checkpoint import load_tokenizer_for  # noqa: E402
 from finetune.config import ConllConfig, GlueConfig, SquadConfig, task_training  # noqa: E402
 from finetune.trainer import finetune  # noqa: E402
-from preprocess import configlib  # noqa: E402
 
 
 def _load(name: str, path: Path):

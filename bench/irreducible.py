@@ -27,9 +27,10 @@ sys.path.insert(0, str(REPO))
 
 def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str) -> dict:
     """Read + clean + split + tokenize every file in this process, timed per phase (``time.process_time``)."""
-    from preprocess import books, config, sources, text
+    from common import preprocess_config as config
+    from common.tokenizer import load_tokenizer
+    from preprocess import books, sources, text
     from preprocess.records import Rejected
-    from preprocess.tokenizer import load_tokenizer
 
     cfg = config.load(config_path).sources
     tok = load_tokenizer(tokenizer)

@@ -364,7 +364,7 @@ def startup_cost(log: Path, runs: int = 3) -> dict:
     """CPU of the CLI's interpreter start-up with the pipeline modules imported (paid once per run: the local
     pool forks its workers from the driver); median of ``runs``."""
     code = ("from preprocess import cli; cli.load_pipeline_modules(); "
-            "import preprocess.transforms, preprocess.tokenizer")
+            "import preprocess.transforms, common.tokenizer")
     measured = [run_measured([sys.executable, "-c", code], log) for _ in range(runs)]
     return {"driver_import_cpu_s": _median(measured, "cpu_s"), "driver_import_wall_s": _median(measured, "wall_s"),
             "driver_import_peak_rss_bytes": max(r["ru_maxrss_bytes"] for r in measured)}

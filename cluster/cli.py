@@ -16,8 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from cluster import credentials, site as site_module, stages, submit, validate
-from preprocess.configlib import ConfigError
+from cluster import credentials, stages, submit, validate
+from cluster import site as site_module
+from common.configlib import ConfigError
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

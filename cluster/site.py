@@ -2,7 +2,7 @@
 
 The top level holds what every scheduler needs (nodes, GPUs, CPUs, memory, time limit, environment, where the
 repository and the logs are); ``slurm:`` and ``kubernetes:`` hold what only one of them reads. Unknown keys are
-errors naming the key and the file (preprocess.configlib), and every value that a scheduler would reject later,
+errors naming the key and the file (common.configlib), and every value that a scheduler would reject later,
 or that would make a job fail after it waited in the queue, is refused here with the fix. Credentials are found
 by their values in everything rendered (cluster.validate.refuse_credentials), not here by the variables' names.
 """
@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from preprocess import configlib
+from common import configlib
 
 LAUNCHERS = ("srun", "deepspeed")
 PRETRAIN_FORMS = ("pytorchjob", "mpijob", "indexed-job")

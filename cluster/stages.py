@@ -1,12 +1,13 @@
 """The three stages as jobs: each stage's config checked with that stage's own loader, the resolved config the job
 runs with, the stage's own arguments, and its command line.
 
-Only the stages' config and command-line modules are imported (preprocess.config, pretrain.config,
-finetune.config, preprocess.cli, finetune.cli), none of which imports torch, DeepSpeed or Beam: rendering a job
+Only the stages' interfaces are imported (common.preprocess_config, pretrain.config, finetune.config,
+finetune.cli), none of which imports torch, DeepSpeed or Beam: rendering a job
 works on a login node without the training stack (tests/cluster/test_cli.py checks this).
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from preprocess import configlib
+from common import configlib
 
 STAGES = ("preprocess", "pretrain", "finetune")
 # The options a cluster job sets itself; in the stage's arguments they would fight with the job's own.
@@ -96,10 +97,11 @@ def _load_pretrain(config_path, overrides, arguments):
 
 
 def _load_preprocess(config_path, overrides, arguments):
-    from preprocess import cli, config as preprocess_config
+    from common import preprocess_config
 
-    parsed, beam_options = _parse_stage_arguments(cli._parser(), ["run", "--config", config_path, *arguments],
-                                                  "preprocess")
+    parser = argparse.ArgumentParser(prog="python -m preprocess run")
+    preprocess_config.add_run_arguments(parser)
+    parsed, beam_options = _parse_stage_arguments(parser, ["--config", config_path, *arguments], "preprocess")
     for option in beam_options:
         if option.split("=", 1)[0] in BEAM_RUNNER_OPTIONS:
             raise StageError(f"{option} after '--': the cluster job chooses the Beam runner itself (all cores of one "
@@ -120,7 +122,8 @@ def _load_preprocess(config_path, overrides, arguments):
 
 
 def _load_finetune(config_path, overrides, arguments):
-    from finetune import cli, config as finetune_config
+    from finetune import cli
+    from finetune import config as finetune_config
 
     parsed, unknown = _parse_stage_arguments(None, ["suite", "--config", config_path, *arguments], "finetune",
                                              parse=cli.parse_args)

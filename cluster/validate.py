@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 from cluster import credentials
-from preprocess.configlib import ConfigError
+from common.configlib import ConfigError
 
 CRD_DIR_VARIABLE = "BERT_PIPELINE_CRD_DIR"
 REPOSITORY = Path(__file__).resolve().parents[1]

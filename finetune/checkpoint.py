@@ -46,7 +46,7 @@ def resolve(path: str | Path, scratch: Path) -> Path:
 
 def load_tokenizer_for(directory: Path):
     """The tokenizer that came with the checkpoint, checked against the model's vocabulary."""
-    from preprocess.tokenizer import load_tokenizer
+    from common.tokenizer import load_tokenizer
 
     config = load_config(directory)
     if (directory / "tokenizer" / "tokenizer.json").is_file():

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from preprocess import configlib
+from common import configlib
 
 BENCHMARKS = ("glue", "squad", "conll")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "finetune" / "default.yaml"
@@ -68,7 +68,8 @@ def plan(command: str, tasks: str | None) -> tuple[list[str], list[str]]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    from finetune import benchmarks as bench, checkpoint, report
+    from finetune import benchmarks as bench
+    from finetune import checkpoint, report
     from finetune.config import load
     from finetune.errors import DataError
     from pretrain.hf_compat import CheckpointError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from preprocess import configlib
+from common import configlib
 
 
 @dataclass(frozen=True)

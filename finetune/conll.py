@@ -138,7 +138,7 @@ def encode_sentence(words: Sequence[str], tokenizer, max_seq_length: int) -> dic
     Args:
         words: The sentence's words.
         tokenizer: Has ``encode(text) -> list[int]`` and ``cls_id``, ``sep_id``, ``unk_id``
-            (``preprocess.tokenizer.load_tokenizer``).
+            (``common.tokenizer.load_tokenizer``).
         max_seq_length: Longest result, special tokens included (at least 2).
 
     Returns:

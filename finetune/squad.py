@@ -201,7 +201,7 @@ def make_features(examples: Sequence[SquadExample], tokenizer, max_seq_length: i
 
     Args:
         examples: From ``read_squad``.
-        tokenizer: From ``preprocess.tokenizer.load_tokenizer``.
+        tokenizer: From ``common.tokenizer.load_tokenizer``.
         max_seq_length: Most tokens per feature, special tokens included.
         doc_stride: Context tokens between the starts of consecutive windows.
         max_query_length: Questions are cut to this many tokens.

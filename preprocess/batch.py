@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from preprocess.config import InstanceConfig
+from common.preprocess_config import InstanceConfig
 from preprocess.instances import MaskingVocab
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

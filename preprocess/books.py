@@ -11,7 +11,7 @@ import itertools
 import re
 from typing import Iterator
 
-from preprocess.config import SourceConfig
+from common.preprocess_config import SourceConfig
 from preprocess.records import RawDocument, Rejected
 from preprocess.sources import Utf8Check, is_empty_local, open_uri, read_error, source_name
 from preprocess.text import BookChunker, split_long_line

@@ -9,46 +9,16 @@ import logging
 import sys
 import time
 
-from preprocess import config as config_module
-from preprocess import memory
-from preprocess.configlib import ConfigError
-from preprocess.records import InputError
+from common import preprocess_config as config_module
+from common.configlib import ConfigError
+from common.errors import InputError
 
 
 def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="build a dataset of BERT instances",
                        description="Unrecognised --options are passed to Apache Beam (e.g. --runner, "
                                    "--direct_num_workers, --direct_running_mode, --dask_client_address).")
-    p.add_argument("--config", required=True, help="YAML file, e.g. configs/preprocess/phase1_seq128.yaml")
-    p.add_argument("--wikipedia", nargs="*", default=[], metavar="URI", help="pages-articles XML dumps (.xml, .bz2)")
-    p.add_argument("--books", nargs="*", default=[], metavar="URI", help="plain-text books: files, dirs or globs")
-    p.add_argument("--tokenizer", help="tokenizer dir, SentencePiece .model or WordPiece vocab.txt "
-                                       "(default: tokenizer.path in the config)")
-    p.add_argument("--output", required=True, metavar="DIR", help="local directory or object-store URI")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set instances.dupe_factor=10 (repeatable)")
-    p.add_argument("--parts", type=int, help="process the corpus in N parts to bound memory (same output)")
-    p.add_argument("--max-memory", metavar="SIZE", type=_memory_size,
-                   help="memory budget of a one-machine run, e.g. 8G: chooses --parts so that the estimated peak "
-                        "stays under it, and says what it chose (max_memory in the config)")
-    p.add_argument("--part", type=int, metavar="K", help="run only part K (0..N-1) of a --parts N run, e.g. as one task "
-                   "of a job array: its documents, then (after every part's) its instances; part 0 also finishes")
-    p.add_argument("--step", choices=("documents", "instances", "finish"),
-                   help="with --part K, only this step of part K; 'finish' (no --part) writes the shards and "
-                        "publishes once every part's instances are done")
-    p.add_argument("--wait", type=float, metavar="SECONDS", help="how long a part waits for the other parts at a "
-                   "barrier (default: a day with --part alone, 0 with --step: a missing part is an error)")
-    p.add_argument("--provenance", action="store_true", help="add doc_a/doc_b columns naming the source documents")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing finished dataset")
-    p.add_argument("--verbose", action="store_true", help="show Apache Beam's own log messages")
-
-
-def _memory_size(text: str) -> str:
-    try:
-        memory.parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+    config_module.add_run_arguments(p)
 
 
 def _tokenizer_parser(sub) -> None:
@@ -168,8 +138,8 @@ def _clear_message(exc: BaseException) -> str | None:
     if InputError.MARKER in text:
         tail = text.split(InputError.MARKER, 1)[1]
         return tail.strip().splitlines()[0].strip().rstrip("'\"]")
-    from preprocess.schema import DatasetFormatError
-    from preprocess.writelock import OutputLockedError
+    from common.schema import DatasetFormatError
+    from common.writelock import OutputLockedError
 
     if isinstance(exc, (DatasetFormatError, FileNotFoundError, PermissionError, OutputLockedError)):
         return str(exc)
@@ -216,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             load_pipeline_modules()
             return _command_run(args, rest)
         if args.command == "verify":
-            from preprocess.verify import verify_dataset
+            from common.verify import verify_dataset
 
             print(verify_dataset(args.dataset))
             return 0

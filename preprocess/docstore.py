@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from preprocess import schema, storage
+from common import schema, storage
 
 
 def bucket_of(doc_hash: int, bucket_bits: int) -> int:

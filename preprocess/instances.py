@@ -21,7 +21,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from preprocess.config import InstanceConfig
+from common.preprocess_config import InstanceConfig
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import apache_beam as beam
 
-from preprocess import docstore, dumpsplit, handoff, shards, stages, storage, transforms, writelock
+from common import storage, writelock
+from preprocess import docstore, dumpsplit, handoff, shards, stages, transforms
 
 
 def estimated_cost(kind: str, uri: str, size: int) -> float:

@@ -10,32 +10,15 @@ fits is chosen; the output does not depend on it.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from preprocess.records import InputError
+from common.errors import InputError
+from common.sizes import format_size
 
 # Peak bytes of one in-memory run per input byte, by kind, and the base every run needs (see the module docstring).
 PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 12.5, "wiki": 3.5, "book": 9.0}
 BASE_PEAK_BYTES = 370 << 20
 COMPRESSED_SUFFIXES = (".bz2", ".gz", ".xz", ".zst")
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """'1.5G', '800M', '2GiB', '512MB' or a number of bytes -> bytes (binary units: K = 1024)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(?:I?B)?\s*", str(text), re.IGNORECASE)
-    if not match:
-        raise ValueError(f"not a memory size: {text!r} (examples: 1.5G, 800M, 2GiB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-
-
-def format_size(size: float) -> str:
-    """Bytes -> '1.5G', '800M', '12K' (the units of ``parse_size``)."""
-    for unit in ("T", "G", "M", "K"):
-        if size >= _UNITS[unit]:
-            return f"{size / _UNITS[unit]:.3g}{unit}"
-    return f"{int(size)}B"
 
 
 def input_kind(kind: str, uri: str) -> str:

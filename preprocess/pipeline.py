@@ -28,11 +28,11 @@ from pathlib import Path
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from preprocess import (beamargs, configlib, handoff, local, memory, schema, shards, sources, stages, storage, transforms,
-                        writelock)
-from preprocess.config import PreprocessConfig
+from common import configlib, schema, storage, writelock
+from common.errors import InputError
+from common.preprocess_config import PreprocessConfig
+from preprocess import beamargs, handoff, local, memory, shards, sources, stages, transforms
 from preprocess.memory import split_parts
-from preprocess.records import InputError
 
 LOG = logging.getLogger("preprocess")
 FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRunner"
@@ -192,7 +192,7 @@ def run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokeni
 
 def _run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], tokenizer: str, output: str,
          beam_args: list[str], overwrite: bool, progress: bool | None, verbose: bool) -> dict:
-    from preprocess.tokenizer import load_tokenizer
+    from common.tokenizer import load_tokenizer
 
     started = time.time()
     options = beam_options(list(beam_args), verbose)

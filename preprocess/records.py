@@ -4,21 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-class InputError(Exception):
-    """Bad input that stops the job: the message names the file (or URI) and the problem and the fix.
-
-    Raised for file-level problems (truncated or corrupt compression, malformed XML, an unreadable
-    URI, a vocabulary without the BERT special tokens). Document-level problems become ``Rejected``
-    records instead, so one bad page among millions does not stop a run.
-    """
-
-    MARKER = "[preprocess input error]"
-
-    def __init__(self, message: str):
-        super().__init__(f"{self.MARKER} {message}")
-        self.message = message
-
-
 @dataclass(frozen=True)
 class RawDocument:
     """One unit of raw text as read from a source, before cleaning."""

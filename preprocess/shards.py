@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from preprocess import schema, storage
+from common import schema, storage
 from preprocess.docstore import read_table, write_table
 
 HISTOGRAM_BIN = 16  # sequence-length histogram bin width, in tokens

@@ -18,9 +18,11 @@ import xml.etree.ElementTree as ET
 import zlib
 from typing import IO, Iterator
 
-from preprocess import dumpsplit, storage
-from preprocess.config import SourceConfig
-from preprocess.records import InputError, RawDocument, Rejected
+from common import storage
+from common.errors import InputError
+from common.preprocess_config import SourceConfig
+from preprocess import dumpsplit
+from preprocess.records import RawDocument, Rejected
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 

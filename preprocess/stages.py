@@ -13,9 +13,10 @@ import math
 import apache_beam as beam
 import pyarrow as pa
 
-from preprocess import shards, storage
-from preprocess.config import InstanceConfig, OutputConfig
-from preprocess.records import InputError
+from common import storage
+from common.errors import InputError
+from common.preprocess_config import InstanceConfig, OutputConfig
+from preprocess import shards
 from preprocess.transforms import INDEX_NAME, CountBucket
 
 SHARD_PLAN_NAME = "shard_plan.json"

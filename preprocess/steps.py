@@ -28,11 +28,20 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from preprocess import beamargs, configlib, schema, sources, stages, storage, transforms
-from preprocess.config import PreprocessConfig
-from preprocess.pipeline import (WorkerLog, beam_options, bucket_bits_for, publish_dataset, resolve_inputs, run_beam,
-                                 split_parts, staging_for)
-from preprocess.records import InputError
+from common import configlib, schema, storage
+from common.errors import InputError
+from common.preprocess_config import PreprocessConfig
+from preprocess import beamargs, sources, stages, transforms
+from preprocess.pipeline import (
+    WorkerLog,
+    beam_options,
+    bucket_bits_for,
+    publish_dataset,
+    resolve_inputs,
+    run_beam,
+    split_parts,
+    staging_for,
+)
 
 LOG = logging.getLogger("preprocess")
 STEPS = ("documents", "instances", "finish")
@@ -69,7 +78,7 @@ def run_step(cfg: PreprocessConfig, *, step: str | None, part: int | None, wikip
              overwrite: bool = False, verbose: bool = False) -> dict:
     """Run ``step`` for ``part`` (all steps of ``part`` when ``step`` is None). Returns a summary dict; after
     ``finish`` it is the dataset's manifest."""
-    from preprocess.tokenizer import load_tokenizer
+    from common.tokenizer import load_tokenizer
 
     check_request(cfg, step, part, list(beam_args), overwrite)
     if wait_seconds is None:

@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from preprocess import schema
-from preprocess.hashing import stable_hash64
+from common import schema
+from common.hashing import stable_hash64
 from preprocess.shards import shard_name
 
 BATCH_ROWS = 4096  # rows per record batch, as the pipeline writes shards
@@ -140,7 +140,7 @@ def _write_shard(job: tuple) -> dict:
 def write_synthetic(spec: SyntheticSpec, tokenizer_path: str, output: str | Path, *, workers: int = 1,
                     lowercase: bool = True) -> dict:
     """Write a synthetic dataset to ``output`` (which must not exist); returns its manifest."""
-    from preprocess.tokenizer import load_tokenizer
+    from common.tokenizer import load_tokenizer
 
     output = Path(output)
     if output.exists():

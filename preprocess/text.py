@@ -12,8 +12,8 @@ from typing import Iterator
 
 import blingfire
 
-from preprocess.config import SourceConfig
-from preprocess.records import Document, Rejected, RawDocument
+from common.preprocess_config import SourceConfig
+from preprocess.records import Document, RawDocument, Rejected
 from preprocess.wikitext import clean_wikitext
 
 _CHAPTER_RE = re.compile(

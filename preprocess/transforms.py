@@ -15,13 +15,13 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 
-from preprocess import books, docstore, dumpsplit, handoff, schema, shards, sources, storage, text
-from preprocess.config import InstanceConfig, SourceConfig
+from common import schema, storage
+from common.hashing import document_hash, rng_for
+from common.preprocess_config import InstanceConfig, SourceConfig
+from preprocess import books, docstore, dumpsplit, handoff, shards, sources, text
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
-from preprocess.hashing import document_hash, rng_for
 from preprocess.instances import MaskingVocab, plan_instances
 from preprocess.records import RawDocument, Rejected
-
 
 INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts
 CHUNK_ROWS = 8192  # instances finalised at once (bounds the masking matrices)
@@ -49,7 +49,7 @@ class _UsesTokenizer(beam.DoFn):
         self.tokenizer = None
 
     def setup(self):
-        from preprocess.tokenizer import load_tokenizer
+        from common.tokenizer import load_tokenizer
 
         self.tokenizer = _TOKENIZERS.acquire(lambda: load_tokenizer(self._tokenizer_uri), tag=self._tokenizer_uri)
 

@@ -6,11 +6,11 @@ from typing import Iterable
 
 import sentencepiece as spm
 
+from common.hashing import rng_for
+from common.preprocess_config import SourceConfig
+from common.tokenizer import SPECIAL_TOKENS, SentencePieceTokenizer
 from preprocess import books, sources, text
-from preprocess.config import SourceConfig
-from preprocess.hashing import rng_for
 from preprocess.records import RawDocument
-from preprocess.tokenizer import SPECIAL_TOKENS, SentencePieceTokenizer
 
 _MIN_SENTENCEPIECE_VOCAB = len(SPECIAL_TOKENS) + 256 + 1  # specials + byte-fallback pieces + one more
 

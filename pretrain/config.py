@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from preprocess import configlib
+from common import configlib
 from pretrain.schedule import ScheduleConfig
 
 PRECISIONS = ("bf16", "fp16", "fp32")

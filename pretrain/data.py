@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from preprocess.schema import DatasetFormatError, check_manifest
-from preprocess.verify import inside, verify_shards
+from common.schema import DatasetFormatError, check_manifest
+from common.verify import inside, verify_shards
 from pretrain.mapped_shards import MappedShard, ranges
 from pretrain.sampling import ORDER_VERSION, EpochOrder, epoch_batches
 

@@ -56,7 +56,7 @@ def export_checkpoint(path: Path | checkpoints.Checkpoint, output: Path) -> Path
     run_dir = found.directory.parent
     import yaml
 
-    from preprocess import configlib
+    from common import configlib
     from pretrain.config import PretrainConfig
 
     cfg = configlib.from_dict(PretrainConfig, yaml.safe_load((run_dir / "config.yaml").read_text()),

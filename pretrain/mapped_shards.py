@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from preprocess.schema import DatasetFormatError
+from common.schema import DatasetFormatError
 
 _LIST_COLUMNS = ("input_ids", "masked_positions", "masked_labels")
 _SCALAR_COLUMNS = ("segment_a_len", "next_sentence_label")

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from preprocess.hashing import stable_hash64
+from common.hashing import stable_hash64
 
 ORDER_VERSION = 2  # 1: a full np.random permutation of the rows per epoch and a global shuffle of its batches
 BLOCK_ROWS = 256  # rows read together: 75-300 KB of tokens at sequence lengths 128-512

@@ -17,8 +17,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from preprocess import configlib, writelock
-from pretrain import checkpoints, engine as ds, resume as resume_check
+from common import configlib, writelock
+from pretrain import checkpoints
+from pretrain import engine as ds
+from pretrain import resume as resume_check
 from pretrain.config import PretrainConfig, batch_plan
 from pretrain.data import Expected, PretrainingLoader, ShardedInstances
 from pretrain.hf_compat import export, load_pretrained
@@ -77,7 +79,7 @@ def _hf_directory(path: Path) -> Path:
 def _check_init_tokenizer(cfg: PretrainConfig, manifest: dict) -> None:
     if not cfg.model.init_from:
         return
-    from preprocess.tokenizer import load_tokenizer
+    from common.tokenizer import load_tokenizer
 
     directory = _hf_directory(Path(cfg.model.init_from))
     for candidate in (directory / "tokenizer", directory / "vocab.txt"):
@@ -299,7 +301,7 @@ def _settings(cfg: PretrainConfig, manifest: dict) -> dict:
 
 def _check_run_tokenizer(out: Path, data: ShardedInstances) -> None:
     """A run's ``tokenizer/`` is the vocabulary its weights learn: never replaced by another dataset's."""
-    from preprocess.tokenizer import load_tokenizer
+    from common.tokenizer import load_tokenizer
 
     existing = out / "tokenizer"
     if not existing.is_dir():

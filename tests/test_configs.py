@@ -3,8 +3,8 @@ import pathlib
 
 import pytest
 
-from preprocess import config as preprocess_config
-from preprocess.configlib import ConfigError
+from common import preprocess_config
+from common.configlib import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PREPROCESS_CONFIGS = sorted((ROOT / "configs" / "preprocess").glob("*.yaml"))

@@ -15,7 +15,7 @@ def test_preprocess_never_imports_torch_or_deepspeed():
 
 
 def test_format_and_tokenizer_modules_need_no_beam():
-    loaded = _modules_after("import preprocess.schema, preprocess.tokenizer, preprocess.instances")
+    loaded = _modules_after("import common.schema, common.tokenizer, preprocess.instances")
     assert "apache_beam" not in loaded
 
 
@@ -39,3 +39,41 @@ def test_deepspeed_is_touched_in_one_module():
     assert users == ["engine.py"], users
     loaded = _modules_after("import pretrain.train, pretrain.data, pretrain.objective, pretrain.checkpoints")
     assert "deepspeed" not in loaded  # imported lazily, when an engine is built
+
+
+def _first_party_imports(package: str) -> dict[str, set[str]]:
+    """The project packages each module of ``package`` imports (top-level name), from its source: lazy imports
+    inside functions count too."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(root))] = names & {"common", "preprocess", "pretrain", "finetune", "cluster"}
+    return found
+
+
+def test_common_imports_no_stage():
+    offenders = {path: sorted(names - {"common"}) for path, names in _first_party_imports("common").items()
+                 if names - {"common"}}
+    assert not offenders, offenders
+
+
+def test_no_stage_imports_the_preprocessing_stage():
+    for package in ("pretrain", "finetune", "cluster"):
+        offenders = {path: sorted(names) for path, names in _first_party_imports(package).items()
+                     if "preprocess" in names}
+        assert not offenders, offenders
+
+
+def test_the_contracts_need_no_beam_and_no_torch():
+    loaded = _modules_after("import common.configlib, common.storage, common.tokenizer, common.schema, "
+                            "common.verify, common.hashing, common.writelock, common.preprocess_config")
+    assert not {"apache_beam", "torch", "deepspeed"} & loaded

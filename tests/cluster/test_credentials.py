@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from cluster import credentials, validate
-from preprocess.configlib import ConfigError
+from common.configlib import ConfigError
 from tests.cluster.rendering import GOLDEN, JOBS, REPO, render
 from tests.cluster.test_cli import cluster, fake_client
 

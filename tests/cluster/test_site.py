@@ -63,7 +63,7 @@ def test_site_set_overrides_and_names_the_option(tmp_path):
 
 
 def _refused(arguments, message):
-    from preprocess.configlib import ConfigError
+    from common.configlib import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         render(arguments)

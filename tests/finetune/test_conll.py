@@ -5,9 +5,9 @@ alignment tests use the real bert-base-uncased vocabulary.
 """
 import pytest
 
+from common.tokenizer import load_tokenizer
 from finetune import conll
 from finetune.errors import DataError
-from preprocess.tokenizer import load_tokenizer
 
 # file -> (sentences, tokens), from PROVENANCE.md; each IOB2 file is paired with its original IOB1 file.
 EXPECTED = {

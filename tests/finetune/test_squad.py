@@ -13,10 +13,20 @@ import time
 import numpy as np
 import pytest
 
+from common.tokenizer import load_tokenizer
 from finetune.errors import DataError
-from finetune.squad import (Feature, SquadExample, load_squad_json, make_features, max_context_windows,
-                            postprocess, read_squad, stack_features, window_spans, write_predictions)
-from preprocess.tokenizer import load_tokenizer
+from finetune.squad import (
+    Feature,
+    SquadExample,
+    load_squad_json,
+    make_features,
+    max_context_windows,
+    postprocess,
+    read_squad,
+    stack_features,
+    window_spans,
+    write_predictions,
+)
 
 # Gold answers whose text starts or ends inside a token ("gold" in "golden", "20,980" after "£")
 # cannot be cut exactly from whole tokens. 32 of the 10,570 dev answers are like that with bert-base-uncased.

@@ -6,9 +6,10 @@ import pathlib
 
 import pytest
 
+from common.errors import InputError
+from common.preprocess_config import SourceConfig
 from preprocess import books
-from preprocess.config import SourceConfig
-from preprocess.records import InputError, RawDocument, Rejected
+from preprocess.records import RawDocument, Rejected
 
 CFG = SourceConfig()
 

@@ -5,18 +5,18 @@ import bz2
 import io
 import os
 
+import apache_beam as beam
 import numpy as np
 import pytest
-import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 TestPipeline.__test__ = False  # a Beam class whose name pytest would otherwise try to collect
 
+from common.errors import InputError
+from common.preprocess_config import SourceConfig
 from preprocess import dumpsplit, local, sources, transforms
-from preprocess.config import SourceConfig
 from preprocess.pipeline import beam_options
-from preprocess.records import InputError
 
 CFG = SourceConfig()
 

@@ -4,9 +4,9 @@ import random
 import numpy as np
 import pytest
 
-from preprocess.batch import (finalize_batch, random_bits, random_segments, ragged_arange, truncation_counts)
-from preprocess.config import InstanceConfig
-from preprocess.hashing import stable_hash64
+from common.hashing import stable_hash64
+from common.preprocess_config import InstanceConfig
+from preprocess.batch import finalize_batch, ragged_arange, random_bits, random_segments, truncation_counts
 from preprocess.instances import MaskingVocab, draw_other_document, plan_instances, sentence_offsets
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4

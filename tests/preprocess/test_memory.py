@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 
+from common import sizes
+from common.configlib import ConfigError
+from common.errors import InputError
+from common.preprocess_config import PreprocessConfig
 from preprocess import memory
 from preprocess.cli import main
-from preprocess.config import PreprocessConfig
-from preprocess.configlib import ConfigError
-from preprocess.records import InputError
 from tests.preprocess.conftest import SAMPLES, read_manifest, run_cli, shard_hashes
 
 MiB = 1 << 20
@@ -18,17 +19,17 @@ FILES = [("wiki", "dumps/a.xml.bz2", 40 * MiB), ("wiki", "dumps/b.xml", 60 * MiB
 @pytest.mark.parametrize("text, size", [("1.5G", 3 << 29), ("800M", 800 * MiB), ("2GiB", 2 << 30),
                                         ("512mb", 512 * MiB), ("4096", 4096), ("64K", 65536)])
 def test_sizes_parse_in_binary_units(text, size):
-    assert memory.parse_size(text) == size
+    assert sizes.parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "lots", "1.5X", "-1G", "G"])
 def test_bad_sizes_are_refused(text):
     with pytest.raises(ValueError, match="not a memory size"):
-        memory.parse_size(text)
+        sizes.parse_size(text)
 
 
 def test_sizes_print_as_they_parse():
-    assert memory.format_size(3 << 29) == "1.5G" and memory.parse_size(memory.format_size(800 * MiB)) == 800 * MiB
+    assert sizes.format_size(3 << 29) == "1.5G" and sizes.parse_size(sizes.format_size(800 * MiB)) == 800 * MiB
 
 
 def test_the_fewest_parts_that_fit_are_chosen():
@@ -93,7 +94,7 @@ def test_a_run_under_a_budget_writes_the_same_shards_as_one_part(tmp_path, bert_
     budgeted = tmp_path / "budgeted"
     proc = run_cli("run", "--config", "configs/preprocess/tiny.yaml", *inputs, "--tokenizer", bert_vocab,
                    "--output", budgeted, "--max-memory", str(budget))
-    assert f"max-memory {memory.format_size(budget)}: 2 parts (estimated peak" in proc.stderr
+    assert f"max-memory {sizes.format_size(budget)}: 2 parts (estimated peak" in proc.stderr
     assert read_manifest(budgeted)["parameters"]["parts"] == 2
     assert shard_hashes(budgeted) == shard_hashes(whole)
     # Beam's notes about optional client libraries it did not find are not shown.
@@ -103,7 +104,7 @@ def test_a_run_under_a_budget_writes_the_same_shards_as_one_part(tmp_path, bert_
 def test_unknown_budget_values_in_a_config_name_the_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("max_memory: plenty\n")
-    from preprocess import config
+    from common import preprocess_config as config
 
     with pytest.raises(ConfigError, match="not a memory size"):
         config.load(path)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from common.errors import InputError
 from preprocess.pipeline import FN_API_RUNNER, beam_options
-from preprocess.records import InputError
 
 
 def test_the_runner_is_pinned_so_beam_never_fetches_prism():

@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from preprocess import config, pipeline
-from preprocess.tokenizer import load_tokenizer
+from common import preprocess_config as config
+from common.tokenizer import load_tokenizer
+from preprocess import pipeline
 from tests.preprocess.conftest import read_manifest, run_cli, shard_hashes
 
 CONFIG = "configs/preprocess/phase1_seq128.yaml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from preprocess.tokenizer import load_tokenizer
+from common.tokenizer import load_tokenizer
 from tests.preprocess.conftest import SAMPLES, read_manifest, run_cli
 
 

@@ -9,9 +9,10 @@ import pathlib
 
 import pytest
 
+from common.errors import InputError
+from common.preprocess_config import SourceConfig
 from preprocess import sources
-from preprocess.config import SourceConfig
-from preprocess.records import InputError, RawDocument, Rejected
+from preprocess.records import RawDocument, Rejected
 from preprocess.wikitext import clean_wikitext
 
 WIKI_NAME = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from preprocess import config as config_module
-from preprocess.records import InputError
+from common import preprocess_config as config_module
+from common.errors import InputError
 from preprocess.steps import check_request
 from tests.preprocess.conftest import REPO_ROOT, SAMPLES, read_manifest, run_cli, shard_hashes
 

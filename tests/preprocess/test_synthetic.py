@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from preprocess import schema
+from common import schema
 from preprocess.synthetic import SyntheticSpec, main, write_synthetic
 
 

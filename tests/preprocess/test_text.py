@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import pytest
 
+from common.preprocess_config import SourceConfig
 from preprocess import text
-from preprocess.config import SourceConfig
 from preprocess.records import Document, RawDocument, Rejected
 from preprocess.text import (
-    BookChunker, clean_book_text, is_chapter_heading, split_long_line, split_sentences, to_document,
+    BookChunker,
+    clean_book_text,
+    is_chapter_heading,
+    split_long_line,
+    split_sentences,
+    to_document,
 )
 
 

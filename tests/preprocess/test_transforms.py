@@ -9,12 +9,13 @@ from apache_beam.testing.util import assert_that, equal_to
 
 TestPipeline.__test__ = False  # a Beam class whose name pytest would otherwise try to collect
 
-from preprocess import docstore, shards, storage, transforms
-from preprocess.config import InstanceConfig, SourceConfig
-from preprocess.hashing import document_hash
+from common import storage
+from common.hashing import document_hash
+from common.preprocess_config import InstanceConfig, SourceConfig
+from common.tokenizer import load_tokenizer
+from preprocess import docstore, shards, transforms
 from preprocess.pipeline import beam_options
 from preprocess.records import RawDocument, Rejected
-from preprocess.tokenizer import load_tokenizer
 
 SOURCES = SourceConfig(min_document_chars=20, min_document_sentences=2)
 PROSE = ("The river rises in the northern hills. It flows south through three towns. "

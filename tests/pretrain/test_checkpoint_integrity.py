@@ -6,11 +6,10 @@ import shutil
 
 import pytest
 
-from preprocess.configlib import ConfigError
+from common.configlib import ConfigError
 from pretrain import checkpoints, config, train
 from pretrain.export import main as export_main
-from tests.pretrain.faults import (alter, checkpoint_at, republish, start_one_rank, summary, tiny_config,
-                                   truncate)
+from tests.pretrain.faults import alter, checkpoint_at, republish, start_one_rank, summary, tiny_config, truncate
 from tests.pretrain.launching import REPO, TINY, launch, settings
 
 MODEL_FILE = "mp_rank_00_model_states.pt"

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from preprocess.schema import DatasetFormatError
+from common.schema import DatasetFormatError
 from pretrain.data import Expected, PretrainingLoader, ShardedInstances, collate, epoch_batches, split_global_batch
 
 

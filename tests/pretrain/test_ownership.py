@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from preprocess.writelock import OutputLockedError
+from common.writelock import OutputLockedError
 from pretrain import config, train
 from tests.pretrain.launching import REPO, TINY, command, environment, free_port, settings
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from preprocess.configlib import ConfigError
+from common.configlib import ConfigError
 from pretrain import checkpoints, config
 from pretrain.engine import deepspeed_config
 from pretrain.lamb import Lamb

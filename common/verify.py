@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from preprocess.schema import MANIFEST_NAME, DatasetFormatError, check_manifest
+from common.schema import MANIFEST_NAME, DatasetFormatError, check_manifest
 
 
 def inside(directory: Path, name: str, what: str) -> Path:

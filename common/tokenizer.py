@@ -17,8 +17,8 @@ import sentencepiece as spm
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from preprocess import storage
-from preprocess.records import InputError
+from common import storage
+from common.errors import InputError
 
 # Batch encoding runs in Beam workers that already use one process per core, which Hugging Face's Rust
 # thread pool would oversubscribe. The library reads this variable on every call (so importing it
@@ -173,7 +173,7 @@ class SentencePieceTokenizer(Tokenizer):
         return [self._sp.IdToPiece(i) for i in range(self._sp.GetPieceSize())]
 
     def _missing_fix(self) -> str:
-        return ("train the model with preprocess.tokenizer.train_sentencepiece (which reserves them at ids 0-4) "
+        return ("train the model with common.tokenizer.train_sentencepiece (which reserves them at ids 0-4) "
                 "or add them as pad/unk pieces and control_symbols")
 
     def _continuation_flags(self) -> np.ndarray:

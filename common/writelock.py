@@ -21,13 +21,13 @@ import socket
 import time
 from pathlib import Path
 
+from common.errors import OutputLockedError
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 
 
-class OutputLockedError(RuntimeError):
-    """Another live process is writing the same output."""
 
 
 def _process_start(pid: int) -> str | None:

@@ -1,4 +1,4 @@
-"""Tests for preprocess.tokenizer: SentencePiece training, WordPiece loading, save/load and pickling."""
+"""Tests for common.tokenizer: SentencePiece training, WordPiece loading, save/load and pickling."""
 import json
 import os
 import pickle
@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from preprocess import tokenizer as tok
+from common import tokenizer as tok
+from common.errors import InputError
 from preprocess import vocab
-from preprocess.records import InputError
 
 SYLLABLES = ["ka", "lo", "mi", "ran", "te", "sto", "vel", "quo", "bri", "na", "dor", "est", "ple", "ux", "zen"]
 
@@ -328,7 +328,7 @@ def test_s3_save_and_load(sp, wp_path, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
 def test_offsets_point_at_the_text_of_each_token(kind, sp, bert_vocab):
-    from preprocess.tokenizer import load_tokenizer
+    from common.tokenizer import load_tokenizer
 
     tokenizer = sp if kind == "sentencepiece" else load_tokenizer(str(bert_vocab))
     text = "Café — naïve Beyoncé's 1999 album, in Zürich."

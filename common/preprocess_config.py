@@ -1,9 +1,12 @@
-"""The preprocessing stage's typed configuration (one YAML per run under configs/preprocess/)."""
+"""The preprocessing job's interface: its typed configuration (one YAML per run under configs/preprocess/) and
+its command-line arguments. ``preprocess`` runs the job; ``cluster`` renders it for Slurm and Kubernetes from the
+same definitions, without importing the stage."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 
-from preprocess import configlib, memory
+from common import configlib, sizes
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,42 @@ class PreprocessConfig:
         if self.parts < 1:
             raise ValueError(f"parts must be >= 1, got {self.parts}")
         if self.max_memory is not None:
-            memory.parse_size(self.max_memory)
+            sizes.parse_size(self.max_memory)
 
 
 def load(path, overrides=()) -> PreprocessConfig:
     return configlib.load(PreprocessConfig, path, overrides)
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``python -m preprocess run``; unrecognised --options go to Apache Beam."""
+    p.add_argument("--config", required=True, help="YAML file, e.g. configs/preprocess/phase1_seq128.yaml")
+    p.add_argument("--wikipedia", nargs="*", default=[], metavar="URI", help="pages-articles XML dumps (.xml, .bz2)")
+    p.add_argument("--books", nargs="*", default=[], metavar="URI", help="plain-text books: files, dirs or globs")
+    p.add_argument("--tokenizer", help="tokenizer dir, SentencePiece .model or WordPiece vocab.txt "
+                                       "(default: tokenizer.path in the config)")
+    p.add_argument("--output", required=True, metavar="DIR", help="local directory or object-store URI")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set instances.dupe_factor=10 (repeatable)")
+    p.add_argument("--parts", type=int, help="process the corpus in N parts to bound memory (same output)")
+    p.add_argument("--max-memory", metavar="SIZE", type=_memory_size,
+                   help="memory budget of a one-machine run, e.g. 8G: chooses --parts so that the estimated peak "
+                        "stays under it, and says what it chose (max_memory in the config)")
+    p.add_argument("--part", type=int, metavar="K", help="run only part K (0..N-1) of a --parts N run, e.g. as one task "
+                   "of a job array: its documents, then (after every part's) its instances; part 0 also finishes")
+    p.add_argument("--step", choices=("documents", "instances", "finish"),
+                   help="with --part K, only this step of part K; 'finish' (no --part) writes the shards and "
+                        "publishes once every part's instances are done")
+    p.add_argument("--wait", type=float, metavar="SECONDS", help="how long a part waits for the other parts at a "
+                   "barrier (default: a day with --part alone, 0 with --step: a missing part is an error)")
+    p.add_argument("--provenance", action="store_true", help="add doc_a/doc_b columns naming the source documents")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing finished dataset")
+    p.add_argument("--verbose", action="store_true", help="show Apache Beam's own log messages")
+
+
+def _memory_size(text: str) -> str:
+    try:
+        sizes.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

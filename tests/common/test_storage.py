@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from preprocess import storage
+from common import storage
 from tests.preprocess.conftest import REPO_ROOT
 
 
@@ -32,7 +32,7 @@ def test_local_files_are_decompressed_by_extension_when_asked(tmp_path, suffix, 
 def test_text_is_utf8_whatever_the_locale(tmp_path):
     path = tmp_path / "d.json"
     path.write_bytes('{"title": "Zo\u00eb"}'.encode("utf-8"))  # raw UTF-8, as other tools write JSON
-    code = ("from preprocess import storage\n"
+    code = ("from common import storage\n"
             f"assert storage.read_json({str(path)!r}) == {{'title': 'Zo\\u00eb'}}\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, timeout=60,
                    env={"PATH": "/usr/bin:/bin", "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0",
@@ -52,7 +52,7 @@ def test_local_files_need_no_object_store_client(tmp_path):
     # smart_open imports every transport's client (boto3, google-cloud-storage) when it is imported.
     dump = tmp_path / "x.xml.bz2"
     dump.write_bytes(bz2.compress(b"<mediawiki/>"))
-    code = ("import sys; from preprocess import sources, storage, tokenizer\n"
+    code = ("import sys; from common import storage, tokenizer; from preprocess import sources\n"
             f"storage.write_json({str(tmp_path / 'a.json')!r}, [1])\n"
             f"assert storage.read_json({str(tmp_path / 'a.json')!r}) == [1]\n"
             f"assert sources.open_uri({str(dump)!r}).read() == b'<mediawiki/>'\n"

@@ -8,6 +8,8 @@ import json
 
 import pyarrow as pa
 
+from common.errors import DatasetFormatError
+
 FORMAT_NAME = "bert-instances"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -53,8 +55,6 @@ def document_schema(vocab_size: int) -> pa.Schema:
     ])
 
 
-class DatasetFormatError(ValueError):
-    """A dataset directory that is incomplete, of another format version, or does not match the model."""
 
 
 def check_manifest(manifest: dict, where: str) -> None:

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 import yaml
 
+from common.errors import ConfigError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-    """A config file or override that cannot be turned into the typed config."""
 
 
 def _type_name(tp: Any) -> str:

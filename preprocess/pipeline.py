@@ -28,7 +28,7 @@ from pathlib import Path
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from common import configlib, schema, storage, writelock
+from common import configlib, schema, sizes, storage, writelock
 from common.errors import InputError
 from common.preprocess_config import PreprocessConfig
 from preprocess import beamargs, handoff, local, memory, shards, sources, stages, transforms
@@ -170,7 +170,7 @@ def fit_memory_budget(cfg: PreprocessConfig, sized: list[tuple[str, str, int]],
     if cfg.max_memory is None:
         return cfg
     processes = max(1, beamargs.local_pool_size(beam_args))
-    budget = memory.parse_size(cfg.max_memory)
+    budget = sizes.parse_size(cfg.max_memory)
     choice = memory.choose_parts(sized, budget // processes)
     LOG.info("%s%s", choice.describe(), f", {processes} worker processes" if processes > 1 else "")
     return dataclasses.replace(cfg, parts=choice.parts)

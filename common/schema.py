@@ -8,7 +8,6 @@ import json
 
 import pyarrow as pa
 
-from common.errors import DatasetFormatError
 
 FORMAT_NAME = "bert-instances"
 FORMAT_VERSION = 1
@@ -53,15 +52,3 @@ def document_schema(vocab_size: int) -> pa.Schema:
         pa.field("tokens", pa.list_(tok), nullable=False),               # all sentences, concatenated
         pa.field("sentence_lengths", pa.list_(pa.uint32()), nullable=False),
     ])
-
-
-
-
-def check_manifest(manifest: dict, where: str) -> None:
-    """Refuse a manifest of another format or version with a message naming the directory."""
-    if manifest.get("format") != FORMAT_NAME:
-        raise DatasetFormatError(f"{where}: not a {FORMAT_NAME} dataset (manifest format {manifest.get('format')!r})")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise DatasetFormatError(
-            f"{where}: dataset format version {manifest.get('format_version')} but this code reads version "
-            f"{FORMAT_VERSION}; re-run preprocessing with this version of the code")

@@ -138,7 +138,7 @@ def _clear_message(exc: BaseException) -> str | None:
     if InputError.MARKER in text:
         tail = text.split(InputError.MARKER, 1)[1]
         return tail.strip().splitlines()[0].strip().rstrip("'\"]")
-    from common.schema import DatasetFormatError
+    from common.errors import DatasetFormatError
     from common.writelock import OutputLockedError
 
     if isinstance(exc, (DatasetFormatError, FileNotFoundError, PermissionError, OutputLockedError)):

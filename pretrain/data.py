@@ -14,28 +14,18 @@
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from common.schema import DatasetFormatError, check_manifest
-from common.verify import inside, verify_shards
+from common.errors import DatasetFormatError
+from common.manifest import Manifest, ModelRequirements
+from common.verify import check_shard_files, verify_shards
 from pretrain.mapped_shards import MappedShard, ranges
 from pretrain.sampling import ORDER_VERSION, EpochOrder, epoch_batches
 
 PAD_MULTIPLE = 8
-
-
-@dataclass(frozen=True)
-class Expected:
-    """What the model requires of a dataset."""
-
-    vocab_size: int
-    max_seq_length: int
-    special_ids: dict | None = None
-    vocab_sha256: str | None = None
 
 
 class ShardedInstances:
@@ -49,38 +39,28 @@ class ShardedInstances:
     order.
     """
 
-    def __init__(self, directory: str | Path, expected: Expected | None = None, *, verify: bool = False):
-        directory = Path(directory)
-        self.directory = directory
-        manifest_path = directory / "manifest.json"
-        if not manifest_path.is_file():
-            raise DatasetFormatError(f"{directory}: no manifest.json; the preprocessing run did not finish "
-                                     "(or this is not a dataset directory)")
-        self.manifest = json.loads(manifest_path.read_text())
-        check_manifest(self.manifest, str(directory))
+    def __init__(self, directory: str | Path, expected: ModelRequirements | None = None, *, verify: bool = False):
+        self.directory = Path(directory)
+        self.manifest = Manifest.read(self.directory)
         if expected is not None:
-            check_compatible(self.manifest, expected, str(directory))
-        self.pad_id = self.manifest["tokenizer"]["special_ids"]["[PAD]"]
-        self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
-        self._shards = [MappedShard(inside(directory, entry["name"], "shard name"), int(entry["rows"]), entry.get("bytes"))
-                        for entry in self.manifest["shards"]]
-        self.tokenizer_dir = inside(directory, self.manifest["tokenizer"]["dir"], "tokenizer.dir")
-        listed = sum(int(entry["rows"]) for entry in self.manifest["shards"])
-        if listed != int(self.manifest["rows"]):
-            raise DatasetFormatError(f"{manifest_path}: its shards hold {listed} rows but it lists {self.manifest['rows']} "
-                                     "in all; the manifest was altered or some shards are missing from it: copy the "
-                                     "dataset again, or re-run preprocessing")
+            self.manifest.check_fits(expected)
+        self.pad_id = self.manifest.tokenizer.special_ids["[PAD]"]
+        self.vocab_size = self.manifest.tokenizer.vocab_size
+        check_shard_files(self.manifest)
+        self._shards = [MappedShard(self.manifest.shard_path(entry), entry.rows) for entry in self.manifest.shards]
+        self.tokenizer_dir = self.manifest.tokenizer_path()
+        self.manifest.check_totals()
         if verify:
-            verify_shards(directory, self.manifest["shards"])
+            verify_shards(self.manifest)
         self._shard_starts = np.zeros(len(self._shards) + 1, np.int64)
         np.cumsum([shard.num_rows for shard in self._shards], out=self._shard_starts[1:])
 
     def __len__(self) -> int:
         return int(self._shard_starts[-1])
 
-    def check(self, expected: Expected) -> None:
-        """Refuse this dataset if it does not fit the model (see ``check_compatible``)."""
-        check_compatible(self.manifest, expected, str(self.directory))
+    def check(self, expected: ModelRequirements) -> None:
+        """Refuse this dataset if it does not fit the model (``Manifest.check_fits``)."""
+        self.manifest.check_fits(expected)
 
     def locate(self, rows: np.ndarray) -> list[tuple[MappedShard, np.ndarray, np.ndarray, np.ndarray]]:
         """``rows`` grouped by shard: (shard, positions in ``rows``, record batch, row within the batch)."""
@@ -135,25 +115,6 @@ class ShardedInstances:
         for shard, selection, batch, row in located:
             out[selection] = shard.scalar(column, batch, row)
         return out
-
-
-def check_compatible(manifest: dict, expected: Expected, where: str) -> None:
-    """Refuse a dataset whose tokenizer or sequence length does not match the model."""
-    tok = manifest["tokenizer"]
-    problems = []
-    if tok["vocab_size"] > expected.vocab_size:
-        problems.append(f"its vocabulary has {tok['vocab_size']} ids but the model's embedding has {expected.vocab_size}")
-    if manifest["max_seq_length"] > expected.max_seq_length:
-        problems.append(f"its sequences are up to {manifest['max_seq_length']} tokens but the model's position "
-                        f"embeddings stop at {expected.max_seq_length}")
-    if expected.special_ids is not None and tok["special_ids"] != expected.special_ids:
-        problems.append(f"special token ids {tok['special_ids']} differ from the model's {expected.special_ids}")
-    if expected.vocab_sha256 is not None and tok["vocab_sha256"] != expected.vocab_sha256:
-        problems.append(f"vocabulary hash {tok['vocab_sha256'][:12]}… differs from the model's "
-                        f"{expected.vocab_sha256[:12]}… (made with another tokenizer)")
-    if problems:
-        raise DatasetFormatError(f"{where} does not match the model: " + "; ".join(problems) +
-                                 ". Preprocess with the model's tokenizer, or point data.path at a matching dataset")
 
 
 def split_global_batch(rows: np.ndarray, *, accumulation: int, world_size: int, micro_batch: int) -> np.ndarray:
@@ -293,5 +254,5 @@ class PretrainingLoader:
                 for a in range(self.accumulation)]
 
 
-__all__ = ["Expected", "PretrainingLoader", "RowBlock", "ShardedInstances", "check_compatible", "collate",
+__all__ = ["PretrainingLoader", "RowBlock", "ShardedInstances", "collate",
            "epoch_batches", "pad", "read_rows", "split_global_batch"]

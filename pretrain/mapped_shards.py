@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from common.schema import DatasetFormatError
+from common.errors import DatasetFormatError
 
 _LIST_COLUMNS = ("input_ids", "masked_positions", "masked_labels")
 _SCALAR_COLUMNS = ("segment_a_len", "next_sentence_label")
@@ -21,14 +21,8 @@ _SCALAR_COLUMNS = ("segment_a_len", "next_sentence_label")
 class MappedShard:
     """One shard file: its size checked at once, mapped and its record batches located as rows are read."""
 
-    def __init__(self, path: Path, manifest_rows: int, manifest_bytes: int | None):
-        if not path.is_file():
-            raise DatasetFormatError(f"{path}: shard listed in the manifest is missing; copy the whole dataset "
-                                     "directory again, or re-run preprocessing")
-        size = path.stat().st_size
-        if manifest_bytes is not None and size != manifest_bytes:
-            raise DatasetFormatError(f"{path}: {size} bytes but the manifest lists {manifest_bytes}; the file is "
-                                     "truncated or altered: copy it again, or re-run preprocessing")
+    def __init__(self, path: Path, manifest_rows: int):
+        """``path`` as checked against the manifest (``common.verify.check_shard_files``)."""
         self.path, self.num_rows = path, manifest_rows
         self._bytes = None  # mapped when a row of this shard is first read
 

@@ -19,6 +19,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from common.manifest import Manifest
+
 # Settings a resumed run takes from its new config: none of them is baked into the saved state.
 APPLIED_FROM_RESUME = (
     "output_dir", "data.path", "data.verify",
@@ -43,11 +45,11 @@ class Difference:
         return f"{self.key}: {_show(self.saved)} -> {_show(self.now)}"
 
 
-def dataset_identity(manifest: dict) -> dict:
+def dataset_identity(manifest: Manifest) -> dict:
     """What names a dataset whatever its path: a hash of its shards' names and sha256 values, and its vocabulary."""
-    shards = [[entry["name"], entry.get("sha256")] for entry in manifest["shards"]]
+    shards = [[entry.name, entry.sha256] for entry in manifest.shards]
     digest = hashlib.sha256(json.dumps(shards, separators=(",", ":")).encode()).hexdigest()
-    return {"dataset.shards_sha256": digest, "dataset.vocab_sha256": manifest["tokenizer"]["vocab_sha256"]}
+    return {"dataset.shards_sha256": digest, "dataset.vocab_sha256": manifest.tokenizer.vocab_sha256}
 
 
 def flatten(config: dict, prefix: str = "") -> dict:

@@ -18,7 +18,7 @@ if __package__ in (None, ""):  # run as a script (the launchers do that): make t
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.configlib import ConfigError  # noqa: E402
-from common.schema import DatasetFormatError  # noqa: E402
+from common.errors import DatasetFormatError  # noqa: E402
 from common.writelock import OutputLockedError, end_with_parent  # noqa: E402
 from pretrain import config as config_module  # noqa: E402
 from pretrain.hf_compat import CheckpointError  # noqa: E402

@@ -18,11 +18,12 @@ import torch
 import torch.distributed as dist
 
 from common import configlib, writelock
+from common.manifest import Manifest, ModelRequirements
 from pretrain import checkpoints
 from pretrain import engine as ds
 from pretrain import resume as resume_check
 from pretrain.config import PretrainConfig, batch_plan
-from pretrain.data import Expected, PretrainingLoader, ShardedInstances
+from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.hf_compat import export, load_pretrained
 from pretrain.launch import Rendezvous
 from pretrain.model import BertForPreTraining, flops_per_token, preset
@@ -57,18 +58,18 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def build_model(cfg: PretrainConfig, manifest: dict) -> BertForPreTraining:
+def build_model(cfg: PretrainConfig, manifest: Manifest) -> BertForPreTraining:
     m = cfg.model
     if m.init_from:
         model, fresh = load_pretrained(_hf_directory(Path(m.init_from)))
         if fresh:
             log.info(f"initialised fresh (not in {m.init_from}): {', '.join(fresh)}")
         return model
-    vocab = m.vocab_size or -(-manifest["tokenizer"]["vocab_size"] // 8) * 8  # a multiple of 8 for tensor cores
+    vocab = m.vocab_size or -(-manifest.tokenizer.vocab_size // 8) * 8  # a multiple of 8 for tensor cores
     overrides = {k: getattr(m, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
                  if getattr(m, k) is not None}
     return BertForPreTraining(preset(m.preset, vocab_size=vocab, max_position_embeddings=m.max_position_embeddings,
-                                     pad_token_id=manifest["tokenizer"]["special_ids"]["[PAD]"], **overrides))
+                                     pad_token_id=manifest.tokenizer.special_ids["[PAD]"], **overrides))
 
 
 def _hf_directory(path: Path) -> Path:
@@ -76,7 +77,7 @@ def _hf_directory(path: Path) -> Path:
     return path / "hf" if (path / "hf" / "config.json").is_file() else path
 
 
-def _check_init_tokenizer(cfg: PretrainConfig, manifest: dict) -> None:
+def _check_init_tokenizer(cfg: PretrainConfig, manifest: Manifest) -> None:
     if not cfg.model.init_from:
         return
     from common.tokenizer import load_tokenizer
@@ -84,8 +85,8 @@ def _check_init_tokenizer(cfg: PretrainConfig, manifest: dict) -> None:
     directory = _hf_directory(Path(cfg.model.init_from))
     for candidate in (directory / "tokenizer", directory / "vocab.txt"):
         if candidate.exists():
-            theirs = load_tokenizer(str(candidate), lowercase=manifest["tokenizer"]["lowercase"]).identity()
-            if theirs["vocab_sha256"] != manifest["tokenizer"]["vocab_sha256"]:
+            theirs = load_tokenizer(str(candidate), lowercase=manifest.tokenizer.lowercase).identity()
+            if theirs["vocab_sha256"] != manifest.tokenizer.vocab_sha256:
                 raise ValueError(f"{candidate} is not the vocabulary the dataset {cfg.data.path} was made with; "
                                  "preprocess with the checkpoint's tokenizer to continue from it")
             return
@@ -128,8 +129,8 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     _check_init_tokenizer(cfg, data.manifest)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every run
     model = build_model(cfg, data.manifest)
-    data.check(Expected(model.config.vocab_size, model.config.max_position_embeddings,
-                                          special_ids=data.manifest["tokenizer"]["special_ids"]))
+    data.check(ModelRequirements(model.config.vocab_size, model.config.max_position_embeddings,
+                                          special_ids=data.manifest.tokenizer.special_ids))
     model.bert.encoder.gradient_checkpointing = cfg.model.activation_checkpointing
     ckpt_dir = out / "checkpoints"
     found = _resume_point(ckpt_dir, cfg.checkpoint.on_corrupt, rank) if resume else None
@@ -294,7 +295,7 @@ def _metrics(window, *, step, lr, grad_norm, loss_scale, skipped, elapsed, consu
             "sequences_per_second": s["sequences"] / max(elapsed, 1e-9), "mfu": mfu, "consumed_samples": consumed}
 
 
-def _settings(cfg: PretrainConfig, manifest: dict) -> dict:
+def _settings(cfg: PretrainConfig, manifest: Manifest) -> dict:
     """What a checkpoint records of the run that wrote it, for ``pretrain.resume``."""
     return {**resume_check.flatten(configlib.to_dict(cfg)), **resume_check.dataset_identity(manifest)}
 
@@ -307,7 +308,7 @@ def _check_run_tokenizer(out: Path, data: ShardedInstances) -> None:
     if not existing.is_dir():
         return
     ours = load_tokenizer(str(existing)).identity()["vocab_sha256"]
-    theirs = data.manifest["tokenizer"]["vocab_sha256"]
+    theirs = data.manifest.tokenizer.vocab_sha256
     if ours != theirs:
         raise resume_check.ResumeError(
             f"{existing}: this run's vocabulary ({ours[:12]}…) is not the one {data.directory} was made with "

@@ -8,8 +8,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from common.schema import DatasetFormatError
-from pretrain.data import Expected, PretrainingLoader, ShardedInstances, collate, epoch_batches, split_global_batch
+from common.errors import DatasetFormatError
+from common.manifest import ModelRequirements
+from pretrain.data import PretrainingLoader, ShardedInstances, collate, epoch_batches, split_global_batch
 
 
 def _rows(dataset):
@@ -19,7 +20,7 @@ def _rows(dataset):
 
 
 def test_collate_pads_to_a_multiple_of_8_and_keeps_every_row_intact(sample_dataset):
-    data = ShardedInstances(sample_dataset, Expected(vocab_size=30522, max_seq_length=128))
+    data = ShardedInstances(sample_dataset, ModelRequirements(vocab_size=30522, max_seq_length=128))
     rows = _rows(sample_dataset)
     picked = np.asarray([5, 0, 17, 3])
     batch = collate(data, picked)
@@ -112,11 +113,11 @@ def test_resume_yields_the_same_next_batch(sample_dataset):
 
 def test_mismatched_dataset_is_refused_with_the_reason(sample_dataset, tmp_path):
     with pytest.raises(DatasetFormatError, match="vocabulary has 30522 ids but the model's embedding has 1000"):
-        ShardedInstances(sample_dataset, Expected(vocab_size=1000, max_seq_length=128))
+        ShardedInstances(sample_dataset, ModelRequirements(vocab_size=1000, max_seq_length=128))
     with pytest.raises(DatasetFormatError, match="up to 128 tokens"):
-        ShardedInstances(sample_dataset, Expected(vocab_size=30522, max_seq_length=64))
+        ShardedInstances(sample_dataset, ModelRequirements(vocab_size=30522, max_seq_length=64))
     with pytest.raises(DatasetFormatError, match="made with another tokenizer"):
-        ShardedInstances(sample_dataset, Expected(vocab_size=30522, max_seq_length=128, vocab_sha256="0" * 64))
+        ShardedInstances(sample_dataset, ModelRequirements(vocab_size=30522, max_seq_length=128, vocab_sha256="0" * 64))
     with pytest.raises(DatasetFormatError, match="no manifest.json"):
         ShardedInstances(tmp_path)
 

@@ -1,0 +1,156 @@
+"""The training loop: optimizer steps, the rules for non-finite steps, the metrics window, and when to
+checkpoint or stop. ``pretrain.train`` sets the run up and hands the loop its state.
+
+Statuses: 0 done; ``PREEMPTED`` (75) saved after SIGUSR1/SIGTERM and wants a requeue; ``DIVERGED`` (3) too
+many non-finite steps in a row, or weights that turned non-finite.
+"""
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from pretrain import engine as ds
+from pretrain.config import BatchPlan, PretrainConfig
+from pretrain.model import BertConfig, flops_per_token
+from pretrain.monitor import Monitor, peak_tflops
+from pretrain.objective import STAT_NAMES
+
+PREEMPTED, DIVERGED = 75, 3
+
+
+class Diverged(RuntimeError):
+    """Too many consecutive non-finite steps, or weights that hold NaN or inf."""
+
+
+class StopFlag:
+    """Set by SIGUSR1/SIGTERM while installed; acted on at the next step boundary, once every rank agrees."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous: dict = {}
+
+    def install(self) -> StopFlag:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+        return self
+
+    def _handle(self, signum, _frame):
+        self.signal = signum
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+@dataclass
+class LoopState:
+    """Where the run stands: what a checkpoint records and the summary reports. The loop advances it in place."""
+
+    step: int = 0
+    consumed: int = 0          # samples, over all ranks
+    skipped: int = 0           # steps skipped as non-finite, in all
+
+
+def train(state: LoopState, engine, loader, monitor: Monitor, *, cfg: PretrainConfig, plan: BatchPlan,
+          model_config: BertConfig, stop: StopFlag, save: Callable[[LoopState], None]) -> int:
+    """Step until ``train.max_steps`` or a stop; the status (0, ``PREEMPTED`` or ``DIVERGED``).
+
+    ``loader.next_step()`` gives this rank's micro-batches of the next step; ``save(state)`` writes a checkpoint
+    (every ``checkpoint.every_steps``, at the end and on a stop) and may raise ``Diverged``.
+    """
+    try:
+        return _steps(state, engine, loader, monitor, cfg=cfg, plan=plan, model_config=model_config, stop=stop,
+                      save=save)
+    except Diverged as error:
+        monitor.info(str(error))
+        return DIVERGED
+
+
+def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, save) -> int:
+    train, faults, ckpt_dir = cfg.train, cfg.faults, Path(cfg.output_dir) / "checkpoints"
+    device = engine.device
+    peak = cfg.logging.peak_tflops or peak_tflops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    window = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
+    window_started, window_width, window_steps, consecutive = time.time(), 0, 0, 0
+    while state.step < train.max_steps:
+        stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=device)
+        lr = engine.get_lr()[0]  # the rate this step uses
+        for micro in loader.next_step():
+            batch = {k: torch.as_tensor(v).to(device, non_blocking=True) for k, v in micro.items()}
+            stats += ds.train_micro_batch(engine, batch).double()
+            window_width += micro["input_ids"].shape[1]
+        applied = engine.was_step_applied()
+        # One small all-reduce per step: the statistics and each rank's view of the stop signal.
+        flags = torch.tensor([float(stop.signal is not None)], dtype=torch.float64, device=device)
+        reduced = torch.cat([stats, flags])
+        dist.all_reduce(reduced)
+        stats, signalled = reduced[:-1].cpu(), reduced[-1].item() > 0
+        state.step += 1
+        state.consumed += plan.global_batch
+        step, loss_value = state.step, loss(stats)
+        if not applied:
+            state.skipped, consecutive = state.skipped + 1, consecutive + 1
+            monitor.info(f"step {step}: non-finite loss or gradient; step skipped "
+                         f"({consecutive} in a row, {state.skipped} in all)")
+            if consecutive >= faults.max_consecutive_skips:
+                raise Diverged(f"{consecutive} consecutive steps had a non-finite loss or gradient (limit "
+                               f"faults.max_consecutive_skips={faults.max_consecutive_skips}); stopping. "
+                               f"The last good checkpoint is kept in {ckpt_dir}: resume from it with a lower "
+                               "learning rate, or fp16 -> bf16")
+        elif stats[STAT_NAMES.index("nonfinite_losses")] > 0 or not math.isfinite(loss_value):
+            raise Diverged(f"step {step}: the loss is not finite and {train.precision} has no overflow "
+                           "check to skip the step; the weights are no longer usable. The last good checkpoint "
+                           f"is kept in {ckpt_dir}: resume with bf16 or fp16, or a lower learning rate")
+        else:
+            consecutive = 0
+            window += stats
+            window_steps += 1
+        monitor.step(loss_value)
+        last = step == train.max_steps
+        if window_steps and (step % cfg.logging.log_every == 0 or last):
+            elapsed = time.time() - window_started
+            width = window_width / (window_steps * plan.accumulation)
+            monitor.record(metrics(window, step=step, lr=lr, grad_norm=ds.grad_norm(engine),
+                                   loss_scale=ds.loss_scale(engine), skipped=state.skipped, elapsed=elapsed,
+                                   consumed=state.consumed, flops_per_token=flops_per_token(model_config, int(width)),
+                                   peak_tflops=peak, world=plan.world_size), line=True)
+            window.zero_()
+            window_started, window_width, window_steps = time.time(), 0, 0
+        if signalled:
+            name = signal.Signals(stop.signal).name if stop.signal else "a signal on another rank"
+            monitor.info(f"received {name}: saving at step {step} and exiting for requeue")
+            save(state)
+            return PREEMPTED
+        if last or (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0):
+            if consecutive:  # keep the last checkpoint from before the trouble as the newest
+                monitor.info(f"step {step}: not checkpointing during a run of skipped steps")
+            else:
+                save(state)
+    return 0
+
+
+def loss(stats: torch.Tensor) -> float:
+    """The loss of a statistics vector (``STAT_NAMES``): token-mean MLM loss plus sequence-mean NSP loss."""
+    s = dict(zip(STAT_NAMES, stats.tolist()))
+    return s["mlm_loss_sum"] / max(1.0, s["mlm_tokens"]) + s["nsp_loss_sum"] / max(1.0, s["sequences"])
+
+
+def metrics(window, *, step, lr, grad_norm, loss_scale, skipped, elapsed, consumed, flops_per_token,
+            peak_tflops, world) -> dict:
+    """One metrics.jsonl record from the statistics summed over the window's applied steps."""
+    s = dict(zip(STAT_NAMES, window.tolist()))
+    tokens_per_second = s["tokens"] / max(elapsed, 1e-9)
+    mfu = tokens_per_second * flops_per_token / (peak_tflops * 1e12 * world) if peak_tflops else None
+    return {"step": step, "loss": loss(window), "mlm_loss": s["mlm_loss_sum"] / max(1.0, s["mlm_tokens"]),
+            "mlm_accuracy": s["mlm_correct"] / max(1.0, s["mlm_tokens"]),
+            "nsp_loss": s["nsp_loss_sum"] / max(1.0, s["sequences"]),
+            "nsp_accuracy": s["nsp_correct"] / max(1.0, s["sequences"]), "lr": lr, "grad_norm": grad_norm,
+            "loss_scale": loss_scale, "skipped_steps": skipped, "tokens_per_second": tokens_per_second,
+            "sequences_per_second": s["sequences"] / max(elapsed, 1e-9), "mfu": mfu, "consumed_samples": consumed}

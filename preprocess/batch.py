@@ -1,13 +1,10 @@
 """Vectorised finalisation of BERT instances: truncation, [CLS] A [SEP] B [SEP] assembly, static masking.
 
-Randomness comes from a counter-based generator: the j-th random number of stream s for an instance
-with key k is ``splitmix64(mix(k ^ s) + j * golden)``. Each instance's draws depend only on its own
-key, so results do not depend on how instances are batched, which worker runs them, or in which order,
-while numpy does the work for a whole batch at once. The distributions are the reference recipe's:
-``truncate_seq_pair`` trims the longer segment one token at a time from a random end (the number of
-front trims of a side is then Binomial(trims, 1/2), drawn here as the popcount of random bits), and
-masking picks ``num_to_predict`` positions uniformly without replacement, then 80% [MASK] / 10% random
-token / 10% unchanged.
+Randomness comes from the counter-based generator of ``common.counter_rng``, keyed by each instance alone, so
+results do not depend on how instances are batched, which worker runs them, or in which order, while numpy does
+the work for a whole batch at once. The distributions are the reference recipe's: ``truncate_seq_pair`` trims the
+longer segment one token at a time from a random end (the number of front trims of a side is then
+Binomial(trims, 1/2), drawn here as the popcount of random bits); masking is ``common.masking``'s.
 """
 from __future__ import annotations
 
@@ -15,51 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.counter_rng import random_bits, random_uniform
+from common.masking import MaskingRecipe, MaskingVocab, mask_rows
 from common.preprocess_config import InstanceConfig
-from preprocess.instances import MaskingVocab
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-STREAM_B_START, STREAM_TRIM_A, STREAM_TRIM_B, STREAM_POSITIONS, STREAM_DECISION, STREAM_REPLACEMENT = range(1, 7)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, in place: every caller passes a fresh array (fewer temporaries of its size)."""
-    z ^= z >> np.uint64(30)
-    z *= _MIX1
-    z ^= z >> np.uint64(27)
-    z *= _MIX2
-    z ^= z >> np.uint64(31)
-    return z
-
-
-def random_bits(keys: np.ndarray, stream: int, counters: np.ndarray) -> np.ndarray:
-    """uint64 random numbers for (key, counter) pairs; ``keys`` and ``counters`` broadcast."""
-    return _bits_from_base(_stream_base(keys, stream), counters)
-
-
-def _stream_base(keys: np.ndarray, stream: int) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return _mix(np.asarray(keys, np.uint64) ^ np.uint64((stream * 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF))
-
-
-def _bits_from_base(base: np.ndarray, counters: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return _mix(base + (np.asarray(counters, np.uint64) + np.uint64(1)) * _GOLDEN)
-
-
-def row_random_bits(keys: np.ndarray, stream: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """``random_bits(keys[rows], stream, cols)``, mixing each row's key once instead of once per position."""
-    return _bits_from_base(_stream_base(keys, stream)[rows], cols)
-
-
-def random_uniform(keys: np.ndarray, stream: int, counters: np.ndarray) -> np.ndarray:
-    """Doubles in [0, 1) from ``random_bits``."""
-    return _uniform(random_bits(keys, stream, counters))
-
-
-def _uniform(bits: np.ndarray) -> np.ndarray:
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+STREAM_B_START, STREAM_TRIM_A, STREAM_TRIM_B = 1, 2, 3  # masking uses streams 4-6 and 9 (common.masking)
 
 
 def truncation_counts(len_a: np.ndarray, len_b: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -146,84 +103,16 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
     candidate[:, 0] = False
     for columns in separators:
         candidate[columns] = False
-    num_to_predict = np.minimum(cfg.max_predictions_per_seq,
-                                np.maximum(1, np.rint(lengths * cfg.masked_lm_prob).astype(np.int64)))
-    if cfg.whole_word_mask:
-        rows_flat, cols_flat = np.nonzero(valid)
-        row_starts = np.cumsum(lengths) - lengths
-        chosen = np.zeros_like(valid)
-        chosen[valid] = _choose_whole_words(tokens[valid], candidate[valid], rows_flat, cols_flat, row_starts,
-                                            lengths, num_to_predict, keys, vocab)
-    else:
-        chosen = _choose_positions(candidate, num_to_predict, keys)
-
-    chosen_rows, chosen_cols = np.nonzero(chosen)  # row-major: ascending columns within a row
-    labels = tokens[chosen_rows, chosen_cols]
-    decision = _uniform(row_random_bits(keys, STREAM_DECISION, chosen_rows, chosen_cols))
-    replacement = vocab.replacement_ids[(_uniform(row_random_bits(keys, STREAM_REPLACEMENT, chosen_rows, chosen_cols))
-                                         * len(vocab.replacement_ids)).astype(np.int64)]
-    shown = np.where(decision < 0.8, vocab.mask_id, np.where(decision < 0.9, labels, replacement))
-    tokens[chosen_rows, chosen_cols] = shown.astype(dtype)
+    masked = mask_rows(tokens, candidate, lengths, keys, masking_recipe(cfg), vocab)
     return FinalizedBatch(
-        input_ids=tokens[valid], lengths=lengths, segment_a_len=len_a + 2, masked_positions=chosen_cols,
-        masked_counts=np.bincount(chosen_rows, minlength=len(lengths)), masked_labels=labels,
+        input_ids=tokens[valid], lengths=lengths, segment_a_len=len_a + 2, masked_positions=masked.cols,
+        masked_counts=np.bincount(masked.rows, minlength=len(lengths)), masked_labels=masked.labels,
         truncated=(trim_a + trim_b) > 0)
 
 
-def _choose_positions(candidate: np.ndarray, num_to_predict: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Uniformly random positions without replacement: per row, the candidates with the smallest random keys.
-
-    A position's key is its 53-bit random number (the double ``random_uniform`` would give, scaled) with the
-    column in the low bits, so keys are unique within a row and order as a stable sort of the doubles would.
-    Each row's ``take`` smallest keys are found by a partial sort of its few smallest, not a sort of the row.
-
-    Args:
-        candidate: (rows, width) bool, the positions that may be chosen.
-    """
-    rows, width = candidate.shape
-    cols = np.arange(width, dtype=np.uint64)[None, :]
-    col_bits = max(1, width - 1).bit_length()
-    score = _bits_from_base(_stream_base(keys, STREAM_POSITIONS)[:, None], cols)  # a fresh (rows, width) array
-    score >>= np.uint64(11)
-    score <<= np.uint64(col_bits)
-    score |= cols
-    never = np.uint64(0xFFFFFFFFFFFFFFFF)
-    score[~candidate] = never
-    take = np.minimum(num_to_predict, candidate.sum(axis=1))
-    most = int(take.max(initial=0))
-    if most == 0:
-        return np.zeros_like(candidate)
-    smallest = np.partition(score, most - 1, axis=1)[:, :most] if most < width else score.copy()
-    smallest.sort(axis=1)
-    threshold = smallest[np.arange(rows), np.maximum(take - 1, 0)]
-    return (score <= threshold[:, None]) & candidate & (take > 0)[:, None]
-
-
-def _choose_whole_words(tokens, candidate, rows, cols, row_starts, lengths, num_to_predict, keys, vocab):
-    """The reference's whole-word rule: words in random order, skip one that would overflow, stop when full."""
-    chosen = np.zeros(len(tokens), dtype=bool)
-    continuation = vocab.is_continuation[tokens] & candidate
-    word_keys = _uniform(row_random_bits(keys, STREAM_POSITIONS, rows, cols))
-    for row in range(len(lengths)):
-        start, end = int(row_starts[row]), int(row_starts[row] + lengths[row])
-        groups: list[list[int]] = []
-        for flat in range(start, end):
-            if not candidate[flat]:
-                continue
-            if groups and groups[-1][-1] == flat - 1 and continuation[flat]:
-                groups[-1].append(flat)
-            else:
-                groups.append([flat])
-        groups.sort(key=lambda g: word_keys[g[0]])
-        count, limit = 0, int(num_to_predict[row])
-        for group in groups:
-            if count >= limit:
-                break
-            if count + len(group) > limit:
-                continue
-            chosen[group] = True
-            count += len(group)
-    return chosen
+def masking_recipe(cfg: InstanceConfig) -> MaskingRecipe:
+    return MaskingRecipe(mode="whole_word" if cfg.whole_word_mask else "token", rate=cfg.masked_lm_prob,
+                         max_predictions=cfg.max_predictions_per_seq)
 
 
 def random_segments(boundaries: np.ndarray, first_sentence: np.ndarray, end_sentence: np.ndarray,

@@ -16,35 +16,11 @@ from __future__ import annotations
 
 import bisect
 import random
-from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from common.preprocess_config import InstanceConfig
-
-
-@dataclass(frozen=True)
-class MaskingVocab:
-    """What the recipe needs to know about the vocabulary."""
-
-    cls_id: int
-    sep_id: int
-    mask_id: int
-    never_mask_ids: frozenset[int]     # special tokens: never chosen as a masked position
-    is_continuation: np.ndarray        # bool per id: continues the previous token's word (whole-word masking)
-    replacement_ids: np.ndarray        # ids the "random token" 10% draws from (no specials)
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer) -> "MaskingVocab":
-        return cls(
-            cls_id=tokenizer.cls_id,
-            sep_id=tokenizer.sep_id,
-            mask_id=tokenizer.mask_id,
-            never_mask_ids=frozenset(tokenizer.special_ids.values()),
-            is_continuation=np.asarray(tokenizer.is_continuation, dtype=bool),
-            replacement_ids=np.asarray(tokenizer.replacement_ids, dtype=np.int64),
-        )
 
 
 class InstancePlan(NamedTuple):

@@ -17,10 +17,11 @@ from apache_beam.utils import shared
 
 from common import schema, storage
 from common.hashing import document_hash, rng_for
+from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig, SourceConfig
 from preprocess import books, docstore, dumpsplit, handoff, shards, sources, text
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
-from preprocess.instances import MaskingVocab, plan_instances
+from preprocess.instances import plan_instances
 from preprocess.records import RawDocument, Rejected
 
 INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts

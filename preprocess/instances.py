@@ -26,7 +26,7 @@ from common.preprocess_config import InstanceConfig
 class InstancePlan(NamedTuple):
     """Segment A (and B, unless random) as token ranges ``[start, end)`` of the source document.
 
-    A tuple rather than a frozen dataclass: a run builds one per instance, and a tuple is five times cheaper to make.
+    A tuple rather than a frozen dataclass: a run builds one per instance, and a tuple is much cheaper to make.
     """
 
     index: int                # position of this instance within its (document, duplicate)
@@ -90,7 +90,7 @@ def plan_instances(offsets: np.ndarray, doc_index: int, num_docs: int, rng: rand
     # rng.randrange(num_docs - 1), inlined below (``_below``): the same draws, without a call per instance.
     other_docs = num_docs - 1
     other_bits = other_docs.bit_length()
-    new_plan = tuple.__new__  # InstancePlan's fields by position: ~4x cheaper than keyword construction
+    new_plan = tuple.__new__  # InstancePlan's fields by position: cheaper than keyword construction, once per instance
     chunk_start = 0  # first sentence of the current chunk
     while chunk_start < num_sentences:
         # The reference adds sentences until the chunk reaches the target or the document ends: the chunk's

@@ -189,8 +189,8 @@ def _tidy_line(line: str) -> str:
     return line
 
 
-# mwparserfromhell's tokenizer is quadratic in the number of unclosed constructs ("{{a|" * 5000,
-# 20 KB, takes 7 s; 20,000 take minutes). Real articles have a handful; a section with more is
+# mwparserfromhell's tokenizer is quadratic in the number of unclosed constructs (``"{{a|" * 5000``, a
+# vandalised or truncated section, stalls a worker). Real articles have a handful; a section with more is
 # stripped with linear regexes instead of being parsed.
 _MAX_UNCLOSED_BRACKETS = 50
 _MAX_UNCLOSED_TAGS = 200

@@ -58,7 +58,7 @@ def open_file(uri: str, mode: str = "rb", decompress: bool = False) -> IO:
     """Open a local path or object-store URI for reading or writing, decompressing by extension when asked.
 
     Local files open with the standard library: importing smart_open imports every transport's client library
-    (boto3, google-cloud-storage), about 0.3 s of CPU in each process, which a local run never uses.
+    (boto3, google-cloud-storage) in each process, which a local run never uses.
     Text modes read and write UTF-8.
     """
     text = {} if "b" in mode else {"encoding": "utf-8"}

@@ -2,8 +2,8 @@
 config on 2 ranks (ZeRO 2, bf16) with a checkpoint, that checkpoint resumed on 1 rank (a universal checkpoint), phase 2
 from phase 1 (``model.init_from``), the export against ``transformers`` and ``python -m finetune`` on it.
 
-A few minutes on 2 cores; two BERT-Large ranks need about 17 GB of memory, and the checkpoints up to 15 GB of
-disk at a time."""
+Slow: two BERT-Large ranks in memory at once and several full-size checkpoints on disk (the figures are in
+bench/results/bert-large-*.json)."""
 import json
 import os
 import subprocess

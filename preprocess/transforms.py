@@ -2,7 +2,7 @@
 
 Only portable primitives are used (Create, ParDo, GroupByKey, Reshuffle), so the same pipeline runs
 on the DirectRunner, Dask, Flink, Spark and Dataflow. Run-wide facts (bucket offsets, corpus size,
-group layout) are read from small files that the barrier stages in ``preprocess.stages`` write, not
+group layout) are read from small files that the barrier stages in ``preprocess.barriers`` write, not
 from side inputs.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ from apache_beam.utils import shared
 
 from common import schema, storage
 from common.hashing import document_hash, rng_for
-from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig, SourceConfig
 from preprocess import books, docstore, dumpsplit, handoff, shards, sources, text
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
+from common.masking import MaskingVocab
 from preprocess.instances import plan_instances
 from preprocess.records import RawDocument, Rejected
 
@@ -339,7 +339,10 @@ class WritePieceGroup(beam.DoFn):
     def process(self, element):
         group, batches = element
         received = (handoff.receive(b) for b in batches)
+        # As one chunk: the batches come a few rows each (one per group of each finished chunk of instances), and
+        # as record batches of the piece their metadata would outweigh their rows, on disk and when a shard reads it.
         table = pa.concat_tables([b if isinstance(b, pa.Table) else shards.from_ipc(b) for b in received])
+        table = table.combine_chunks()
         uri = shards.piece_uri(self._work, group, self._part)
         docstore.write_table(uri, table)
         storage.write_json(uri[:-len(".arrow")] + ".json",

@@ -14,7 +14,7 @@ from common.hashing import document_hash
 from common.preprocess_config import InstanceConfig, SourceConfig
 from common.tokenizer import load_tokenizer
 from preprocess import docstore, shards, transforms
-from preprocess.pipeline import beam_options
+from preprocess.beamrun import beam_options
 from preprocess.records import RawDocument, Rejected
 
 SOURCES = SourceConfig(min_document_chars=20, min_document_sentences=2)

@@ -1,10 +1,10 @@
-"""preprocess.pipeline helpers: the runner is pinned, construction-time checks are off, threads are refused."""
+"""preprocess.beamrun: the runner is pinned, construction-time checks are off, threads are refused."""
 from __future__ import annotations
 
 import pytest
 
 from common.errors import InputError
-from preprocess.pipeline import FN_API_RUNNER, beam_options
+from preprocess.beamrun import FN_API_RUNNER, beam_options
 
 
 def test_the_runner_is_pinned_so_beam_never_fetches_prism():

@@ -1,0 +1,84 @@
+"""Apache Beam in this process: the pipeline options (runner pinned), the worker processes' log, running one
+pipeline to completion. The stages' executors (``preprocess.pipeline``, ``preprocess.local``, ``preprocess.steps``)
+run their pipelines through here."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from common.errors import InputError
+from preprocess import handoff
+
+FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRunner"
+
+
+def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions:
+    """Pipeline options with the runner pinned: Beam's bare DirectRunner would try to fetch Prism."""
+    args = list(beam_args)
+    if not verbose and not any(a.startswith("--default_sdk_harness_log_level") for a in args):
+        args.append("--default_sdk_harness_log_level=WARNING")  # worker processes otherwise log every bundle
+    if not any(a.split("=", 1)[0] in ("--pipeline_type_check", "--no_pipeline_type_check") for a in args):
+        # Our transforms declare no type hints, so construction-time checking only infers them from the lambdas'
+        # bytecode: about half the time to build the pipeline, and it checks nothing a user can change.
+        args.append("--no_pipeline_type_check")
+    runner = None
+    for i, arg in enumerate(args):
+        if arg.startswith("--runner"):
+            runner = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+    if "multi_threading" in args or "--direct_running_mode=multi_threading" in args:
+        raise InputError("--direct_running_mode multi_threading is not supported: Beam's multi-threaded "
+                         "FnApiRunner was seen to drop elements of large groups; use multi_processing")
+    if runner is None:
+        args.append(f"--runner={FN_API_RUNNER}")
+    elif runner in ("DirectRunner", "direct"):
+        args = [a for a in args if not a.startswith("--runner") and a != runner] + [f"--runner={FN_API_RUNNER}"]
+    return PipelineOptions(args)
+
+
+class WorkerLog:
+    """Sends file descriptor 2 to a log file while Beam runs, unless verbose.
+
+    Beam's multi-processing workers are subprocesses that inherit our stderr and log every start and stop at
+    INFO before any option could quiet them. The log is kept only when the run fails.
+    """
+
+    def __init__(self, verbose: bool):
+        self.path = None
+        if not verbose:
+            handle, self.path = tempfile.mkstemp(prefix="preprocess-beam-", suffix=".log")
+            os.close(handle)
+
+    def __enter__(self):
+        if self.path:
+            sys.stderr.flush()
+            self._saved = os.dup(2)
+            with open(self.path, "ab") as log:
+                os.dup2(log.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        if self.path:
+            sys.stderr.flush()
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+        return False
+
+
+def run_beam(options: PipelineOptions, build, log: WorkerLog | None = None) -> None:
+    """Build one pipeline (``build(pipeline)`` adds its transforms) and run it to the end, its workers' stderr
+    sent to ``log``."""
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline)
+    try:
+        with log or contextlib.nullcontext():
+            pipeline.run().wait_until_finish()
+    finally:
+        handoff.clear()  # payloads a failed pipeline left behind
+
+
+__all__ = ["FN_API_RUNNER", "WorkerLog", "beam_options", "run_beam"]

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from common import storage
-from common.errors import InputError
+from common.errors import InputError, storage_failure
 
 # Batch encoding runs in Beam workers that already use one process per core, which Hugging Face's Rust
 # thread pool would oversubscribe. The library reads this variable on every call (so importing it
@@ -165,8 +165,9 @@ class SentencePieceTokenizer(Tokenizer):
         try:
             self._sp.LoadFromSerializedProto(payload)
         except Exception as error:  # the library raises RuntimeError/OSError/ValueError by version
-            raise InputError(f"{self._source}: not a readable SentencePiece model ({error}); "
-                             f"point tokenizer.path at a valid .model file or retrain it") from None
+            raise InputError(f"{self._source}: not a readable SentencePiece model ({str(error).strip()}); the file "
+                             "is truncated or not a .model: copy it again, or point tokenizer.path at a valid "
+                             ".model file, or retrain it") from None
         # Lowercasing is part of the model's normalizer ("nmt_nfkc_cf" case-folds), not a setting.
         self.lowercase = self._sp.Normalize("ABC") == self._sp.Normalize("abc")
         self._encode_one = _single_text_encoder(self._sp)
@@ -316,19 +317,24 @@ def _load_saved(directory: str) -> Tokenizer:
     meta_path = storage.join(directory, META_FILE)
     local = _local_path(directory)
     if local is not None and not os.path.isfile(meta_path):
-        present = ", ".join(sorted(os.listdir(local))[:10]) or "nothing"
+        present = ", ".join(sorted(_listing(local))[:10]) or "nothing"
         raise InputError(f"{directory}: directory has no {META_FILE} (it holds {present}); point tokenizer.path "
                          f"at the .model or vocab.txt file itself, or at a directory written by Tokenizer.save()")
     try:
         meta = json.loads(_read_bytes(meta_path))
     except ValueError as error:
-        raise InputError(f"{meta_path}: not valid JSON ({error}); re-save the tokenizer") from None
+        raise InputError(f"{meta_path}: not valid JSON ({error}); the file is truncated or damaged: copy the "
+                         "tokenizer directory again, or re-save the tokenizer") from None
     if not isinstance(meta, dict) or meta.get("kind") not in _KINDS or not isinstance(meta.get("file"), str):
         raise InputError(f"{meta_path}: not a tokenizer meta file written by Tokenizer.save() (a Hugging Face "
                          f"tokenizer.json is not one); point tokenizer.path at the vocab.txt or .model file instead")
-    tokenizer = _KINDS[meta["kind"]](_read_bytes(storage.join(directory, meta["file"])), bool(meta.get("lowercase")),
-                                     source=storage.join(directory, meta["file"]))
+    file = storage.join(directory, meta["file"])
+    tokenizer = _KINDS[meta["kind"]](_read_bytes(file), bool(meta.get("lowercase")), source=file)
     recorded = {key: meta.get(key) for key in tokenizer.identity()}
+    if recorded["vocab_size"] != tokenizer.vocab_size:
+        raise InputError(f"{file}: {tokenizer.vocab_size:,} ids where {META_FILE} records {recorded['vocab_size']:,}; "
+                         "the file is truncated or was replaced: copy the tokenizer directory again, or re-save the "
+                         "tokenizer")
     if recorded != tokenizer.identity():
         raise InputError(f"{directory}: {meta['file']} does not match {META_FILE} (recorded {recorded}, "
                          f"found {tokenizer.identity()}); the files were mixed up: re-save the tokenizer")
@@ -340,13 +346,27 @@ def _local_path(path: str) -> str | None:
     return storage.local_path(path) if storage.is_local(path) else None
 
 
+def _listing(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError as error:
+        raise _unreadable(directory, error) from None
+
+
 def _read_bytes(path: str) -> bytes:
     try:
         with storage.open_file(path, "rb") as handle:
             return handle.read()
     except Exception as error:  # object stores raise each transport's own errors (OSError, botocore, ...)
-        raise InputError(f"{path}: cannot read the tokenizer file ({type(error).__name__}: {error}); check the "
-                         f"path and access rights, and that it is {_ACCEPTED}") from None
+        raise _unreadable(path, error) from None
+
+
+def _unreadable(path: str, error: BaseException) -> InputError:
+    failure = storage_failure(error, path=path, doing="reading the tokenizer", writing=False)
+    if failure is not None:  # permission denied: say so, and only that
+        return InputError(str(failure))
+    return InputError(f"{path}: cannot read the tokenizer file ({type(error).__name__}: {error}); check the path "
+                      f"and access rights, and that it is {_ACCEPTED}")
 
 
 def _write_bytes(path: str, data: bytes) -> None:

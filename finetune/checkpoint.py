@@ -7,7 +7,8 @@
 * a single checkpoint ``runs/X/checkpoints/step_NNNNNNNN``: exported the same way.
 
 A weights file that is truncated, or a DeepSpeed checkpoint whose files fail their checksums or hold pickled
-code, is refused here with one line naming the file.
+code, is refused here with one line naming the file; so is a file this user may not read, and an export that
+finds no space.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import logging
 from pathlib import Path
 
+from common.errors import StorageError, storage_failure
 from pretrain.hf_compat import CheckpointError, check_weights_file, is_complete, load_config
 
 log = logging.getLogger("finetune")
@@ -40,7 +42,11 @@ def resolve(path: str | Path, scratch: Path) -> Path:
     found = find_checkpoint(path)  # raises a CheckpointError that says what was expected
     target = scratch / f"exported-{found.directory.parent.name}-{found.tag}"
     if not is_complete(target):  # the export renames its directory into place when it is whole
-        export_checkpoint(found, target)
+        try:
+            export_checkpoint(found, target)
+        except StorageError as error:  # said for the export command; here the remedy is another --output
+            raise storage_failure(error.__cause__ or error, path=target, doing="exporting the checkpoint to finetune",
+                                  fix="pass another --output", note=f"{found.path} is untouched") from error
     return target
 
 

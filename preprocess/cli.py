@@ -11,7 +11,7 @@ import time
 
 from common import preprocess_config as config_module
 from common.configlib import ConfigError
-from common.errors import InputError
+from common.errors import InputError, StorageError, report, storage_failure
 
 
 def _run_parser(sub) -> None:
@@ -19,6 +19,13 @@ def _run_parser(sub) -> None:
                        description="Unrecognised --options are passed to Apache Beam (e.g. --runner, "
                                    "--direct_num_workers, --direct_running_mode, --dask_client_address).")
     config_module.add_run_arguments(p)
+    _add_debug(p)
+
+
+def _add_debug(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error too (otherwise a full disk or missing permission "
+                             "writes it to a file in the temporary directory that the error line names)")
 
 
 def _tokenizer_parser(sub) -> None:
@@ -35,6 +42,7 @@ def _tokenizer_parser(sub) -> None:
     t.add_argument("--max-sentences", type=int, default=2_000_000, help="sentences sampled for training")
     t.add_argument("--seed", type=int, default=12345)
     t.add_argument("--config", help="preprocess YAML whose 'sources' section controls cleaning")
+    _add_debug(t)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     _tokenizer_parser(sub)
     verify = sub.add_parser("verify", help="check a dataset against its manifest (every shard's size and sha256)")
     verify.add_argument("dataset", metavar="DIR")
+    _add_debug(verify)
     return parser
 
 
@@ -130,14 +139,31 @@ def _command_tokenizer_train(args) -> int:
     return 0
 
 
-def _clear_message(exc: BaseException) -> str | None:
-    """The one-line message of an expected error, also when Beam wrapped it in a worker traceback."""
+def _storage_failure(exc: BaseException, args: argparse.Namespace) -> StorageError | None:
+    """A full disk or missing permission as one line naming the path (the command's output when the error names
+    none), with the remedy; None for other errors."""
+    if args.command == "verify":
+        return storage_failure(exc, path=args.dataset, doing="verifying the dataset", writing=False)
+    failure = storage_failure(exc, path=args.output)
+    if failure is None or isinstance(exc, StorageError) or not failure.path.startswith(args.output.rstrip("/")):
+        return failure  # said by the pipeline already, or an input named by the error
+    doing = "writing the dataset" if args.command == "run" else "writing the tokenizer"
+    return storage_failure(exc, path=args.output, doing=doing, fix="choose another --output",
+                           note="nothing was published" if args.command == "run" else None)
+
+
+def _clear_message(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """The one-line message of an expected error, also when Beam wrapped it in a worker traceback. ``args``: the
+    command line, whose output is named for a full disk or missing permission whose error names no file."""
     if isinstance(exc, (InputError, ConfigError)):
         return str(exc).replace(InputError.MARKER, "").strip()
     text = str(exc)
     if InputError.MARKER in text:
         tail = text.split(InputError.MARKER, 1)[1]
         return tail.strip().splitlines()[0].strip().rstrip("'\"]")
+    failure = _storage_failure(exc, args)
+    if failure is not None:
+        return str(failure)
     from common.errors import DatasetFormatError
     from common.writelock import OutputLockedError
 
@@ -195,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: nothing was published", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - turned into one clear line when it is an expected error
-        message = _clear_message(exc)
+        message = _clear_message(exc, args)
         if message is None:
             raise
-        print(f"error: {message}", file=sys.stderr)
+        report(message, exc, debug=args.debug,
+               traceback_file="preprocess" if storage_failure(exc) is not None else None)
         return 2

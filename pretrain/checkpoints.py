@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.errors import StorageError, storage_failure
+
 MARKER = "COMPLETE"
 ON_CORRUPT = ("fallback", "fail")
 _TAG = re.compile(r"step_(\d{8})")
@@ -73,8 +75,31 @@ def publish(directory: Path, tag: str, info: dict) -> None:
     target = directory / tag / MARKER
     temporary = target.with_name(MARKER + ".tmp")
     listed = {**info, "files": file_list(directory / tag)}
-    temporary.write_text(json.dumps(listed, indent=2, sort_keys=True) + "\n")
-    os.replace(temporary, target)
+    try:
+        temporary.write_text(json.dumps(listed, indent=2, sort_keys=True) + "\n")
+        os.replace(temporary, target)
+    except OSError as error:
+        failure = save_failure(error, directory, tag)
+        if failure is None:
+            raise
+        raise failure from error
+
+
+def save_failure(error: BaseException, directory: Path, tag: str) -> StorageError | None:
+    """The one-line error for a save of ``directory/tag`` that failed for want of space or permission (None for
+    any other failure): it names the checkpoint and the cause, and which complete checkpoint is kept."""
+    try:
+        kept = newest(directory)
+    except OSError:  # the directory itself cannot be read
+        kept = None
+    note = (f"{kept.tag}, the newest complete checkpoint, is untouched and --resume continues from it" if kept
+            else "no earlier checkpoint of this run is complete")
+    if storage_failure(error, writing=True) is None and not (directory / tag).is_dir():
+        try:  # DeepSpeed logs and drops a failure to create the directory; torch then finds no parent directory
+            (directory / tag).mkdir(parents=True, exist_ok=True)
+        except OSError as cause:
+            error = cause
+    return storage_failure(error, path=directory / tag, doing="writing the checkpoint", writing=True, note=note)
 
 
 def file_list(path: Path) -> dict[str, dict]:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common.errors import report, storage_failure
 from pretrain import checkpoints
 from pretrain.hf_compat import CheckpointError
 
@@ -68,6 +69,10 @@ def export_checkpoint(path: Path | checkpoints.Checkpoint, output: Path) -> Path
         except CheckpointError:
             raise
         except Exception as error:  # a checkpoint from before markers listed checksums can still be cut short
+            failure = storage_failure(error, path=scratch, doing="consolidating the checkpoint", writing=True,
+                                      fix="set TMPDIR to a file system with room for a copy of it")
+            if failure is not None:
+                raise failure from error
             log.debug("consolidating %s failed", found.path, exc_info=True)
             raise CheckpointError(f"{found.path}: DeepSpeed could not read it ({type(error).__name__}: "
                                   f"{str(error).splitlines()[0][:200] if str(error) else ''}); a file is damaged: "
@@ -105,11 +110,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("output", type=Path)
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error too")
     args = parser.parse_args(argv)
     try:
         out = export_checkpoint(args.checkpoint, args.output)
-    except (CheckpointError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except Exception as error:  # noqa: BLE001 - an expected error becomes one line, anything else a traceback
+        failure = storage_failure(error, path=args.output)
+        if failure is None and not isinstance(error, (CheckpointError, FileNotFoundError)):
+            raise
+        report(str(failure or error), error, debug=args.debug,
+               traceback_file="pretrain-export" if failure is not None else None)
         return 2
     print(f"exported {args.checkpoint} to {out}")
     return 0

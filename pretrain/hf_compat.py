@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from common.errors import storage_failure
 from pretrain.checkpoints import CheckpointError
 from pretrain.model import BertConfig, BertForPreTraining
 
@@ -55,6 +56,7 @@ def check_weights_file(directory: str | Path) -> Path:
     its name, rather than deep inside a training run. ``pytorch_model.bin`` is read as weights only."""
     path = weights_file(directory)
     try:
+        open(path, "rb").close()  # safetensors reports a file it may not read as missing
         if path.suffix == ".safetensors":
             from safetensors import safe_open
 
@@ -63,31 +65,38 @@ def check_weights_file(directory: str | Path) -> Path:
         else:
             torch.load(path, map_location="meta", weights_only=True)
     except Exception as error:  # safetensors, zipfile and the weights-only unpickler each raise their own type
-        raise CheckpointError(_unreadable(path, error)) from error
+        raise _unreadable(path, error) from error
     return path
 
 
 def load_weights(directory: str | Path) -> dict[str, torch.Tensor]:
     path = weights_file(directory)
     try:
+        open(path, "rb").close()  # safetensors reports a file it may not read as missing
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
 
             return load_file(str(path))
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise CheckpointError(_unreadable(path, error)) from error
+        raise _unreadable(path, error) from error
 
 
-def _unreadable(path: Path, error: BaseException) -> str:
+def _unreadable(path: Path, error: BaseException) -> Exception:
+    """The one-line error for a weights file that could not be read: missing permission (the file may be fine),
+    code in a pickle, or a truncated or foreign file."""
     import pickle
 
+    failure = storage_failure(error, path=path, doing="reading the weights", writing=False)
+    if failure is not None:
+        return failure
     text = str(error).strip().splitlines()
     detail = f"{type(error).__name__}: {text[0] if text else ''}"[:300]
     if isinstance(error, pickle.UnpicklingError):
-        return (f"{path}: refused to load: it holds objects other than weights ({detail}); loading it could run "
-                "code: use a model.safetensors export instead")
-    return f"{path}: unreadable ({detail}); the file is truncated or not a weights file: export or download it again"
+        return CheckpointError(f"{path}: refused to load: it holds objects other than weights ({detail}); loading "
+                               "it could run code: use a model.safetensors export instead")
+    return CheckpointError(f"{path}: unreadable ({detail}); the file is truncated or not a weights file: export or "
+                           "download it again")
 
 
 def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
@@ -134,7 +143,8 @@ def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str 
     ``tokenizer_config.json`` that ``transformers``' ``BertTokenizer`` reads.
 
     Weights holding NaN or inf are refused. The files are written into ``<directory>.partial`` and that
-    is renamed to ``directory`` at the end, so a kill midway never leaves a half-written ``directory``.
+    is renamed to ``directory`` at the end, so a kill midway never leaves a half-written ``directory``; a write
+    that fails for want of space or permission removes it and raises a one-line ``StorageError``.
     """
     directory = Path(directory)
     if directory.is_dir() and any(directory.iterdir()) and not (directory / "config.json").is_file():
@@ -146,8 +156,17 @@ def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str 
                               f"{bad[0]}); export an earlier checkpoint of the run")
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
-    partial.mkdir(parents=True)
-    _write_export(model, partial, tokenizer_dir)
+    try:
+        partial.mkdir(parents=True)
+        _write_export(model, partial, tokenizer_dir)
+    except Exception as error:
+        failure = storage_failure(error, path=directory, doing="writing the Hugging Face export",
+                                  note="the checkpoint is untouched: export it again with "
+                                       "`python -m pretrain.export`")
+        if failure is None:
+            raise
+        shutil.rmtree(partial, ignore_errors=True)  # gives back the space it took
+        raise failure from error
     replaced = directory.with_name(directory.name + ".replaced")
     shutil.rmtree(replaced, ignore_errors=True)
     if directory.exists():

@@ -18,7 +18,7 @@ if __package__ in (None, ""):  # run as a script (the launchers do that): make t
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.configlib import ConfigError  # noqa: E402
-from common.errors import DatasetFormatError  # noqa: E402
+from common.errors import DatasetFormatError, InputError, report, storage_failure  # noqa: E402
 from common.writelock import OutputLockedError, end_with_parent  # noqa: E402
 from pretrain import config as config_module  # noqa: E402
 from pretrain.hf_compat import CheckpointError  # noqa: E402
@@ -37,6 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="print the resolved DeepSpeed config, the batch arithmetic and the per-GPU memory of "
                              "the model states, then exit")
     parser.add_argument("--world-size", type=int, default=None, help="with --dry-run: the number of GPUs to plan for")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error too (otherwise a full disk or missing permission "
+                             "writes it to a file in the temporary directory that the error line names)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
     return parser.parse_args(argv)
 
@@ -84,7 +87,7 @@ def main(argv=None) -> int:
             raise ConfigError(f"{args.config}: data.path is not set; point it at a directory written by "
                               "`python -m preprocess run` (or pass --set data.path=DIR)")
     except EXPECTED_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
+        report(str(error), error, debug=args.debug)
         return 2
 
     from pretrain import engine, launch, train
@@ -96,20 +99,40 @@ def main(argv=None) -> int:
     engine.init_distributed(rendezvous, cfg.faults.timeout_minutes)
     try:
         status = train.run(cfg, rendezvous, resume=args.resume)
-    except (*EXPECTED_ERRORS, train.CollectiveTimeout) as error:
-        print(f"error (rank {rendezvous.rank}): {error}", file=sys.stderr)
-        _die(2)
-    except BaseException:
-        import traceback
+    except BaseException as error:  # noqa: BLE001 - every rank ends here: one line, or a traceback when unexpected
+        line, storage = expected_error(error, cfg.output_dir)
+        if line is None:
+            import traceback
 
-        traceback.print_exc()
-        _die(1)
+            traceback.print_exc()
+            _die(1)
+        report(line, error, debug=args.debug, label=f"error (rank {rendezvous.rank})",
+               traceback_file=f"pretrain-rank{rendezvous.rank}" if storage else None)
+        _die(2)
     engine.shutdown()
     # Leave without the interpreter's teardown, whose C++ destructors aborted a finished rank now and then
     # ("terminate called without an active exception": a thread of the distributed runtime still joinable),
     # turning a finished job into a failed one. Everything we write is closed by now; logs are flushed here.
     logging.shutdown()
     _die(status)
+
+
+def expected_error(error: BaseException, output_dir: str) -> tuple[str | None, bool]:
+    """(the one line, whether it is a full disk or missing permission) for an expected error; (None, False) for
+    any other. A full disk or missing permission wins over the message of the error it surfaced as (a shard
+    unreadable for want of permission is not damaged); the tokenizer's errors already say it."""
+    from pretrain.train import CollectiveTimeout
+
+    if not isinstance(error, Exception):  # an interrupt, even one during a disk fault's handling
+        return None, False
+    if isinstance(error, InputError):
+        return error.message, storage_failure(error) is not None
+    failure = storage_failure(error, path=output_dir)
+    if failure is not None:
+        return str(failure), True
+    if isinstance(error, (*EXPECTED_ERRORS, CollectiveTimeout)):
+        return str(error), False
+    return None, False
 
 
 def _die(status: int) -> None:

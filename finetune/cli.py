@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 from common import configlib
+from common.errors import InputError, storage_failure
+from common.errors import report as report_error
 
 BENCHMARKS = ("glue", "squad", "conll")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "finetune" / "default.yaml"
@@ -33,6 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "tasks (cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli); glue: GLUE tasks; default all")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error too (otherwise a full disk or missing permission "
+                             "writes it to a file in the temporary directory that the error line names)")
     return parser.parse_args(argv)
 
 
@@ -68,24 +73,46 @@ def plan(command: str, tasks: str | None) -> tuple[list[str], list[str]]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    from finetune import benchmarks as bench
-    from finetune import checkpoint, report
-    from finetune.config import load
+    try:
+        return run(args)
+    except Exception as error:  # noqa: BLE001 - an expected error becomes one line, anything else a traceback
+        line, storage = expected_error(error, args.output)
+        if line is None:
+            raise
+        report_error(line, error, debug=args.debug, traceback_file="finetune" if storage else None)
+        return 2
+
+
+def expected_error(error: BaseException, output: Path) -> tuple[str | None, bool]:
+    """(the one line, whether it is a full disk or missing permission) for an expected error; (None, False) for
+    any other. A full disk or missing permission wins over the message of the error it surfaced as; the
+    tokenizer's errors already say it."""
     from finetune.errors import DataError
     from pretrain.hf_compat import CheckpointError
 
+    if isinstance(error, InputError):
+        return error.message, storage_failure(error) is not None
+    failure = storage_failure(error, path=output)
+    if failure is not None:
+        return str(failure), True
+    if isinstance(error, (configlib.ConfigError, DataError, CheckpointError)):
+        return str(error), False
+    return None, False
+
+
+def run(args: argparse.Namespace) -> int:
+    from finetune import benchmarks as bench
+    from finetune import checkpoint, report
+    from finetune.config import load
+
     started = time.time()
-    try:
-        cfg = load(args.config, args.overrides)
-        to_run, glue_tasks = plan(args.command, args.tasks)
-        bench.check_data(to_run, glue_tasks, args.data, cfg)
-        args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "config.yaml").write_text(configlib.to_yaml(cfg))
-        model_dir = checkpoint.resolve(args.checkpoint, args.output)
-        tokenizer = checkpoint.load_tokenizer_for(model_dir)
-    except (configlib.ConfigError, DataError, CheckpointError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    cfg = load(args.config, args.overrides)
+    to_run, glue_tasks = plan(args.command, args.tasks)
+    bench.check_data(to_run, glue_tasks, args.data, cfg)
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "config.yaml").write_text(configlib.to_yaml(cfg))
+    model_dir = checkpoint.resolve(args.checkpoint, args.output)
+    tokenizer = checkpoint.load_tokenizer_for(model_dir)
     log.info(f"model {model_dir}; benchmarks {', '.join(to_run)}; seeds {cfg.seeds}")
     results = []
     if "glue" in to_run:

@@ -199,9 +199,21 @@ def grad_norm(engine) -> float:
 
 
 def save(engine, directory: Path, tag: str, client_state: dict) -> None:
-    """Every rank writes its part of ``directory/tag``; the caller publishes it once all are done."""
-    with _quiet():
-        engine.save_checkpoint(str(directory), tag=tag, client_state=client_state, save_latest=False)
+    """Every rank writes its part of ``directory/tag``; the caller publishes it once all are done.
+
+    A save that fails for want of space or permission raises ``common.errors.StorageError``, one line naming the
+    checkpoint and the cause (torch's C++ writer reports a full disk only as a failed write).
+    """
+    from pretrain.checkpoints import save_failure
+
+    try:
+        with _quiet():
+            engine.save_checkpoint(str(directory), tag=tag, client_state=client_state, save_latest=False)
+    except Exception as error:
+        failure = save_failure(error, directory, tag)
+        if failure is None:
+            raise
+        raise failure from error
 
 
 # Where DeepSpeed's optimizers keep this rank's fp32 master weights: ZeRO 1/2, the bf16 optimizer, ZeRO 3,

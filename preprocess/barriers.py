@@ -101,6 +101,14 @@ def plan_shards(work: str, cfg: OutputConfig) -> list[int]:
     return list(range(num_shards))
 
 
+def write_shard(work: str, output_dir: str, shard: int, output_schema: pa.Schema) -> str:
+    """Assemble shard ``shard`` of the shard plan and record its manifest entry; returns its name."""
+    plan = storage.read_json(storage.join(work, SHARD_PLAN_NAME))
+    entry = shards.assemble_shard(work, output_dir, shard, plan["num_shards"], plan["group_rows"], output_schema)
+    storage.write_json(storage.join(work, "shards", f"s{shard:06d}.json"), entry)
+    return entry["name"]
+
+
 class WriteShards(beam.PTransform):
     """After every piece is written: plan the shards, then assemble them in parallel."""
 
@@ -111,13 +119,6 @@ class WriteShards(beam.PTransform):
 
     def expand(self, trigger):
         work, output_dir, cfg, output_schema = self._args
-
-        def assemble(shard: int) -> str:
-            plan = storage.read_json(storage.join(work, SHARD_PLAN_NAME))
-            entry = shards.assemble_shard(work, output_dir, shard, plan["num_shards"], plan["group_rows"],
-                                          output_schema)
-            storage.write_json(storage.join(work, "shards", f"s{shard:06d}.json"), entry)
-            return entry["name"]
-
         planned = trigger | "AfterPieces" >> Barrier() | "Plan" >> beam.FlatMap(lambda _: plan_shards(work, cfg))
-        return spread(planned, "SpreadShards", self._spread) | "Assemble" >> beam.Map(assemble)
+        return (spread(planned, "SpreadShards", self._spread)
+                | "Assemble" >> beam.Map(lambda shard: write_shard(work, output_dir, shard, output_schema)))

@@ -69,16 +69,20 @@ class WorkerLog:
         return False
 
 
-def run_beam(options: PipelineOptions, build, log: WorkerLog | None = None) -> None:
-    """Build one pipeline (``build(pipeline)`` adds its transforms) and run it to the end, its workers' stderr
-    sent to ``log``."""
-    pipeline = beam.Pipeline(options=options)
-    build(pipeline)
-    try:
+def run_beam(options: PipelineOptions, build, log: WorkerLog | None = None, in_process: bool = False) -> None:
+    """Build one pipeline (``build(pipeline, lot)`` adds its transforms) and run it to the end, its workers'
+    stderr sent to ``log``.
+
+    ``in_process``: the caller knows that the runner runs the whole pipeline in this process (the DirectRunner's
+    in-memory mode: ``beamargs.runs_in_one_process``; the local pool's own pipelines). ``lot`` is then a
+    ``preprocess.handoff`` lot, open while the pipeline runs, through which its payloads cross the GroupByKeys by
+    reference; otherwise it is None.
+    """
+    with handoff.open_lot() if in_process else contextlib.nullcontext() as lot:
+        pipeline = beam.Pipeline(options=options)
+        build(pipeline, lot)
         with log or contextlib.nullcontext():
             pipeline.run().wait_until_finish()
-    finally:
-        handoff.clear()  # payloads a failed pipeline left behind
 
 
 __all__ = ["FN_API_RUNNER", "WorkerLog", "beam_options", "run_beam"]

@@ -17,9 +17,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 import apache_beam as beam
 
-from common import storage, writelock
-from preprocess import barriers, docstore, dumpsplit, shards, transforms
+from common import writelock
+from preprocess import barriers, dumpsplit
 from preprocess.beamrun import beam_options, run_beam
+from preprocess.plan import Plan
 
 
 def estimated_cost(kind: str, uri: str, size: int) -> float:
@@ -68,11 +69,14 @@ def block_ranges(uri: str, size: int, ranges: list[tuple[int, int]]) -> list[tup
         return dumpsplit.snap_to_blocks(raw, size, ranges)
 
 
-def _run(options_args, build) -> None:
-    run_beam(beam_options(options_args), build)
+def _run(options_args: list[str], build) -> None:
+    """One of this worker's pipelines: in-memory, so entirely in this process (payloads handed by reference)."""
+    run_beam(beam_options(options_args), build, in_process=True)
 
 
-_claimed = None  # the pool's shared count of claimed document units (set in each worker by _init_worker)
+# The pool's shared count of claimed document units, set in each worker by _init_worker: multiprocessing lets a
+# shared Value reach a worker only through the pool's initializer, not inside a task.
+_claimed = None
 
 
 def _init_worker(claimed) -> None:
@@ -107,30 +111,26 @@ class ClaimUnits(beam.DoFn):
 
 
 def _documents_task(task) -> None:
-    options_args, units, budget, sources_cfg, tokenizer_uri, bucket_bits, work, part, vocab_size = task
-    _run(options_args, lambda p: p | "Budget" >> beam.Create([budget]) | "Claim" >> beam.ParDo(ClaimUnits(units))
-         | transforms.BuildDocumentStore(sources_cfg, tokenizer_uri, bucket_bits, work, part, vocab_size,
-                                         spread=False))
+    plan, options_args, units, budget, part = task
+    _run(options_args, lambda p, lot: (p | "Budget" >> beam.Create([budget]) | "Claim" >> beam.ParDo(ClaimUnits(units))
+                                       | plan.documents(part, lot)))
 
 
 def _instances_task(task) -> None:
-    options_args, buckets, tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id, provenance = task
-    _run(options_args, lambda p: p | "Buckets" >> beam.Create(buckets, reshuffle=False) | transforms.CreateInstances(
-        tokenizer_uri, work, instances_cfg, seed, part, vocab_size, mask_id, spread=False, provenance=provenance,
-        by_reference=True))
+    plan, options_args, buckets, part = task
+    _run(options_args, lambda p, lot: (p | "Buckets" >> beam.Create(buckets, reshuffle=False)
+                                       | plan.instances(part, lot)))
 
 
 def _count_task(task) -> list[tuple]:
-    """The index stage's counts for a bucket range: (bucket, documents, duplicates), as ``CountBucket``."""
-    work, lo, hi = task
-    return [docstore.bucket_count(work, bucket) for bucket in range(lo, hi)]
+    plan, lo, hi = task
+    return plan.count_buckets(lo, hi)
 
 
 def _shards_task(task) -> None:
-    work, output_dir, shard_ids, num_shards, group_rows, output_schema = task
+    plan, shard_ids = task
     for shard in shard_ids:
-        entry = shards.assemble_shard(work, output_dir, shard, num_shards, group_rows, output_schema)
-        storage.write_json(storage.join(work, "shards", f"s{shard:06d}.json"), entry)
+        plan.write_shard(shard)
 
 
 def _start_method() -> str:
@@ -145,44 +145,36 @@ def _start_method() -> str:
     return "fork" if sys.platform.startswith("linux") and threading.active_count() == 1 else "spawn"
 
 
-def run_stages(cfg, workers: int, options_args: list[str], files, bucket_bits: int, work: str, staging: str,
-               tokenizer_uri: str, tok, output_schema, bar) -> None:
-    """Documents, index, instances and shards with ``workers`` processes; slices = max(workers, parts).
+def run_stages(plan: Plan, workers: int, options_args: list[str], bar) -> None:
+    """The plan's stages with ``workers`` processes; slices = max(workers, parts).
 
     Args:
-        files: (kind, uri, size in bytes) of every input file.
+        options_args: Beam options for the workers' in-memory pipelines (without the ones that ask for workers).
     """
-    num_buckets = 1 << bucket_bits
-    slices = max(workers, cfg.parts)
-    ranges = barriers.bucket_ranges(num_buckets, slices)
+    slices = max(workers, plan.parts)
     context = multiprocessing.get_context(_start_method())
     claimed = context.Value("q", 0)
-    units = plan_units(files, slices, bucket_bits, block_ranges)
+    units = plan_units(list(plan.files), slices, plan.bucket_bits, block_ranges)
     # A slice's documents stay in its pipeline's memory until it ends: with more slices than processes (parts,
     # for a memory budget), each claims about its share; otherwise each runs until no unit is left.
     budget = None if slices == workers else sum(cost for cost, _ in units) / slices * (1 - 1e-9)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
                              initargs=(claimed,)) as pool:
         bar.set_postfix_str(f"documents, {slices} slices on {workers} processes")
-        list(pool.map(_documents_task, [(options_args, units, budget, cfg.sources, tokenizer_uri, bucket_bits, work,
-                                         i, tok.vocab_size) for i in range(slices)]))
+        list(pool.map(_documents_task, [(plan, options_args, units, budget, i) for i in range(slices)]))
         if claimed.value < len(units):
             raise RuntimeError(f"only {claimed.value} of {len(units)} input units were read; nothing is published")
         bar.update()
         bar.set_postfix_str("index")
         # The index is a few counts: no pipeline of its own (starting one here would be serial time).
-        counts = [row for rows in pool.map(_count_task, [(work, lo, hi) for lo, hi in ranges]) for row in rows]
-        non_empty = set(barriers.write_index(counts, work, num_buckets, cfg.instances))
+        ranges = barriers.bucket_ranges(plan.num_buckets, slices)
+        plan.write_index([row for rows in pool.map(_count_task, [(plan, lo, hi) for lo, hi in ranges]) for row in rows])
         bar.update()
         bar.set_postfix_str("instances")
-        tasks = [(options_args, [b for b in range(lo, hi) if b in non_empty], tokenizer_uri, work, cfg.instances,
-                  cfg.seed, i, tok.vocab_size, tok.mask_id, cfg.output.provenance) for i, (lo, hi) in enumerate(ranges)]
-        list(pool.map(_instances_task, [t for t in tasks if t[1]]))
+        list(pool.map(_instances_task, [(plan, options_args, buckets, i)
+                                        for i, buckets in enumerate(plan.bucket_slices(slices)) if buckets]))
         bar.update()
         bar.set_postfix_str("shards")
-        barriers.plan_shards(work, cfg.output)
-        plan = storage.read_json(storage.join(work, barriers.SHARD_PLAN_NAME))
-        ids = list(range(plan["num_shards"]))
-        list(pool.map(_shards_task, [(work, staging, ids[i::workers], plan["num_shards"], plan["group_rows"],
-                                      output_schema) for i in range(min(workers, len(ids)))]))
+        shard_ids = list(range(plan.plan_shards()))
+        list(pool.map(_shards_task, [(plan, shard_ids[i::workers]) for i in range(min(workers, len(shard_ids)))]))
         bar.update()

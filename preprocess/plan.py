@@ -1,9 +1,25 @@
-"""The plan of a run: its input files, and the document-store buckets they are spread over."""
+"""The plan of a run: its four stages with their inputs and parameters, built once by the driver.
+
+    documents (per part: files) -> index (barrier) -> instances (per part: buckets) -> shards (barrier)
+
+The stages meet at files under the work directory, so the executors only schedule them: ``preprocess.pipeline``
+as one Beam pipeline (or one per part), ``preprocess.local`` in a pool of processes, ``preprocess.steps`` as
+separate jobs. Each stage has its Beam form; the index and shards stages also a plain one, for an executor that
+runs them without a pipeline. An executor that runs a pipeline entirely in this process passes the pipeline's
+handoff lot (``preprocess.handoff``): its elements then stay where they are (no spreading over workers) and
+payloads cross the GroupByKeys by reference; with None they are spread and travel by value.
+"""
 from __future__ import annotations
 
-from common import storage
+import dataclasses
+
+import pyarrow as pa
+
+from common import schema, storage
 from common.errors import InputError
-from preprocess import barriers, sources
+from common.preprocess_config import InstanceConfig, OutputConfig, PreprocessConfig, SourceConfig
+from preprocess import barriers, docstore, handoff, sources, transforms
+from preprocess.memory import split_parts
 
 BYTES_PER_BUCKET = 256 << 10   # input bytes per document-store bucket: small units balance workers
 
@@ -34,3 +50,97 @@ def bucket_bits_for(sized: list[tuple[str, str, int]], slices: int) -> int:
     """Document-store buckets: enough for every slice, and about BYTES_PER_BUCKET of input each."""
     input_bytes = sum(size for _, _, size in sized)
     return min(16, max(barriers.bits_for(slices), barriers.bits_for(input_bytes / BYTES_PER_BUCKET)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The stages of one run. Small and picklable: the local pool sends it to its worker processes.
+
+    Attributes:
+        files: (kind, uri, size in bytes) of every input file.
+        parts: how many parts the documents and instances stages are split into (``PreprocessConfig.parts``).
+        work: where the stages meet (under ``staging``, removed when the dataset is published).
+        staging: where the shards are written (the dataset's staging location).
+    """
+
+    files: tuple[tuple[str, str, int], ...]
+    parts: int
+    bucket_bits: int
+    source_cfg: SourceConfig
+    instance_cfg: InstanceConfig
+    output_cfg: OutputConfig
+    seed: int
+    work: str
+    staging: str
+    tokenizer_uri: str
+    vocab_size: int
+    mask_id: int
+    output_schema: pa.Schema
+
+    @classmethod
+    def build(cls, cfg: PreprocessConfig, files, tok, staging: str, tokenizer_uri: str, slices: int) -> Plan:
+        """The plan for ``files`` with the tokenizer ``tok`` (saved at ``tokenizer_uri``); ``slices``: the most
+        pieces any executor cuts a stage into (each needs a document-store bucket of its own)."""
+        output_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, {
+            "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]})
+        return cls(files=tuple(files), parts=cfg.parts, bucket_bits=bucket_bits_for(files, slices),
+                   source_cfg=cfg.sources, instance_cfg=cfg.instances, output_cfg=cfg.output, seed=cfg.seed,
+                   work=storage.join(staging, "_work"), staging=staging, tokenizer_uri=tokenizer_uri,
+                   vocab_size=tok.vocab_size, mask_id=tok.mask_id, output_schema=output_schema)
+
+    @property
+    def num_buckets(self) -> int:
+        return 1 << self.bucket_bits
+
+    def file_parts(self) -> list[list[tuple[str, str]]]:
+        """(kind, uri) of each part's input files: a size-balanced split (fewer parts than files at most)."""
+        return split_parts(list(self.files), min(self.parts, len(self.files)))
+
+    def bucket_slices(self, slices: int) -> list[list[int]]:
+        """The non-empty document buckets of each of ``slices`` contiguous bucket ranges (after the index)."""
+        counts = storage.read_json(storage.join(self.work, transforms.INDEX_NAME))["counts"]
+        non_empty = {bucket for bucket, count, _ in counts if count}
+        return [[b for b in range(lo, hi) if b in non_empty]
+                for lo, hi in barriers.bucket_ranges(self.num_buckets, slices)]
+
+    # Stage 1: documents
+    def documents(self, part: int, lot: handoff.Lot | None) -> transforms.BuildDocumentStore:
+        """(kind, uri[, split]) input units -> part ``part``'s share of the document store."""
+        return transforms.BuildDocumentStore(self.source_cfg, self.tokenizer_uri, self.bucket_bits, self.work, part,
+                                             self.vocab_size, spread=lot is None)
+
+    # Stage 2: index
+    def index(self, lot: handoff.Lot | None) -> barriers.IndexCorpus:
+        """Anything -> after it, the corpus index; emits the non-empty buckets."""
+        return barriers.IndexCorpus(self.work, self.num_buckets, self.instance_cfg, spread=lot is None)
+
+    def count_buckets(self, lo: int, hi: int) -> list[tuple]:
+        """The index stage without Beam, first half: (bucket, documents, duplicate ids) of buckets ``[lo, hi)``."""
+        return [docstore.bucket_count(self.work, bucket) for bucket in range(lo, hi)]
+
+    def write_index(self, counts: list[tuple]) -> None:
+        """The index stage without Beam, second half: every bucket's counts -> the corpus index."""
+        barriers.write_index(counts, self.work, self.num_buckets, self.instance_cfg)
+
+    # Stage 3: instances
+    def instances(self, part: int, lot: handoff.Lot | None) -> transforms.CreateInstances:
+        """Buckets -> part ``part``'s pieces of instances."""
+        return transforms.CreateInstances(self.tokenizer_uri, self.work, self.instance_cfg, self.seed, part,
+                                          self.vocab_size, self.mask_id, spread=lot is None,
+                                          provenance=self.output_cfg.provenance, lot=lot)
+
+    # Stage 4: shards
+    def shards(self, lot: handoff.Lot | None) -> barriers.WriteShards:
+        """Anything -> after it, the shards."""
+        return barriers.WriteShards(self.work, self.staging, self.output_cfg, self.output_schema, spread=lot is None)
+
+    def plan_shards(self) -> int:
+        """The shards stage without Beam, first half: the shard plan; returns the number of shards."""
+        return len(barriers.plan_shards(self.work, self.output_cfg))
+
+    def write_shard(self, shard: int) -> str:
+        """The shards stage without Beam, second half: one shard; returns its name."""
+        return barriers.write_shard(self.work, self.staging, shard, self.output_schema)
+
+
+__all__ = ["Plan", "bucket_bits_for", "resolve_inputs"]

@@ -13,6 +13,7 @@ from common.errors import InputError
 from common.preprocess_config import PreprocessConfig
 from preprocess import barriers, shards, sources, transforms
 from preprocess.beamrun import WorkerLog
+from preprocess.plan import Plan
 
 LOG = logging.getLogger("preprocess")
 
@@ -61,9 +62,10 @@ def discard_failed(staging: str, output: str, log: WorkerLog) -> None:
         os.unlink(log.path)  # nothing in it
 
 
-def publish_dataset(cfg: PreprocessConfig, tok, sized, bucket_bits: int, work: str, staging: str, output: str,
-                    started: float, log: WorkerLog) -> dict:
-    """After the shards are written: dead letters, config and manifest (written last), then publish."""
+def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started: float, log: WorkerLog) -> dict:
+    """After the shards of ``plan`` are written: dead letters, config and manifest (written last), then publish
+    ``plan.staging`` as ``output``."""
+    work, staging = plan.work, plan.staging
     index_data = storage.read_json(storage.join(work, transforms.INDEX_NAME))
     counts = {b: (c, d) for b, c, d in index_data["counts"]}
     num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
@@ -83,8 +85,8 @@ def publish_dataset(cfg: PreprocessConfig, tok, sized, bucket_bits: int, work: s
     with storage.open_write(storage.join(staging, schema.CONFIG_NAME), binary=False) as handle:
         handle.write(configlib.to_yaml(cfg))
 
-    manifest = _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard_entries,
-                         total_rows, bucket_bits, group_bits)
+    manifest = _manifest(cfg, tok, plan.files, doc_metas, counts, num_docs, corpus, stats, shard_entries,
+                         total_rows, plan.bucket_bits, group_bits)
     storage.remove_tree(work)
     manifest["summary"]["wall_seconds"] = round(time.time() - started, 3)
     manifest["summary"]["corpus_tokens_per_second"] = round(corpus["tokens"] / max(1e-9, time.time() - started), 1)

@@ -21,6 +21,7 @@ parts at each barrier, and part 0 finishes: the form for jobs whose parts all ru
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -33,8 +34,7 @@ from common.errors import InputError
 from common.preprocess_config import PreprocessConfig
 from preprocess import barriers, beamargs, sources, transforms
 from preprocess.beamrun import WorkerLog, beam_options, run_beam
-from preprocess.memory import split_parts
-from preprocess.plan import bucket_bits_for, resolve_inputs
+from preprocess.plan import Plan, resolve_inputs
 from preprocess.publish import publish_dataset, staging_for
 
 LOG = logging.getLogger("preprocess")
@@ -81,12 +81,11 @@ def run_step(cfg: PreprocessConfig, *, step: str | None, part: int | None, wikip
     options, log = beam_options(list(beam_args), verbose), WorkerLog(verbose)
     sized = resolve_inputs(wikipedia, books)
     tok = load_tokenizer(tokenizer, lowercase=cfg.tokenizer.lowercase)
-    bucket_bits = bucket_bits_for(sized, cfg.parts)
     staging = _staging(output)
-    work = storage.join(staging, "_work")
-    _claim(work, cfg, sized, tok, bucket_bits)
-    run = _Run(cfg, options, log, sized, tok, bucket_bits, staging, work, output,
-               one_process=beamargs.runs_in_one_process(list(beam_args)))
+    # The tokenizer is saved to the dataset by the finish step; the other steps use private copies.
+    plan = Plan.build(cfg, sized, tok, staging, storage.join(staging, schema.TOKENIZER_DIR), slices=cfg.parts)
+    _claim(plan.work, cfg, sized, tok, plan.bucket_bits)
+    run = _Run(cfg, plan, tok, options, log, output, in_process=beamargs.runs_in_one_process(list(beam_args)))
     if step == "documents":
         return run.documents(part)
     if step == "instances":
@@ -139,18 +138,23 @@ def marker(work: str, step: str, part: int) -> str:
 
 
 class _Run:
-    def __init__(self, cfg, options: PipelineOptions, log: WorkerLog, sized, tok, bucket_bits, staging, work,
-                 output, one_process: bool = False):
-        self.cfg, self.options, self.log, self.sized, self.tok = cfg, options, log, sized, tok
-        self.bucket_bits, self.staging, self.work, self.output = bucket_bits, staging, work, output
-        # Beam runs each step's pipeline in this process: nothing to spread, payloads handed by reference.
-        self.spread = not one_process
+    """The steps of one part, run by this process on Beam's runner.
 
-    def _tokenizer_copy(self, name: str) -> str:
-        """A private copy for this process's workers: parts never write the same file at once."""
+    Args:
+        in_process: the runner runs each step's pipeline entirely in this process (see ``beamrun.run_beam``).
+    """
+
+    def __init__(self, cfg: PreprocessConfig, plan: Plan, tok, options: PipelineOptions, log: WorkerLog,
+                 output: str, in_process: bool):
+        self.cfg, self.plan, self.tok, self.options, self.log = cfg, plan, tok, options, log
+        self.work, self.output, self.in_process = plan.work, output, in_process
+
+    def _with_tokenizer_copy(self, name: str) -> Plan:
+        """The plan with a private copy of the tokenizer for this process's workers: parts never write the same
+        file at once."""
         uri = storage.join(self.work, "tokenizers", name)
         self.tok.save(uri)
-        return uri
+        return dataclasses.replace(self.plan, tokenizer_uri=uri)
 
     def _done(self, step: str, part: int) -> dict | None:
         uri = marker(self.work, step, part)
@@ -161,13 +165,11 @@ class _Run:
         if previous:
             return {**previous, "skipped": "already done"}
         started = time.time()
-        file_parts = split_parts(self.sized, min(self.cfg.parts, len(self.sized)))
+        file_parts = self.plan.file_parts()
         files = file_parts[part] if part < len(file_parts) else []
         if files:
-            tokenizer_uri = self._tokenizer_copy(f"documents-p{part:04d}")
-            build = transforms.BuildDocumentStore(self.cfg.sources, tokenizer_uri, self.bucket_bits, self.work, part,
-                                                  self.tok.vocab_size, spread=self.spread)
-            self._beam(lambda p: p | "Files" >> beam.Create(files, reshuffle=False) | build)
+            plan = self._with_tokenizer_copy(f"documents-p{part:04d}")
+            self._beam(lambda p, lot: p | "Files" >> beam.Create(files, reshuffle=False) | plan.documents(part, lot))
         metas = [meta for uri, meta in barriers.read_metas(storage.join(self.work, "docs")).items()
                  if uri.replace("\\", "/").endswith(f"/p{part:04d}.json")]
         summary = {"step": "documents", "part": part, "parts": self.cfg.parts, "files": len(files),
@@ -181,21 +183,14 @@ class _Run:
         if previous:
             return {**previous, "skipped": "already done"}
         started = time.time()
-        num_buckets = 1 << self.bucket_bits
         if not storage.exists(storage.join(self.work, transforms.INDEX_NAME)):
             # Whichever part gets here first builds it; all compute the same bytes, written atomically.
-            index = barriers.IndexCorpus(self.work, num_buckets, self.cfg.instances, spread=self.spread)
-            self._beam(lambda p: p | "Start" >> beam.Create([None]) | index)
-        counts = storage.read_json(storage.join(self.work, transforms.INDEX_NAME))["counts"]
-        non_empty = {bucket for bucket, count, _ in counts if count}
-        lo, hi = barriers.bucket_ranges(num_buckets, self.cfg.parts)[part]
-        buckets = [b for b in range(lo, hi) if b in non_empty]
+            self._beam(lambda p, lot: p | "Start" >> beam.Create([None]) | self.plan.index(lot))
+        buckets = self.plan.bucket_slices(self.plan.parts)[part]
         if buckets:
-            tokenizer_uri = self._tokenizer_copy(f"instances-p{part:04d}")
-            create = transforms.CreateInstances(tokenizer_uri, self.work, self.cfg.instances, self.cfg.seed, part,
-                                                self.tok.vocab_size, self.tok.mask_id, spread=self.spread,
-                                                provenance=self.cfg.output.provenance, by_reference=not self.spread)
-            self._beam(lambda p: p | "Buckets" >> beam.Create(buckets, reshuffle=False) | create)
+            plan = self._with_tokenizer_copy(f"instances-p{part:04d}")
+            self._beam(lambda p, lot: (p | "Buckets" >> beam.Create(buckets, reshuffle=False)
+                                       | plan.instances(part, lot)))
         rows = sum(meta["rows"] for uri, meta in barriers.read_metas(storage.join(self.work, "pieces")).items()
                    if uri.replace("\\", "/").endswith(f"/p{part:04d}.json"))
         summary = {"step": "instances", "part": part, "parts": self.cfg.parts, "buckets": len(buckets),
@@ -207,15 +202,10 @@ class _Run:
         # The run began when its first part did: the manifest's wall time and throughput cover all the steps.
         started = min([started] + [storage.read_json(uri).get("started", started)
                                    for uri in storage.list_files(storage.join(self.work, "steps"))])
-        tokenizer_uri = storage.join(self.staging, schema.TOKENIZER_DIR)
-        self.tok.save(tokenizer_uri)
-        out_schema = schema.instance_schema(self.tok.vocab_size, self.cfg.output.provenance, {
-            "max_seq_length": self.cfg.instances.max_seq_length, "vocab_sha256": self.tok.identity()["vocab_sha256"]})
-        write_shards = barriers.WriteShards(self.work, self.staging, self.cfg.output, out_schema, spread=self.spread)
+        self.tok.save(self.plan.tokenizer_uri)
         # A finish that died midway left no manifest, so nothing looks complete; running it again redoes the shards.
-        self._beam(lambda p: p | "Start" >> beam.Create([None]) | write_shards)
-        return publish_dataset(self.cfg, self.tok, self.sized, self.bucket_bits, self.work, self.staging, self.output,
-                               started, self.log)
+        self._beam(lambda p, lot: p | "Start" >> beam.Create([None]) | self.plan.shards(lot))
+        return publish_dataset(self.cfg, self.tok, self.plan, self.output, started, self.log)
 
     def await_parts(self, step: str, wait_seconds: float) -> None:
         """Return when every part has finished ``step``; wait up to ``wait_seconds`` for the missing ones."""
@@ -235,7 +225,7 @@ class _Run:
 
     def _beam(self, build) -> None:
         try:
-            run_beam(self.options, build, self.log)
+            run_beam(self.options, build, self.log, in_process=self.in_process)
         except BaseException:
             if self.log.path:
                 LOG.warning("Apache Beam's log of this step: %s", self.log.path)

@@ -17,10 +17,10 @@ from apache_beam.utils import shared
 
 from common import schema, storage
 from common.hashing import document_hash, rng_for
+from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig, SourceConfig
 from preprocess import books, docstore, dumpsplit, handoff, shards, sources, text
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
-from common.masking import MaskingVocab
 from preprocess.instances import plan_instances
 from preprocess.records import RawDocument, Rejected
 
@@ -171,15 +171,15 @@ class _BuildsInstances(_UsesTokenizer):
     """Reads the corpus index (written by the index stage) on first use, when it is sure to exist.
 
     With ``provenance`` the instances carry the ids of their source documents (doc_a, doc_b); without it no
-    document id is copied, sent or written: the output would drop them. With ``by_reference`` the batches and
-    requests cross the GroupByKeys as ``preprocess.handoff`` references (one-process runners only).
+    document id is copied, sent or written: the output would drop them. With a ``lot`` the batches and requests
+    cross the GroupByKeys as ``preprocess.handoff`` references parked there (one-process runners only).
     """
 
     def __init__(self, tokenizer_uri: str, work: str, cfg: InstanceConfig, seed: int, provenance: bool = True,
-                 by_reference: bool = False):
+                 lot: handoff.Lot | None = None):
         super().__init__(tokenizer_uri)
         self._work, self._cfg, self._seed, self._provenance = work, cfg, seed, provenance
-        self._by_reference = by_reference
+        self._lot = lot
         self._index = None
         self._instances = Metrics.counter("preprocess", "instances")
 
@@ -219,8 +219,8 @@ class _BuildsInstances(_UsesTokenizer):
         bounds = np.flatnonzero(np.diff(groups)) + 1  # rows come ordered by group (_by_group)
         for start, end in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(groups)]])):
             batch = table.slice(int(start), int(end - start))
-            yield int(groups[start]), handoff.send(batch if self._by_reference else shards.to_ipc(batch),
-                                                   self._by_reference)
+            payload = batch if self._lot is not None else shards.to_ipc(batch)
+            yield int(groups[start]), handoff.send(payload, self._lot)
 
 
 class PlanAndBuildInstances(_BuildsInstances):
@@ -284,7 +284,7 @@ class PlanAndBuildInstances(_BuildsInstances):
                 "keys": keys.take(rows),
                 "targets": targets[rows], "target_b_length": plans[rows, _TARGET_B_LENGTH],
                 "a_tokens": loaded.tokens[ragged_arange(a_ranges[rows, 0], lengths)], "a_lengths": lengths},
-                self._by_reference))
+                self._lot))
 
 
 # Columns of a bucket's plan table (one row of InstancePlan fields per instance).
@@ -356,14 +356,14 @@ class CreateInstances(beam.PTransform):
     With ``spread`` (the default) the buckets are redistributed over the runner's workers first; without it
     they stay where they are, for a caller that hands each pipeline its own buckets (the local process pool).
     ``provenance``: whether the pieces carry doc_a and doc_b (only a --provenance output needs them).
-    ``by_reference``: for a runner that runs the whole pipeline in this process, the batches and requests cross
-    the GroupByKeys by reference (``preprocess.handoff``) instead of being encoded and copied.
+    ``lot``: for a runner that runs the whole pipeline in this process, the batches and requests cross the
+    GroupByKeys by reference, parked in this ``preprocess.handoff`` lot, instead of being encoded and copied.
     """
 
     def __init__(self, tokenizer_uri, work, cfg: InstanceConfig, seed, part, vocab_size, mask_id,
-                 spread: bool = True, provenance: bool = True, by_reference: bool = False):
+                 spread: bool = True, provenance: bool = True, lot: handoff.Lot | None = None):
         super().__init__()
-        self._args = (tokenizer_uri, work, cfg, seed, provenance, by_reference)
+        self._args = (tokenizer_uri, work, cfg, seed, provenance, lot)
         self._part, self._vocab_size, self._mask_id, self._work = part, vocab_size, mask_id, work
         self._spread = spread
 

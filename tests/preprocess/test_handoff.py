@@ -1,4 +1,4 @@
-"""Payloads handed between DoFns of one process by reference."""
+"""Payloads handed between DoFns of one pipeline by reference, parked in the pipeline's lot."""
 from __future__ import annotations
 
 import pickle
@@ -10,20 +10,34 @@ from preprocess import handoff
 
 def test_a_payload_is_taken_back_once_and_as_itself():
     payload = {"tokens": list(range(5))}
-    ref = handoff.send(payload, by_reference=True)
-    assert isinstance(ref, handoff.Ref) and handoff.receive(ref) is payload
-    with pytest.raises(RuntimeError, match="taken twice"):
-        handoff.receive(ref)
+    with handoff.open_lot() as lot:
+        ref = handoff.send(payload, lot)
+        assert isinstance(ref, handoff.Ref) and handoff.receive(ref) is payload
+        with pytest.raises(RuntimeError, match="taken twice"):
+            handoff.receive(ref)
 
 
-def test_without_reference_the_payload_travels_itself():
+def test_without_a_lot_the_payload_travels_itself():
     payload = b"ipc bytes"
-    assert handoff.send(payload, by_reference=False) is payload
+    assert handoff.send(payload, None) is payload
     assert handoff.receive(payload) is payload
 
 
-def test_a_ref_that_crossed_to_a_process_without_the_payload_fails_clearly():
-    ref = pickle.loads(pickle.dumps(handoff.send("x", by_reference=True)))
-    assert handoff.clear() == 1  # as in another process: nothing parked here
-    with pytest.raises(RuntimeError, match="another process"):
-        handoff.receive(ref)
+def test_a_pickled_lot_and_ref_stay_the_same_lot_and_payload():
+    # Beam pickles the DoFns that hold the lot and the elements that carry the refs, also in this process.
+    with handoff.open_lot() as lot:
+        copy = pickle.loads(pickle.dumps(lot))
+        ref = pickle.loads(pickle.dumps(handoff.send("x", copy)))
+        assert handoff.receive(ref) == "x"
+
+
+def test_closing_a_lot_drops_its_payloads_and_leaves_other_lots_alone():
+    with handoff.open_lot() as other:
+        kept = handoff.send("kept", other)
+        with handoff.open_lot() as lot:
+            dropped = handoff.send("dropped", lot)
+        with pytest.raises(RuntimeError, match="after its pipeline ended"):
+            handoff.receive(dropped)
+        assert handoff.receive(kept) == "kept"
+    with pytest.raises(RuntimeError, match="not open in this process"):
+        lot.park("late")

@@ -13,7 +13,7 @@ from common import storage
 from common.hashing import document_hash
 from common.preprocess_config import InstanceConfig, SourceConfig
 from common.tokenizer import load_tokenizer
-from preprocess import docstore, shards, transforms
+from preprocess import docstore, handoff, shards, transforms
 from preprocess.beamrun import beam_options
 from preprocess.records import RawDocument, Rejected
 
@@ -145,10 +145,10 @@ def test_create_instances_resolves_random_next_across_buckets(small_store, bert_
     # Handing batches over by reference (one-process runners) changes nothing either.
     for spread, provenance, by_reference in ((True, True, False), (False, True, False), (False, False, False),
                                              (False, True, True)):
-        with test_pipeline() as p:
+        with handoff.open_lot() as lot, test_pipeline() as p:
             groups = (p | beam.Create([0, 1]) | transforms.CreateInstances(
                 str(bert_vocab), work, cfg, 7, 0, tok.vocab_size, tok.mask_id, spread=spread, provenance=provenance,
-                by_reference=by_reference))
+                lot=lot if by_reference else None))
             assert_that(groups | beam.Distinct(), equal_to([0, 1]))
         # A piece's rows come in arrival order (the shard sorts them): compare them in key order.
         pieces[spread, provenance, by_reference] = [

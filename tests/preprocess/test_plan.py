@@ -1,0 +1,71 @@
+"""The plan of a run: built once from the config, inputs and tokenizer; the executors only schedule its stages."""
+from __future__ import annotations
+
+import pickle
+
+import apache_beam as beam
+import pytest
+
+from common import preprocess_config as config_module
+from common import storage
+from common.tokenizer import load_tokenizer
+from preprocess import handoff, transforms
+from preprocess.beamrun import beam_options
+from preprocess.plan import Plan
+from tests.preprocess.conftest import REPO_ROOT
+
+FILES = [("wiki", "enwiki-1.xml.bz2", 3 << 20), ("book", "a.txt", 1 << 20), ("book", "b.txt", 1 << 20)]
+
+
+@pytest.fixture(scope="module")
+def tok(bert_vocab):
+    return load_tokenizer(str(bert_vocab))
+
+
+def _plan(tok, tmp_path, overrides=(), slices=1) -> Plan:
+    cfg = config_module.load(REPO_ROOT / "configs/preprocess/tiny.yaml", list(overrides))
+    return Plan.build(cfg, FILES, tok, str(tmp_path / "out.incomplete"), str(tmp_path / "tokenizer"), slices=slices)
+
+
+def test_the_plan_carries_the_config_and_tokenizer_to_every_stage(tok, tmp_path):
+    plan = _plan(tok, tmp_path, ["parts=2", "output.provenance=true", "seed=7"], slices=4)
+    assert plan.parts == 2 and plan.seed == 7 and plan.vocab_size == tok.vocab_size and plan.mask_id == tok.mask_id
+    assert plan.num_buckets >= 4, "every slice gets a document bucket of its own"
+    assert {"doc_a", "doc_b"} <= set(plan.output_schema.names)
+    assert "doc_a" not in _plan(tok, tmp_path).output_schema.names
+    assert plan.work.startswith(plan.staging)
+    # Each part's input files: every file once, the large dump alone.
+    assert sorted(f for part in plan.file_parts() for f in part) == sorted((k, u) for k, u, _ in FILES)
+    assert [("wiki", "enwiki-1.xml.bz2")] in plan.file_parts()
+    # The local pool sends the plan to its worker processes.
+    assert pickle.loads(pickle.dumps(plan)) == plan
+
+
+def test_bucket_slices_hold_each_non_empty_bucket_once_in_order(tok, tmp_path):
+    plan = _plan(tok, tmp_path, slices=4)
+    non_empty = [b for b in range(plan.num_buckets) if b % 3]
+    counts = [[b, 1 if b in non_empty else 0, []] for b in range(plan.num_buckets)]
+    storage.write_json(storage.join(plan.work, transforms.INDEX_NAME), {"counts": counts})
+    slices = plan.bucket_slices(3)
+    assert len(slices) == 3 and [b for s in slices for b in s] == non_empty
+    assert all(max(a) < min(b) for a, b in zip(slices, slices[1:]) if a and b)
+
+
+def _reshuffles(build) -> list[str]:
+    """The Reshuffles that the stages put into a pipeline (not counting the input's Create)."""
+    pipeline = beam.Pipeline(options=beam_options([]))
+    build(pipeline)
+    names = [t.unique_name for t in pipeline.to_runner_api().components.transforms.values()]
+    return [name for name in names if name.endswith("/Reshuffle") or "Spread" in name.rsplit("/", 1)[-1]]
+
+
+def test_with_a_lot_the_stages_keep_their_elements_in_this_process(tok, tmp_path):
+    plan = _plan(tok, tmp_path)
+
+    def stages(lot):
+        return lambda p: (p | beam.Create([("book", "a.txt")], reshuffle=False) | plan.documents(0, lot)
+                          | plan.index(lot) | plan.instances(0, lot) | plan.shards(lot))
+
+    assert len(_reshuffles(stages(None))) >= 4  # files, documents, buckets and shards spread over the workers
+    with handoff.open_lot() as lot:
+        assert _reshuffles(stages(lot)) == []

@@ -1,7 +1,7 @@
 """Everything that touches DeepSpeed: its config, process group, engine, checkpoints and conversions.
 
 The DeepSpeed config is built from the run's typed config here and nowhere else; the rest of the
-stage sees an ``Engine`` with forward/backward/step and checkpoint calls.
+stage sees the small ``Engine`` wrapper (its step, statistics, collectives and checkpoint calls).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from pretrain import safe_loading
 from pretrain.config import BatchPlan, PretrainConfig
@@ -97,8 +98,6 @@ def _every_group_times_out_after(timeout: timedelta) -> None:
 
 
 def shutdown() -> None:
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -131,6 +130,149 @@ def build(cfg: PretrainConfig, module: torch.nn.Module, ds_config: dict):
             model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config,
             model_parameters=parameter_groups(module, opt.weight_decay) if optimizer is None else None)
     return engine
+
+
+class Engine:
+    """DeepSpeed's engine as the run sees it: ``pretrain.loop.Engine`` for the loop (a step, its learning rate,
+    whether it was applied, the gradient norm, the loss scale, the per-step all-reduce), and the checkpoint and
+    weight calls of ``pretrain.train``. Nothing outside this module holds DeepSpeed's own object."""
+
+    def __init__(self, engine):
+        self.deepspeed = engine
+
+    @property
+    def device(self) -> torch.device:
+        return self.deepspeed.device
+
+    @property
+    def rank(self) -> int:
+        return self.deepspeed.global_rank
+
+    @property
+    def monitor(self):
+        """DeepSpeed's TensorBoard/CSV monitor, when it has one."""
+        return getattr(self.deepspeed, "monitor", None)
+
+    def lr(self) -> float:
+        """The learning rate the next step uses."""
+        return self.deepspeed.get_lr()[0]
+
+    def train_micro_batch(self, batch: dict) -> torch.Tensor:
+        return train_micro_batch(self.deepspeed, batch)
+
+    def step_applied(self) -> bool:
+        """False when the last step was skipped for a non-finite gradient (the bf16/fp16 overflow check)."""
+        return self.deepspeed.was_step_applied()
+
+    def grad_norm(self) -> float:
+        """The global gradient norm of the last step (NaN when it is unknown)."""
+        engine = self.deepspeed
+        value = engine.get_global_grad_norm()
+        if value is None:
+            value = getattr(engine, "our_grad_norm", None)
+        return float(value) if value is not None else float("nan")
+
+    def loss_scale(self) -> float:
+        optimizer = self.deepspeed.optimizer
+        for name in ("cur_scale", "loss_scale"):
+            value = getattr(optimizer, name, None)
+            if isinstance(value, (int, float)):
+                return float(value)
+        scaler = getattr(optimizer, "loss_scaler", None)
+        return float(getattr(scaler, "cur_scale", getattr(scaler, "loss_scale", 1.0)) or 1.0)
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over all ranks, in place."""
+        dist.all_reduce(tensor)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def all_gather(self, value) -> list:
+        """Every rank's ``value`` (any picklable object), in rank order."""
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def save(self, directory: Path, tag: str, client_state: dict) -> None:
+        save(self.deepspeed, directory, tag, client_state)
+
+    def load(self, directory: Path, tag: str) -> dict:
+        """Load ``directory/tag`` (model, optimizer and scheduler) after the safety scan; its client state."""
+        refuse_unsafe(directory / tag)
+        with _quiet(), weights_only_loading(directory / tag):
+            path, client_state = self.deepspeed.load_checkpoint(str(directory), tag=tag)
+        if path is None:
+            raise FileNotFoundError(f"{directory / tag}: DeepSpeed found no checkpoint there")
+        return client_state or {}
+
+    def weights_finite(self) -> bool:
+        """Whether every rank's weights (its part of the module and of the fp32 masters) are finite. A collective."""
+        engine = self.deepspeed
+        tensors = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()]  # ZeRO 3: this rank's partition
+        for name in _MASTER_ATTRIBUTES:
+            groups = getattr(engine.optimizer, name, None) or []
+            for group in groups:
+                tensors.extend(group if isinstance(group, (list, tuple)) else [group])
+        bad = any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+                  for t in tensors)
+        flag = torch.tensor([float(bad)], device=engine.device)
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() == 0
+
+    def follow_schedule(self, peak_lr: float) -> None:
+        """Make the next step's learning rate this run's schedule's, after a checkpoint was loaded.
+
+        The checkpoint brings the rate its own run's schedule gave for the next step (and that run's peak); a run
+        resumed with another schedule (extended by more steps, or with a new peak) would otherwise take its first
+        step at that stale rate, zero when the old schedule had ended.
+        """
+        scheduler = self.deepspeed.lr_scheduler
+        scheduler.base_lrs = [peak_lr] * len(scheduler.base_lrs)
+        rates = [peak_lr * rate(scheduler.last_epoch) for rate in scheduler.lr_lambdas]
+        optimizers = (scheduler.optimizer.param_groups, self.deepspeed.optimizer.param_groups)
+        for groups in {id(g): g for g in optimizers}.values():
+            for group, lr in zip(groups, rates):
+                group["lr"] = lr
+        scheduler._last_lr = rates
+
+    def restore_fp32_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Put full-precision weights into the optimizer's fp32 master copies. A collective: call on every rank.
+
+        DeepSpeed casts the module to bf16/fp16 before it makes its master copies, so weights loaded from an
+        fp32 checkpoint would start rounded to 16 bits; this restores them exactly.
+        """
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        engine = self.deepspeed
+        if not (engine.bfloat16_enabled() or engine.fp16_enabled()):
+            return
+        masters = _unfused_fp16_masters(engine)
+        for name, param in engine.module.named_parameters():
+            key = name.removeprefix("model.")
+            if key in state:
+                value = state[key].to(param.device, torch.float32)
+                if id(param) in masters:
+                    masters[id(param)].data.copy_(value)
+                else:
+                    safe_set_full_fp32_param(param, value)
+
+    def consolidated_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full fp32 weights of the wrapped module on rank 0 (None elsewhere). A collective: call on every rank.
+
+        With ZeRO (and DeepSpeed's bf16 optimizer) the fp32 master weights live partitioned in the optimizer;
+        ``safe_get_full_fp32_param`` reassembles each. Without it, the module's own weights are the masters.
+        """
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        engine = self.deepspeed
+        state, masters = {}, _unfused_fp16_masters(engine)
+        for name, param in engine.module.named_parameters():
+            full = masters.get(id(param)) if id(param) in masters else safe_get_full_fp32_param(param)
+            if engine.global_rank == 0:
+                state[name] = (full if full is not None else param.detach()).float().cpu().clone()
+        return state if engine.global_rank == 0 else None
 
 
 def finetuning_engine(module: torch.nn.Module, *, lr: float, weight_decay: float, max_grad_norm: float,
@@ -169,16 +311,6 @@ def finetuning_engine(module: torch.nn.Module, *, lr: float, weight_decay: float
     return engine
 
 
-def loss_scale(engine) -> float:
-    optimizer = engine.optimizer
-    for name in ("cur_scale", "loss_scale"):
-        value = getattr(optimizer, name, None)
-        if isinstance(value, (int, float)):
-            return float(value)
-    scaler = getattr(optimizer, "loss_scaler", None)
-    return float(getattr(scaler, "cur_scale", getattr(scaler, "loss_scale", 1.0)) or 1.0)
-
-
 def train_micro_batch(engine, batch: dict) -> torch.Tensor:
     """Forward, backward and (at the accumulation boundary) the optimizer step; returns the statistics."""
     loss, stats = engine(**batch)
@@ -189,13 +321,6 @@ def train_micro_batch(engine, batch: dict) -> torch.Tensor:
         engine.our_grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
     engine.step()
     return stats
-
-
-def grad_norm(engine) -> float:
-    value = engine.get_global_grad_norm()
-    if value is None:
-        value = getattr(engine, "our_grad_norm", None)
-    return float(value) if value is not None else float("nan")
 
 
 def save(engine, directory: Path, tag: str, client_state: dict) -> None:
@@ -222,50 +347,6 @@ _MASTER_ATTRIBUTES = ("single_partition_of_fp32_groups", "fp32_groups_flat_parti
                       "fp32_groups_flat", "fp32_groups")
 
 
-def weights_finite(engine) -> bool:
-    """Whether every rank's weights (its part of the module and of the fp32 masters) are finite. A collective."""
-    import torch.distributed as dist
-
-    tensors = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()]  # ZeRO 3: this rank's partition
-    for name in _MASTER_ATTRIBUTES:
-        groups = getattr(engine.optimizer, name, None) or []
-        for group in groups:
-            tensors.extend(group if isinstance(group, (list, tuple)) else [group])
-    bad = any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
-              for t in tensors)
-    flag = torch.tensor([float(bad)], device=engine.device)
-    if dist.is_initialized():
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() == 0
-
-
-def follow_schedule(engine, peak_lr: float) -> None:
-    """Make the next step's learning rate this run's schedule's, after a checkpoint was loaded.
-
-    The checkpoint brings the rate its own run's schedule gave for the next step (and that run's peak); a run
-    resumed with another schedule (extended by more steps, or with a new peak) would otherwise take its first
-    step at that stale rate, zero when the old schedule had ended.
-    """
-    scheduler = engine.lr_scheduler
-    scheduler.base_lrs = [peak_lr] * len(scheduler.base_lrs)
-    rates = [peak_lr * rate(scheduler.last_epoch) for rate in scheduler.lr_lambdas]
-    for groups in {id(g): g for g in (scheduler.optimizer.param_groups, engine.optimizer.param_groups)}.values():
-        for group, lr in zip(groups, rates):
-            group["lr"] = lr
-    scheduler._last_lr = rates
-
-
-def load(engine, directory: Path, tag: str, *, module_only: bool = False) -> dict:
-    refuse_unsafe(directory / tag)
-    with _quiet(), weights_only_loading(directory / tag):
-        path, client_state = engine.load_checkpoint(
-            str(directory), tag=tag, load_module_only=module_only,
-            load_optimizer_states=not module_only, load_lr_scheduler_states=not module_only)
-    if path is None:
-        raise FileNotFoundError(f"{directory / tag}: DeepSpeed found no checkpoint there")
-    return client_state or {}
-
-
 def convert_to_universal(directory: Path, tag: str, output: Path) -> None:
     """DeepSpeed's universal checkpoint of ``directory/tag``, loadable on any number of ranks."""
     from argparse import Namespace
@@ -279,27 +360,6 @@ def convert_to_universal(directory: Path, tag: str, output: Path) -> None:
         ds_to_universal.main(args)
 
 
-def restore_fp32_weights(engine, state: dict[str, torch.Tensor]) -> None:
-    """Put full-precision weights into the optimizer's fp32 master copies. A collective: call on every rank.
-
-    DeepSpeed casts the module to bf16/fp16 before it makes its master copies, so weights loaded from an
-    fp32 checkpoint would start rounded to 16 bits; this restores them exactly.
-    """
-    from deepspeed.utils import safe_set_full_fp32_param
-
-    if not (engine.bfloat16_enabled() or engine.fp16_enabled()):
-        return
-    masters = _unfused_fp16_masters(engine)
-    for name, param in engine.module.named_parameters():
-        key = name.removeprefix("model.")
-        if key in state:
-            value = state[key].to(param.device, torch.float32)
-            if id(param) in masters:
-                masters[id(param)].data.copy_(value)
-            else:
-                safe_set_full_fp32_param(param, value)
-
-
 def _unfused_fp16_masters(engine) -> dict[int, torch.Tensor]:
     """fp16 without ZeRO (the LAMB recipe): DeepSpeed's unfused fp16 optimizer keeps one fp32 copy per
     parameter in ``fp32_groups``, which its ``safe_*_full_fp32_param`` helpers do not reach."""
@@ -308,22 +368,6 @@ def _unfused_fp16_masters(engine) -> dict[int, torch.Tensor]:
         return {}
     return {id(low): high for lows, highs in zip(optimizer.fp16_groups, optimizer.fp32_groups)
             for low, high in zip(lows, highs)}
-
-
-def consolidated_state_dict(engine) -> dict[str, torch.Tensor] | None:
-    """The full fp32 weights of the wrapped module on rank 0 (None elsewhere). A collective: call on every rank.
-
-    With ZeRO (and DeepSpeed's bf16 optimizer) the fp32 master weights live partitioned in the optimizer;
-    ``safe_get_full_fp32_param`` reassembles each. Without it, the module's own weights are the masters.
-    """
-    from deepspeed.utils import safe_get_full_fp32_param
-
-    state, masters = {}, _unfused_fp16_masters(engine)
-    for name, param in engine.module.named_parameters():
-        full = masters.get(id(param)) if id(param) in masters else safe_get_full_fp32_param(param)
-        if engine.global_rank == 0:
-            state[name] = (full if full is not None else param.detach()).float().cpu().clone()
-    return state if engine.global_rank == 0 else None
 
 
 def consolidate_checkpoint(directory: Path, tag: str, zero_stage: int, scratch: Path) -> dict[str, torch.Tensor]:

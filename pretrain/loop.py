@@ -1,5 +1,7 @@
 """The training loop: optimizer steps, the rules for non-finite steps, the metrics window, and when to
-checkpoint or stop. ``pretrain.train`` sets the run up and hands the loop its state.
+checkpoint or stop. ``pretrain.train`` sets the run up and hands the loop its state; the loop sees the engine
+only through the small ``Engine`` interface below (``pretrain.engine.Engine`` in a run, a fake in the tests),
+never DeepSpeed or ``torch.distributed`` themselves.
 
 Statuses: 0 done; ``PREEMPTED`` (75) saved after SIGUSR1/SIGTERM and wants a requeue; ``DIVERGED`` (3) too
 many non-finite steps in a row, or weights that turned non-finite.
@@ -12,11 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
-import torch.distributed as dist
 
-from pretrain import engine as ds
 from pretrain.config import BatchPlan, PretrainConfig
 from pretrain.model import BertConfig, flops_per_token
 from pretrain.monitor import Monitor, peak_tflops
@@ -49,6 +50,31 @@ class StopFlag:
         self._previous = {}
 
 
+class Engine(Protocol):
+    """What the loop asks of an engine."""
+
+    device: torch.device
+
+    def lr(self) -> float:
+        """The learning rate the next step uses."""
+
+    def train_micro_batch(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Forward and backward of one micro-batch, and the optimizer step after the step's last one; the
+        micro-batch's statistics (``STAT_NAMES``)."""
+
+    def step_applied(self) -> bool:
+        """False when the last step was skipped for a non-finite loss or gradient."""
+
+    def grad_norm(self) -> float:
+        """The last step's gradient norm."""
+
+    def loss_scale(self) -> float:
+        """fp16's dynamic loss scale (1 otherwise)."""
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over all ranks, in place."""
+
+
 @dataclass
 class LoopState:
     """Where the run stands: what a checkpoint records and the summary reports. The loop advances it in place."""
@@ -58,7 +84,7 @@ class LoopState:
     skipped: int = 0           # steps skipped as non-finite, in all
 
 
-def train(state: LoopState, engine, loader, monitor: Monitor, *, cfg: PretrainConfig, plan: BatchPlan,
+def train(state: LoopState, engine: Engine, loader, monitor: Monitor, *, cfg: PretrainConfig, plan: BatchPlan,
           model_config: BertConfig, stop: StopFlag, save: Callable[[LoopState], None]) -> int:
     """Step until ``train.max_steps`` or a stop; the status (0, ``PREEMPTED`` or ``DIVERGED``).
 
@@ -81,16 +107,16 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, sav
     window_started, window_width, window_steps, consecutive = time.time(), 0, 0, 0
     while state.step < train.max_steps:
         stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=device)
-        lr = engine.get_lr()[0]  # the rate this step uses
+        lr = engine.lr()  # the rate this step uses
         for micro in loader.next_step():
             batch = {k: torch.as_tensor(v).to(device, non_blocking=True) for k, v in micro.items()}
-            stats += ds.train_micro_batch(engine, batch).double()
+            stats += engine.train_micro_batch(batch).double()
             window_width += micro["input_ids"].shape[1]
-        applied = engine.was_step_applied()
+        applied = engine.step_applied()
         # One small all-reduce per step: the statistics and each rank's view of the stop signal.
         flags = torch.tensor([float(stop.signal is not None)], dtype=torch.float64, device=device)
         reduced = torch.cat([stats, flags])
-        dist.all_reduce(reduced)
+        engine.all_reduce(reduced)
         stats, signalled = reduced[:-1].cpu(), reduced[-1].item() > 0
         state.step += 1
         state.consumed += plan.global_batch
@@ -117,8 +143,8 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, sav
         if window_steps and (step % cfg.logging.log_every == 0 or last):
             elapsed = time.time() - window_started
             width = window_width / (window_steps * plan.accumulation)
-            monitor.record(metrics(window, step=step, lr=lr, grad_norm=ds.grad_norm(engine),
-                                   loss_scale=ds.loss_scale(engine), skipped=state.skipped, elapsed=elapsed,
+            monitor.record(metrics(window, step=step, lr=lr, grad_norm=engine.grad_norm(),
+                                   loss_scale=engine.loss_scale(), skipped=state.skipped, elapsed=elapsed,
                                    consumed=state.consumed, flops_per_token=flops_per_token(model_config, int(width)),
                                    peak_tflops=peak, world=plan.world_size), line=True)
             window.zero_()

@@ -108,7 +108,7 @@ class Setup:
 
     model: BertForPreTraining
     data: ShardedInstances
-    engine: object
+    engine: ds.Engine
     loader: PretrainingLoader
     plan: BatchPlan
     state: LoopState
@@ -120,7 +120,7 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     run = set_up(cfg, rendezvous, resume=resume)
     engine, state = run.engine, run.state
     monitor = Monitor(out if rank == 0 else None, total_steps=cfg.train.max_steps, start_step=state.step,
-                      progress=cfg.logging.progress, ds_monitor=getattr(engine, "monitor", None))
+                      progress=cfg.logging.progress, ds_monitor=engine.monitor)
     if state.step == 0:
         monitor.info(f"{run.plan.describe()}; {sum(p.numel() for p in run.model.parameters()):,} parameters; "
                      f"ZeRO {cfg.zero.stage}, {cfg.train.precision}, {cfg.optimizer.name}")
@@ -131,7 +131,7 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
                                  timings=run.timings)
         status = loop.train(state, engine, run.loader, monitor, cfg=cfg, plan=run.plan,
                             model_config=run.model.config, stop=stop, save=save)
-        if status == 0 and not ds.weights_finite(engine):  # e.g. the last steps were skipped, so never saved
+        if status == 0 and not engine.weights_finite():  # e.g. the last steps were skipped, so never saved
             monitor.info(f"the final weights hold NaN or inf: the run is not done and {out / 'hf'} is not "
                          f"exported. The last good checkpoint is kept in {out / 'checkpoints'}: resume from it with "
                          "a lower learning rate")
@@ -195,17 +195,17 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
         shutil.copytree(data.tokenizer_dir, out / "tokenizer", dirs_exist_ok=True)
     seed_everything(cfg.seed, rank)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
-    engine = ds.build(cfg, PretrainingObjective(model), ds_config)
+    engine = ds.Engine(ds.build(cfg, PretrainingObjective(model), ds_config))
     if initial is not None and found is None:
-        ds.restore_fp32_weights(engine, initial)
+        engine.restore_fp32_weights(initial)
     loader = PretrainingLoader(data, micro_batch=plan.micro_batch, accumulation=plan.accumulation, world_size=world,
                                rank=rank, seed=cfg.seed, window_batches=cfg.data.window_batches)
     state = LoopState()
     if found is not None:
         began = time.perf_counter()
-        saved = ds.load(engine, load_from.directory, load_from.tag)[CLIENT_KEY]
+        saved = engine.load(load_from.directory, load_from.tag)[CLIENT_KEY]
         timings["checkpoint_load_s"] = round(time.perf_counter() - began, 2)
-        ds.follow_schedule(engine, cfg.optimizer.lr)
+        engine.follow_schedule(cfg.optimizer.lr)
         loader.load_state_dict(saved["data"])
         state = LoopState(step=saved["step"], consumed=saved["consumed_samples"], skipped=saved["skipped_steps"])
         if saved["world_size"] == world:
@@ -239,31 +239,30 @@ def _check_run_tokenizer(out: Path, data: ShardedInstances) -> None:
             f"({theirs[:12]}…); point data.path at a dataset made with {existing}, or start a new output_dir")
 
 
-def _save(state: LoopState, *, engine, cfg: PretrainConfig, loader: PretrainingLoader, world: int, monitor: Monitor,
-          timings: dict) -> None:
+def _save(state: LoopState, *, engine: ds.Engine, cfg: PretrainConfig, loader: PretrainingLoader, world: int,
+          monitor: Monitor, timings: dict) -> None:
     """Every rank writes its part of the checkpoint of ``state.step``; rank 0 publishes it once all are done."""
     step, consumed, skipped = state.step, state.consumed, state.skipped
     ckpt_dir, tag = Path(cfg.output_dir) / "checkpoints", checkpoints.tag_for(step)
     began = time.perf_counter()
-    if engine.global_rank == 0 and (ckpt_dir / tag).exists():
+    if engine.rank == 0 and (ckpt_dir / tag).exists():
         shutil.rmtree(ckpt_dir / tag)  # leftovers of a save that crashed before its marker
-    dist.barrier()
-    rngs = [None] * world
-    dist.all_gather_object(rngs, rng_state())
+    engine.barrier()
+    rngs = engine.all_gather(rng_state())
     client_state = {CLIENT_KEY: {"data": loader.state_dict(), "step": step, "consumed_samples": consumed,
                                  "skipped_steps": skipped, "world_size": world, "rng": rngs,
                                  "config": configlib.to_dict(cfg)}}
-    if not ds.weights_finite(engine):
+    if not engine.weights_finite():
         raise Diverged(f"step {step}: the weights hold NaN or inf; not saving {tag} (nor exporting). The last good "
                        f"checkpoint is kept in {ckpt_dir}: resume from it with a lower learning rate")
-    ds.save(engine, ckpt_dir, tag, client_state)
-    dist.barrier()  # every rank has written its part
-    if engine.global_rank == 0:
+    engine.save(ckpt_dir, tag, client_state)
+    engine.barrier()  # every rank has written its part
+    if engine.rank == 0:
         checkpoints.publish(ckpt_dir, tag, {"step": step, "consumed_samples": consumed, "world_size": world,
                                             "zero_stage": cfg.zero.stage, "precision": cfg.train.precision,
                                             "settings": _settings(cfg, loader.data.manifest)})
         checkpoints.prune(ckpt_dir, cfg.checkpoint.keep_last)
-    dist.barrier()
+    engine.barrier()
     seconds = round(time.perf_counter() - began, 2)
     timings.setdefault("checkpoint_save_s", []).append(seconds)
     monitor.info(f"saved checkpoint {tag} in {seconds} s")
@@ -309,11 +308,11 @@ def _intact(directory: Path, tag: str) -> bool:
         return False
 
 
-def _export(engine, model: BertForPreTraining, out: Path) -> None:
+def _export(engine: ds.Engine, model: BertForPreTraining, out: Path) -> None:
     """The final weights (checked finite by the caller) as a Hugging Face directory (rank 0), with the dataset's
     tokenizer."""
-    state = ds.consolidated_state_dict(engine)
-    if engine.global_rank == 0:
+    state = engine.consolidated_state_dict()
+    if engine.rank == 0:
         state = {k.removeprefix("model."): v for k, v in state.items()}
         cpu_model = BertForPreTraining(model.config)
         missing = cpu_model.load_state_dict(state, strict=False).missing_keys
@@ -321,4 +320,4 @@ def _export(engine, model: BertForPreTraining, out: Path) -> None:
             raise RuntimeError(f"export: weights missing from the engine: {missing[:5]}")
         export(cpu_model, out / "hf", tokenizer_dir=out / "tokenizer")
         log.info(f"exported the final weights to {out / 'hf'} (Hugging Face BertForPreTraining)")
-    dist.barrier()
+    engine.barrier()

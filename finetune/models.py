@@ -1,11 +1,9 @@
 """Task heads on our BERT encoder, with Hugging Face's parameter names (``classifier``, ``qa_outputs``).
 
-The heads run the encoder through ``encode``: the same layers and weights as ``BertModel.forward``, but
-every dense layer sees only the real tokens of the batch (padding is dropped before the projections and
-the feed-forward block and put back only around attention). Batches padded to their longest row are
-about half padding on GLUE and two thirds on CoNLL-2003, so training steps take 1.3-1.8x less time on CPU
-(bench/finetune.py). Dropout draws its masks over the padded shape, so from the same random state
-training takes exactly the steps the padded encoder (and ``transformers``' BERT) would take.
+The heads run the encoder in its packed mode (``pretrain.model.Packing``): every dense layer sees only the
+batch's real tokens, as batches padded to their longest row are largely padding. Dropout draws its masks over
+the padded shape, so from the same random state training takes the steps the padded encoder (and
+``transformers``' BERT) would take.
 
 Nothing here imports DeepSpeed or torch.distributed.
 """
@@ -15,11 +13,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import nn
 
 from pretrain.hf_compat import load_pretrained
-from pretrain.model import BertLayer, BertModel
+from pretrain.model import BertModel, Packing
 
 
 def load_encoder(directory: Path, dropout: float | None = None) -> BertModel:
@@ -35,67 +32,12 @@ def load_encoder(directory: Path, dropout: float | None = None) -> BertModel:
     return encoder
 
 
-def encode(bert: BertModel, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-           attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``bert(input_ids, token_type_ids, attention_mask)`` computed on the real tokens only.
-
-    Returns the same ``(hidden (B, T, H), pooled (B, H))``; ``hidden`` is zero at padded positions
-    (``BertModel`` leaves values there that nothing may use).
-    """
-    if attention_mask is None:
-        return bert(input_ids, token_type_ids, None)
-    batch, length = input_ids.shape
-    real = attention_mask.reshape(-1).nonzero().squeeze(1)       # flat indices of the real tokens
-    attn_mask = attention_mask.bool()[:, None, None, :]          # keys that may be attended to
-    x = bert.embeddings(input_ids, token_type_ids).reshape(batch * length, -1).index_select(0, real)
-    for layer in bert.encoder.layer:
-        if bert.encoder.gradient_checkpointing and bert.training:
-            x = torch.utils.checkpoint.checkpoint(_packed_layer, layer, x, real, batch, length, attn_mask,
-                                                  use_reentrant=False)
-        else:
-            x = _packed_layer(layer, x, real, batch, length, attn_mask)
-    hidden = _unpack(x, real, batch, length)
-    return hidden, (bert.pooler(hidden) if bert.pooler is not None else None)
-
-
-def _unpack(x: torch.Tensor, real: torch.Tensor, batch: int, length: int) -> torch.Tensor:
-    """Packed rows (N, C) back to (B, T, C), zeros at padded positions."""
-    return x.new_zeros(batch * length, x.shape[-1]).index_copy(0, real, x).view(batch, length, -1)
-
-
-def _dropout(x: torch.Tensor, module: nn.Dropout, padded_rows: int, real: torch.Tensor) -> torch.Tensor:
-    """Dropout of packed rows, with the mask dropout would draw for the padded (B*T, H) tensor.
-
-    On CPU ``F.dropout`` draws ``bernoulli_(1 - p)`` over the whole tensor; drawing the same and keeping
-    the real rows leaves the random stream, and so every later mask, as in the padded computation. The
-    mask is float32 so that 1 / (1 - p) is not rounded to bf16 under autocast.
-    """
-    p = module.p
-    if not module.training or p == 0.0:
-        return x
-    keep = torch.empty(padded_rows, x.shape[-1], dtype=torch.float32, device=x.device).bernoulli_(1 - p)
-    return (x * keep.index_select(0, real).div_(1 - p)).to(x.dtype)
-
-
-def _packed_layer(layer: BertLayer, x: torch.Tensor, real: torch.Tensor, batch: int, length: int,
-                  attn_mask: torch.Tensor) -> torch.Tensor:
-    """One post-LN encoder layer on packed rows (N, H); attention runs padded, as it mixes positions."""
-    attention, hidden = layer.attention.self, x.shape[-1]
-    head_size = hidden // attention.num_heads
-    # One projection GEMM for query, key and value instead of three.
-    weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
-    bias = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
-    qkv = _unpack(F.linear(x, weight, bias), real, batch, length)
-    q, k, v = qkv.view(batch, length, 3, attention.num_heads, head_size).permute(2, 0, 3, 1, 4)
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                             dropout_p=attention.dropout_p if attention.training else 0.0)
-    context = context.transpose(1, 2).reshape(batch * length, hidden).index_select(0, real)
-    rows = batch * length
-    projected = layer.attention.output
-    x = projected.LayerNorm(_dropout(projected.dense(context), projected.dropout, rows, real) + x)
-    feed_forward = layer.output
-    out = feed_forward.dense(layer.intermediate(x))
-    return feed_forward.LayerNorm(_dropout(out, feed_forward.dropout, rows, real) + x)
+def _encode_packed(bert: BertModel, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                   attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, Packing]:
+    """The encoder on the real tokens of a right-padded batch: (hidden (N, H), pooled (B, H), their packing)."""
+    packing = Packing.from_attention_mask(attention_mask)
+    hidden, pooled = bert(packing.pack(input_ids), packing.pack(token_type_ids), packing=packing)
+    return hidden, pooled, packing
 
 
 def _init(linear: nn.Linear, std: float) -> nn.Linear:
@@ -114,7 +56,7 @@ class SequenceClassifier(nn.Module):
         self.classifier = _init(nn.Linear(bert.config.hidden_size, num_labels), bert.config.initializer_range)
 
     def forward(self, input_ids, token_type_ids, attention_mask, labels=None):
-        _, pooled = encode(self.bert, input_ids, token_type_ids, attention_mask)
+        _, pooled, _ = _encode_packed(self.bert, input_ids, token_type_ids, attention_mask)
         logits = self.classifier(self.dropout(pooled)).float()
         if labels is None:
             return logits
@@ -132,7 +74,8 @@ class SpanExtractor(nn.Module):
         self.qa_outputs = _init(nn.Linear(bert.config.hidden_size, 2), bert.config.initializer_range)
 
     def forward(self, input_ids, token_type_ids, attention_mask, start_positions=None, end_positions=None):
-        hidden, _ = encode(self.bert, input_ids, token_type_ids, attention_mask)
+        hidden, _, packing = _encode_packed(self.bert, input_ids, token_type_ids, attention_mask)
+        hidden = packing.unpack(hidden)  # (B, T, H), zeros at padding
         start, end = self.qa_outputs(hidden).float().unbind(-1)
         # Padding can never be an answer.
         start = start.masked_fill(attention_mask == 0, -1e4)
@@ -153,7 +96,8 @@ class TokenClassifier(nn.Module):
         self.classifier = _init(nn.Linear(bert.config.hidden_size, num_labels), bert.config.initializer_range)
 
     def forward(self, input_ids, token_type_ids, attention_mask, labels=None):
-        hidden, _ = encode(self.bert, input_ids, token_type_ids, attention_mask)
+        hidden, _, packing = _encode_packed(self.bert, input_ids, token_type_ids, attention_mask)
+        hidden = packing.unpack(hidden)  # (B, T, H), zeros at padding
         logits = self.classifier(self.dropout(hidden)).float()
         if labels is None:
             return logits

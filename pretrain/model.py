@@ -3,6 +3,13 @@
 Post-LN encoder; attention through ``F.scaled_dot_product_attention`` (flash/memory-efficient kernels on
 GPU); the MLM head runs only on the masked positions when they are given; the decoder is tied to the word
 embeddings. Nothing here imports DeepSpeed or torch.distributed: parallelism is applied from outside.
+
+The encoder runs in two modes with the same modules and weights: padded, ``(B, T)`` tokens and an attention
+mask, or packed, the real tokens of every row back to back as ``(N,)`` with a ``Packing`` that says where
+each row's tokens are. In packed mode every GEMM sees only the real tokens; the embeddings (lookups and a
+LayerNorm) and attention, which mixes positions, run on the padded grid (``Packing.unpack``). A padding-free
+attention kernel taking ``cu_seqlens`` (flash-attn's varlen functions, nested tensors' offsets) would replace
+that one step of ``BertSelfAttention``.
 """
 from __future__ import annotations
 
@@ -59,6 +66,68 @@ def preset(name: str, **overrides) -> BertConfig:
     return replace(PRESETS[name], **overrides)
 
 
+@dataclass(frozen=True)
+class Packing:
+    """Where the real tokens of a right-padded ``(batch, length)`` batch lie once packed back to back as ``(N, ...)``.
+
+    Built once per batch (``from_attention_mask``, or ``from_lengths`` for data that was never padded) and passed
+    to every module of the packed forward. ``cu_seqlens`` and ``max_seqlen`` are the row boundaries that
+    padding-free attention kernels take; ``index`` and ``key_mask`` place the rows on the padded grid, where the
+    embeddings and attention run today and where dropout draws its masks.
+    """
+
+    index: torch.Tensor       # (N,) flat positions of the real tokens in the batch*length grid, row by row
+    cu_seqlens: torch.Tensor  # (batch+1,) int32: row b is packed rows cu_seqlens[b]:cu_seqlens[b+1]
+    max_seqlen: int
+    batch: int
+    length: int               # the padded grid's width (>= max_seqlen)
+    key_mask: torch.Tensor    # (batch, 1, 1, length) bool, True at real tokens: the padded attention's mask
+
+    @classmethod
+    def from_lengths(cls, lengths: torch.Tensor, length: int | None = None) -> Packing:
+        """Rows of ``lengths`` real tokens each, padded on the right to ``length`` (default: the longest)."""
+        shortest, max_seqlen = int(lengths.min()), int(lengths.max())
+        length = max_seqlen if length is None else length
+        if shortest < 1 or max_seqlen > length:
+            raise ValueError(f"row lengths run from {shortest} to {max_seqlen}; each must be between 1 and the "
+                             f"padded length {length}")
+        real = torch.arange(length, device=lengths.device) < lengths[:, None]  # (B, T)
+        return cls(index=real.reshape(-1).nonzero().squeeze(1),
+                   cu_seqlens=F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0)), max_seqlen=max_seqlen,
+                   batch=real.shape[0], length=length, key_mask=real[:, None, None, :])
+
+    @classmethod
+    def from_attention_mask(cls, attention_mask: torch.Tensor) -> Packing:
+        """The packing of a padded batch's ``(B, T)`` attention mask: 1 at real tokens, which come first."""
+        real = attention_mask.bool()
+        if not bool(real[:, 0].all()) or bool((real[:, 1:] & ~real[:, :-1]).any()):
+            raise ValueError("packed mode needs every row padded on the right and starting with a real token "
+                             "(attention_mask rows like 1 1 1 0 0); pad on the right, or run the padded mode")
+        return cls.from_lengths(real.sum(1), real.shape[1])
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (N, ...): the real tokens only."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...), zeros at padded positions."""
+        grid = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy(0, self.index, x)
+        return grid.view(self.batch, self.length, *x.shape[1:])
+
+    def dropout(self, x: torch.Tensor, module: nn.Dropout) -> torch.Tensor:
+        """``module`` on packed rows (N, C), with the mask it would draw for the padded (B*T, C) tensor.
+
+        On CPU ``F.dropout`` draws ``bernoulli_(1 - p)`` over the whole tensor; drawing the same and keeping the
+        real rows leaves the random stream, and so every later mask, as in the padded forward. The mask is
+        float32 so that 1 / (1 - p) is not rounded to bf16 under autocast.
+        """
+        p = module.p
+        if not module.training or p == 0.0:
+            return x
+        keep = torch.empty(self.batch * self.length, x.shape[-1], dtype=torch.float32, device=x.device)
+        return (x * keep.bernoulli_(1 - p).index_select(0, self.index).div_(1 - p)).to(x.dtype)
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -84,13 +153,32 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        batch, length, hidden = x.shape
-        heads = lambda t: t.view(batch, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)  # noqa: E731
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))  # (B, nh, T, hs)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
+        """x: (B, T, H), or packed (N, H): then the projections see the real tokens and attention the padded grid."""
+        if packing is None:
+            batch, length, hidden = x.shape
+            heads = lambda t: t.view(batch, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)  # noqa: E731
+            q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))  # (B, nh, T, hs)
+        else:
+            batch, length, hidden = packing.batch, packing.length, x.shape[-1]
+            q, k, v = self._packed_heads(x, packing)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                              dropout_p=self.dropout_p if self.training else 0.0)
-        return out.transpose(1, 2).reshape(batch, length, hidden)
+        out = out.transpose(1, 2).reshape(batch, length, hidden)
+        return out if packing is None else packing.pack(out)
+
+    def _packed_heads(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """Query, key and value of packed rows (N, H), each (B, nh, T, hs) on the padded grid, from one GEMM.
+
+        One GEMM for the three projections is how finetuning has always computed them: its backward sums the three
+        input gradients inside the GEMM, where three GEMMs would add three sums, and that last-bit difference grows
+        over training into different scores. The parameters stay three (the checkpoints' names, and the operation
+        order of the padded mode that pretraining's losses come from), so their weights are joined for the GEMM.
+        """
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        qkv = packing.unpack(F.linear(x, weight, bias))  # (B, T, 3H)
+        return qkv.view(packing.batch, packing.length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
 
 
 class BertSelfOutput(nn.Module):
@@ -100,8 +188,10 @@ class BertSelfOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(x)) + residual)  # post-LN
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        x = self.dense(x)
+        x = self.dropout(x) if packing is None else packing.dropout(x, self.dropout)
+        return self.LayerNorm(x + residual)  # post-LN
 
 
 class BertAttention(nn.Module):
@@ -110,8 +200,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.output(self.self(x, attn_mask), x)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
+        return self.output(self.self(x, attn_mask, packing), x, packing)
 
 
 class BertIntermediate(nn.Module):
@@ -137,9 +227,9 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.attention(x, attn_mask)
-        return self.output(self.intermediate(x), x)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
+        x = self.attention(x, attn_mask, packing)
+        return self.output(self.intermediate(x), x, packing)
 
 
 class BertEncoder(nn.Module):
@@ -148,12 +238,12 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.gradient_checkpointing = False  # recompute each layer's activations in backward to save memory
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
         for layer in self.layer:
             if self.gradient_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(layer, x, attn_mask, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(layer, x, attn_mask, packing, use_reentrant=False)
             else:
-                x = layer(x, attn_mask)
+                x = layer(x, attn_mask, packing)
         return x
 
 
@@ -162,12 +252,13 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))  # the [CLS] position
+    def forward(self, hidden: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        first = hidden[:, 0] if packing is None else hidden.index_select(0, packing.cu_seqlens[:-1])
+        return torch.tanh(self.dense(first))  # the [CLS] position
 
 
 class BertModel(nn.Module):
-    """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``."""
+    """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``, or in packed mode ``((N, H), (B, H))``."""
 
     def __init__(self, cfg: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
@@ -177,13 +268,25 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(cfg) if add_pooling_layer else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attention_mask: torch.Tensor | None = None,
+                packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Padded: ``input_ids`` (B, T) with ``attention_mask`` (B, T) or None for no padding.
+        Packed: ``input_ids`` (N,), every row's real tokens back to back, with their ``packing`` (no mask)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        # Boolean (B, 1, 1, T): True where a key may be attended to. None lets SDPA use its fastest path.
-        attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        hidden = self.encoder(self.embeddings(input_ids, token_type_ids), attn_mask)
-        return hidden, (self.pooler(hidden) if self.pooler is not None else None)
+        if packing is None:
+            # Boolean (B, 1, 1, T): True where a key may be attended to. None lets SDPA use its fastest path.
+            attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+            x = self.embeddings(input_ids, token_type_ids)
+        elif attention_mask is not None:
+            raise ValueError("give attention_mask (padded mode) or packing (packed mode), not both")
+        else:
+            attn_mask = packing.key_mask
+            # The embeddings (lookups and a LayerNorm, no GEMM) run on the padded grid: their gradients are sums
+            # over its rows, in the order every finetuning result so far was trained with.
+            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids)))
+        hidden = self.encoder(x, attn_mask, packing)
+        return hidden, (self.pooler(hidden, packing) if self.pooler is not None else None)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -263,4 +366,4 @@ def flops_per_token(cfg: BertConfig, seq_len: int, masked_fraction: float = 0.15
     return 3.0 * (layers * per_layer + head)
 
 
-__all__ = ["BertConfig", "BertForPreTraining", "BertModel", "PRESETS", "flops_per_token", "preset"]
+__all__ = ["BertConfig", "BertForPreTraining", "BertModel", "PRESETS", "Packing", "flops_per_token", "preset"]

@@ -1,8 +1,8 @@
-"""The heads' encoder pass on real tokens only (finetune.models.encode) against the padded encoder and transformers."""
+"""The task heads (on the encoder's packed mode) against transformers' BERT task models."""
 import pytest
 import torch
 
-from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, encode, pad_batch
+from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
 from pretrain.model import BertConfig, BertForPreTraining
 
 CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
@@ -18,47 +18,6 @@ def _batch(lengths=(5, 17, 9, 3)):
     rows = [{"input_ids": torch.randint(1, CONFIG.vocab_size, (n,), generator=generator).tolist(),
              "token_type_ids": [0] * (n // 2) + [1] * (n - n // 2)} for n in lengths]
     return pad_batch(rows, CONFIG.pad_token_id)
-
-
-@pytest.mark.parametrize("training", [False, True])
-def test_encode_equals_the_padded_encoder_on_real_tokens(training):
-    bert, batch = _encoder(), _batch()
-    bert.train(training)
-    real = batch["attention_mask"].bool()
-    torch.manual_seed(7)
-    hidden, pooled = bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-    state_after_padded = torch.get_rng_state()
-    torch.manual_seed(7)  # in training, dropout must draw the same masks in both...
-    packed_hidden, packed_pooled = encode(bert, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-    torch.testing.assert_close(packed_hidden[real], hidden[real], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(packed_pooled, pooled, rtol=1e-5, atol=1e-5)
-    assert torch.all(packed_hidden[~real] == 0)
-    assert torch.equal(torch.get_rng_state(), state_after_padded)  # ...and leave the random stream where it would be
-
-
-def test_encode_gives_the_padded_encoder_gradients():
-    bert, batch = _encoder(), _batch()
-    real = batch["attention_mask"].bool()
-    weights = torch.randn(CONFIG.hidden_size)
-    grads = []
-    for run in (lambda: bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]),
-                lambda: encode(bert, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])):
-        torch.manual_seed(3)
-        hidden, pooled = run()
-        ((hidden[real] @ weights).sum() + pooled.square().sum()).backward()
-        grads.append({n: p.grad.clone() for n, p in bert.named_parameters() if p.grad is not None})
-        bert.zero_grad(set_to_none=True)
-    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == len(list(bert.parameters()))
-    for name in grads[0]:
-        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-5, msg=name)
-
-
-def test_without_a_mask_the_plain_encoder_runs():
-    bert, batch = _encoder(), _batch(lengths=(6, 6))
-    bert.eval()
-    expected = bert(batch["input_ids"], batch["token_type_ids"], None)
-    got = encode(bert, batch["input_ids"], batch["token_type_ids"], None)
-    torch.testing.assert_close(got[0], expected[0])
 
 
 @pytest.mark.parametrize("head", ["sequence", "token", "span"])

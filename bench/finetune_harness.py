@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from finetune import conll, glue, metrics, squad
-from finetune.benchmarks import pair_features
 from finetune.config import ConllConfig, SquadConfig, TrainingConfig
 from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, load_encoder
+from finetune.suite import pair_features
 from finetune.trainer import predict
 
 GLUE_TASKS = ("mrpc", "rte", "cola", "stsb", "sst2")

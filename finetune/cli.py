@@ -101,7 +101,7 @@ def expected_error(error: BaseException, output: Path) -> tuple[str | None, bool
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune import benchmarks as bench
+    from finetune import suite as bench
     from finetune import checkpoint, report
     from finetune.config import load
 

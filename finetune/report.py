@@ -83,7 +83,7 @@ def _paper(size: str, task: str, key: str) -> str:
 
 
 def write(report: dict, out: Path) -> None:
-    from finetune.benchmarks import write_json
+    from finetune.suite import write_json
 
     write_json(out / "report.json", report)
     temporary = out / "report.md.tmp"

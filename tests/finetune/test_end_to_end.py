@@ -86,8 +86,9 @@ def test_conll_finds_entities_on_dev_and_test(suite):
 def test_squad_answers_come_back_as_the_exact_context_text(suite, minilm_dir, data_dir):
     import torch
 
-    from finetune import benchmarks, checkpoint, config, squad
+    from finetune import checkpoint, config, squad
     from finetune.models import SpanExtractor, load_encoder
+    from finetune.suite import squad_evaluator
 
     trained = suite["by_task"]["squad"]["mean"]
     # The same evaluation on the checkpoint with an untrained span head: the baseline.
@@ -97,7 +98,7 @@ def test_squad_answers_come_back_as_the_exact_context_text(suite, minilm_dir, da
     features = squad.make_features(examples, tokenizer, training=False, max_seq_length=128, doc_stride=64,
                                    max_query_length=cfg.max_query_length)
     rows = [{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids} for f in features]
-    evaluate = benchmarks.squad_evaluator(examples, features, rows, raw, cfg, tokenizer, torch.device("cpu"), None)
+    evaluate = squad_evaluator(examples, features, rows, raw, cfg, tokenizer, torch.device("cpu"), None)
     torch.manual_seed(0)
     untrained, _ = evaluate(SpanExtractor(load_encoder(minilm_dir)))
     assert trained["f1"] > untrained["f1"] + 25 and trained["exact_match"] > 30, (trained, untrained)

@@ -1,4 +1,5 @@
-"""The three benchmarks as runs over seeds: features, the model head, dev evaluation with the official metric.
+"""The suite's tasks (GLUE, SQuAD, CoNLL-2003) as runs over seeds: features, the model head, dev evaluation
+with the official metric.
 
 Each ``run_*`` returns a list of task results (dicts) that the report turns into tables.
 """

@@ -21,8 +21,7 @@ import torch
 from finetune.config import TrainingConfig
 from finetune.models import pad_batch
 from pretrain.schedule import ScheduleConfig, lr_at
-
-_NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias")
+from pretrain.weight_decay import parameter_groups
 
 
 @dataclass
@@ -74,17 +73,14 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
     model.to(device)
     engine = None
     if cfg.deepspeed_zero_stage >= 0:  # DeepSpeed owns the optimizer, precision and clipping
-        from pretrain.engine import finetuning_engine
+        from finetune.engine import finetuning_engine
 
         engine = finetuning_engine(model, lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
                                    batch_size=cfg.batch_size, zero_stage=cfg.deepspeed_zero_stage,
                                    offload_optimizer=cfg.offload_optimizer, bf16=dtype is torch.bfloat16)
         optimizer, dtype = engine.optimizer, None  # bf16 weights under DeepSpeed: no autocast on top
     else:
-        decay = [p for n, p in model.named_parameters() if not n.endswith(_NO_DECAY)]
-        no_decay = [p for n, p in model.named_parameters() if n.endswith(_NO_DECAY)]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                       {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.999),
+        optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999),
                                       eps=1e-6)
     steps_per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
     total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))

@@ -19,8 +19,7 @@ from pretrain.config import BatchPlan, PretrainConfig
 from pretrain.lamb import Lamb
 from pretrain.launch import Rendezvous
 from pretrain.schedule import lr_at
-
-_NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias")
+from pretrain.weight_decay import parameter_groups
 
 
 def deepspeed_config(cfg: PretrainConfig, plan: BatchPlan, output_dir: str | Path) -> dict:
@@ -103,19 +102,8 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """BERT's recipe: no weight decay on biases and LayerNorm parameters."""
-    decay, no_decay = [], []
-    for name, param in module.named_parameters():
-        if param.requires_grad:
-            (no_decay if name.endswith(_NO_DECAY) else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def build(cfg: PretrainConfig, module: torch.nn.Module, ds_config: dict):
     """The DeepSpeed engine, with our LR schedule as a LambdaLR that DeepSpeed steps and checkpoints."""
-    import deepspeed
-
     opt = cfg.optimizer
     optimizer = None
     if opt.name == "lamb":
@@ -125,10 +113,17 @@ def build(cfg: PretrainConfig, module: torch.nn.Module, ds_config: dict):
     def scheduler(optim):
         return torch.optim.lr_scheduler.LambdaLR(optim, lambda step: lr_at(step, peak, schedule) / peak)
 
+    return initialize(module, ds_config, optimizer=optimizer, lr_scheduler=scheduler,
+                      model_parameters=parameter_groups(module, opt.weight_decay) if optimizer is None else None)
+
+
+def initialize(module: torch.nn.Module, ds_config: dict, **arguments):
+    """``deepspeed.initialize`` of ``module`` (``arguments``: its optimizer, lr_scheduler, model_parameters),
+    quietly; DeepSpeed's engine. Finetuning's engine (finetune/engine.py) is made here too."""
+    import deepspeed
+
     with _quiet():
-        engine, *_ = deepspeed.initialize(
-            model=module, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config,
-            model_parameters=parameter_groups(module, opt.weight_decay) if optimizer is None else None)
+        engine, *_ = deepspeed.initialize(model=module, config=ds_config, **arguments)
     return engine
 
 
@@ -139,19 +134,9 @@ class Engine:
 
     def __init__(self, engine):
         self.deepspeed = engine
-
-    @property
-    def device(self) -> torch.device:
-        return self.deepspeed.device
-
-    @property
-    def rank(self) -> int:
-        return self.deepspeed.global_rank
-
-    @property
-    def monitor(self):
-        """DeepSpeed's TensorBoard/CSV monitor, when it has one."""
-        return getattr(self.deepspeed, "monitor", None)
+        self.device: torch.device = engine.device
+        self.rank: int = engine.global_rank
+        self.monitor = getattr(engine, "monitor", None)  # DeepSpeed's TensorBoard/CSV monitor, when it has one
 
     def lr(self) -> float:
         """The learning rate the next step uses."""
@@ -273,42 +258,6 @@ class Engine:
             if engine.global_rank == 0:
                 state[name] = (full if full is not None else param.detach()).float().cpu().clone()
         return state if engine.global_rank == 0 else None
-
-
-def finetuning_engine(module: torch.nn.Module, *, lr: float, weight_decay: float, max_grad_norm: float,
-                      batch_size: int, zero_stage: int, offload_optimizer: bool, bf16: bool):
-    """One process's DeepSpeed engine for finetuning a model too large for plain AdamW on one device.
-
-    ZeRO 1-2 with the optimizer state offloaded to CPU memory (ZeRO-Offload) is what lets BERT-Large and larger
-    finetune on a small GPU; the caller sets the learning rate on ``engine.optimizer.param_groups`` every step.
-    A process group of one is started here when there is none (finetuning runs in a single process).
-    """
-    import deepspeed
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        import socket
-
-        with socket.socket() as sock:  # a free port for the group of one
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", port, "single"), timeout_minutes=30)
-    ds = {"train_batch_size": batch_size, "train_micro_batch_size_per_gpu": batch_size,
-          "gradient_accumulation_steps": 1, "gradient_clipping": max_grad_norm, "steps_per_print": 10 ** 9,
-          "zero_optimization": {"stage": zero_stage},
-          "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-6,
-                                                    "weight_decay": weight_decay, "adam_w_mode": True}}}
-    if offload_optimizer:
-        ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    else:
-        ds["optimizer"]["params"]["torch_adam"] = True  # no JIT build of FusedAdam for a finetuning run
-    if bf16:
-        ds["bf16"] = {"enabled": True}
-        ds["data_types"] = {"grad_accum_dtype": "fp32"}
-    with _quiet():
-        engine, *_ = deepspeed.initialize(model=module, config=ds,
-                                          model_parameters=parameter_groups(module, weight_decay))
-    return engine
 
 
 def train_micro_batch(engine, batch: dict) -> torch.Tensor:

@@ -17,7 +17,14 @@ import logging
 from pathlib import Path
 
 from common.errors import StorageError, storage_failure
-from pretrain.hf_compat import CheckpointError, check_weights_file, is_complete, load_config
+from pretrain.hf_compat import (
+    CheckpointError,
+    check_weights_file,
+    export_directory,
+    finished_export,
+    is_complete,
+    load_config,
+)
 
 log = logging.getLogger("finetune")
 
@@ -31,12 +38,13 @@ def resolve(path: str | Path, scratch: Path) -> Path:
     if (path / "config.json").is_file():
         check_weights_file(path)
         return path
-    if is_complete(path / "hf"):
-        check_weights_file(path / "hf")
-        return path / "hf"
-    if (path / "hf").exists():
-        log.warning(f"{path / 'hf'} is incomplete (an export that did not finish): using the run's newest "
-                    "complete checkpoint instead")
+    export = finished_export(path)
+    if export is not None:
+        check_weights_file(export)
+        return export
+    if export_directory(path).exists():
+        log.warning(f"{export_directory(path)} is incomplete (an export that did not finish): using the run's "
+                    "newest complete checkpoint instead")
     from pretrain.export import export_checkpoint, find_checkpoint
 
     found = find_checkpoint(path)  # raises a CheckpointError that says what was expected

@@ -43,6 +43,17 @@ def is_complete(directory: str | Path) -> bool:
     return (directory / "config.json").is_file() and any((directory / name).is_file() for name in WEIGHT_FILES)
 
 
+def export_directory(run_directory: str | Path) -> Path:
+    """Where a pretraining run directory holds its Hugging Face export (written when the run finishes)."""
+    return Path(run_directory) / "hf"
+
+
+def finished_export(run_directory: str | Path) -> Path | None:
+    """The Hugging Face export of a pretraining run directory when it is there whole, else None."""
+    directory = export_directory(run_directory)
+    return directory if is_complete(directory) else None
+
+
 def weights_file(directory: str | Path) -> Path:
     directory = Path(directory)
     for name in WEIGHT_FILES:

@@ -131,14 +131,13 @@ def planned_model_config(model, vocab_size: int | None):
     dataset vocabulary of ``vocab_size`` ids (default: bert-base-uncased's). ``init_from`` wins when readable."""
     from pathlib import Path
 
-    from pretrain.hf_compat import load_config
+    from pretrain.hf_compat import finished_export, load_config
     from pretrain.model import preset
 
     if model.init_from:
-        directory = Path(model.init_from)
-        for candidate in (directory / "hf", directory):
-            if (candidate / "config.json").is_file():
-                return load_config(candidate)
+        directory = finished_export(model.init_from) or Path(model.init_from)
+        if (directory / "config.json").is_file():
+            return load_config(directory)
     vocab = model.vocab_size or (-(-vocab_size // 8) * 8 if vocab_size else DEFAULT_VOCAB)
     config = preset(model.preset, vocab_size=vocab, max_position_embeddings=model.max_position_embeddings)
     return replace(config, **{k: getattr(model, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")

@@ -24,7 +24,12 @@ from pretrain import engine as ds
 from pretrain import resume as resume_check
 from pretrain.config import BatchPlan, PretrainConfig, batch_plan
 from pretrain.data import PretrainingLoader, ShardedInstances
-from pretrain.hf_compat import export, load_pretrained
+from pretrain.hf_compat import (
+    export,
+    export_directory,
+    finished_export,
+    load_pretrained,
+)
 from pretrain.launch import Rendezvous
 from pretrain.loop import DIVERGED, PREEMPTED, Diverged, LoopState, StopFlag
 from pretrain.model import BertForPreTraining, preset
@@ -42,7 +47,7 @@ class CollectiveTimeout(RuntimeError):
 def build_model(cfg: PretrainConfig, manifest: Manifest) -> BertForPreTraining:
     m = cfg.model
     if m.init_from:
-        model, fresh = load_pretrained(_hf_directory(Path(m.init_from)))
+        model, fresh = load_pretrained(_init_directory(m.init_from))
         if fresh:
             log.info(f"initialised fresh (not in {m.init_from}): {', '.join(fresh)}")
         return model
@@ -53,9 +58,9 @@ def build_model(cfg: PretrainConfig, manifest: Manifest) -> BertForPreTraining:
                                      pad_token_id=manifest.tokenizer.special_ids["[PAD]"], **overrides))
 
 
-def _hf_directory(path: Path) -> Path:
-    """``init_from`` may name one of our run directories; its exported Hugging Face directory is used."""
-    return path / "hf" if (path / "hf" / "config.json").is_file() else path
+def _init_directory(init_from: str) -> Path:
+    """``init_from`` may name one of our run directories; its finished Hugging Face export is used."""
+    return finished_export(init_from) or Path(init_from)
 
 
 def _check_init_tokenizer(cfg: PretrainConfig, manifest: Manifest) -> None:
@@ -63,7 +68,7 @@ def _check_init_tokenizer(cfg: PretrainConfig, manifest: Manifest) -> None:
         return
     from common.tokenizer import load_tokenizer
 
-    directory = _hf_directory(Path(cfg.model.init_from))
+    directory = _init_directory(cfg.model.init_from)
     for candidate in (directory / "tokenizer", directory / "vocab.txt"):
         if candidate.exists():
             theirs = load_tokenizer(str(candidate), lowercase=manifest.tokenizer.lowercase).identity()
@@ -132,7 +137,7 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
         status = loop.train(state, engine, run.loader, monitor, cfg=cfg, plan=run.plan,
                             model_config=run.model.config, stop=stop, save=save)
         if status == 0 and not engine.weights_finite():  # e.g. the last steps were skipped, so never saved
-            monitor.info(f"the final weights hold NaN or inf: the run is not done and {out / 'hf'} is not "
+            monitor.info(f"the final weights hold NaN or inf: the run is not done and {export_directory(out)} is not "
                          f"exported. The last good checkpoint is kept in {out / 'checkpoints'}: resume from it with "
                          "a lower learning rate")
             status = DIVERGED
@@ -318,6 +323,6 @@ def _export(engine: ds.Engine, model: BertForPreTraining, out: Path) -> None:
         missing = cpu_model.load_state_dict(state, strict=False).missing_keys
         if set(missing) - {"cls.predictions.decoder.weight"}:
             raise RuntimeError(f"export: weights missing from the engine: {missing[:5]}")
-        export(cpu_model, out / "hf", tokenizer_dir=out / "tokenizer")
-        log.info(f"exported the final weights to {out / 'hf'} (Hugging Face BertForPreTraining)")
+        export(cpu_model, export_directory(out), tokenizer_dir=out / "tokenizer")
+        log.info(f"exported the final weights to {export_directory(out)} (Hugging Face BertForPreTraining)")
     engine.barrier()

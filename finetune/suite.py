@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from finetune import conll, glue, metrics, squad
 from finetune.config import FinetuneConfig, TrainingConfig, task_training
@@ -36,6 +37,13 @@ def pair_features(tokenizer, text_a: str, text_b: str | None, max_seq_length: in
         ids += [*b, tokenizer.sep_id]
         types += [1] * (len(b) + 1)
     return {"input_ids": ids, "token_type_ids": types}
+
+
+def seeded(seed: int, build):
+    """``build()`` with torch's generator seeded first: a task head's initial weights come from the run's seed.
+    (torch seeds itself at random in each process, so a head built before seeding differed between runs.)"""
+    torch.manual_seed(seed)
+    return build()
 
 
 def _summary(task: str, runs: list, extra: dict | None = None) -> dict:
@@ -78,7 +86,8 @@ def run_glue(tasks: list[str], data_dir: Path, model_dir: Path, tokenizer, cfg: 
 
         per_split = {name: [] for name in dev_rows}
         for seed in cfg.seeds:
-            model = SequenceClassifier(load_encoder(model_dir, training.dropout), num_labels, training.dropout)
+            model = seeded(seed, lambda: SequenceClassifier(load_encoder(model_dir, training.dropout), num_labels,
+                                                            training.dropout))
             run = finetune(model, train_rows, evaluate, training, seed=seed, pad_id=tokenizer.pad_id,
                            log_dir=out / "logs", name=task)
             per_split[first_dev].append(run)
@@ -113,7 +122,7 @@ def run_squad(data_dir: Path, model_dir: Path, tokenizer, cfg: FinetuneConfig, o
     evaluate_with = squad_evaluator(dev_examples, dev_features, dev_rows, dev_data, sc, tokenizer, device, dtype)
     runs = []
     for seed in cfg.seeds:
-        model = SpanExtractor(load_encoder(model_dir, training.dropout))
+        model = seeded(seed, lambda: SpanExtractor(load_encoder(model_dir, training.dropout)))
         run = finetune(model, train_rows, evaluate_with, training, seed=seed, pad_id=tokenizer.pad_id,
                        log_dir=out / "logs", name="squad")
         predictions = evaluate_with.last_predictions
@@ -196,7 +205,8 @@ def run_conll(data_dir: Path, model_dir: Path, tokenizer, cfg: FinetuneConfig, o
 
     results = {"dev": [], "test": []}
     for seed in cfg.seeds:
-        model = TokenClassifier(load_encoder(model_dir, training.dropout), len(conll.LABELS), training.dropout)
+        model = seeded(seed, lambda: TokenClassifier(load_encoder(model_dir, training.dropout), len(conll.LABELS),
+                                                     training.dropout))
         run = finetune(model, train_rows, lambda m: score(m, "dev"), training, seed=seed, pad_id=tokenizer.pad_id,
                        log_dir=out / "logs", name="conll")
         results["dev"].append(run)

@@ -72,3 +72,27 @@ def test_deepspeed_settings_are_checked():
         TrainingConfig(deepspeed_zero_stage=3)
     with pytest.raises(ValueError, match="offload_optimizer needs deepspeed_zero_stage 1 or 2"):
         TrainingConfig(offload_optimizer=True)
+
+
+def test_a_task_head_starts_from_the_seed_whatever_the_process_drew_before(minilm_dir, tmp_path, monkeypatch):
+    """torch seeds itself at random per process; the suite's first head was built before seeding, so two runs
+    with the same seed started from different heads."""
+    import pathlib
+
+    from common.tokenizer import load_tokenizer
+    from finetune import suite
+    from finetune.config import FinetuneConfig
+
+    heads = []
+
+    def capture(model, *args, seed, **kwargs):
+        heads.append(model.classifier.weight.detach().clone())
+        raise StopIteration  # enough: the head as training would receive it
+
+    monkeypatch.setattr(suite, "finetune", capture)
+    tokenizer = load_tokenizer(str(minilm_dir / "vocab.txt"), lowercase=True)
+    for noise in (1, 2):
+        torch.manual_seed(noise)  # a different generator state before the task, as in another process
+        with pytest.raises(StopIteration):
+            suite.run_glue(["rte"], pathlib.Path(__file__).resolve().parents[2] / "samples", minilm_dir, tokenizer, FinetuneConfig(seeds=[7]), tmp_path / str(noise))
+    assert torch.equal(heads[0], heads[1])

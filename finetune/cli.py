@@ -101,14 +101,14 @@ def expected_error(error: BaseException, output: Path) -> tuple[str | None, bool
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune import suite as bench
+    from finetune import suite
     from finetune import checkpoint, report
     from finetune.config import load
 
     started = time.time()
     cfg = load(args.config, args.overrides)
     to_run, glue_tasks = plan(args.command, args.tasks)
-    bench.check_data(to_run, glue_tasks, args.data, cfg)
+    suite.check_data(to_run, glue_tasks, args.data, cfg)
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "config.yaml").write_text(configlib.to_yaml(cfg))
     model_dir = checkpoint.resolve(args.checkpoint, args.output)
@@ -116,11 +116,11 @@ def run(args: argparse.Namespace) -> int:
     log.info(f"model {model_dir}; benchmarks {', '.join(to_run)}; seeds {cfg.seeds}")
     results = []
     if "glue" in to_run:
-        results += bench.run_glue(glue_tasks, args.data, model_dir, tokenizer, cfg, args.output)
+        results += suite.run_glue(glue_tasks, args.data, model_dir, tokenizer, cfg, args.output)
     if "squad" in to_run:
-        results += bench.run_squad(args.data, model_dir, tokenizer, cfg, args.output)
+        results += suite.run_squad(args.data, model_dir, tokenizer, cfg, args.output)
     if "conll" in to_run:
-        results += bench.run_conll(args.data, model_dir, tokenizer, cfg, args.output)
+        results += suite.run_conll(args.data, model_dir, tokenizer, cfg, args.output)
     final = report.build(results, checkpoint=str(args.checkpoint), seconds=time.time() - started, seeds=cfg.seeds,
                          config=configlib.to_dict(cfg))
     report.write(final, args.output)

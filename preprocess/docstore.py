@@ -95,6 +95,9 @@ class Bucket:
 
 def _ordered(work: str, bucket: int, columns: list[str] | None = None):
     """A bucket's rows in global order (hash, id, source) with duplicate ids dropped; None if empty."""
+    # The instance stage loads buckets many times a second, and Arrow's allocator (mimalloc) keeps freed pages
+    # resident for a second: without this, the buffers of the buckets loaded in that second would add up.
+    pa.default_memory_pool().release_unused()
     files = [u for u in storage.list_files(bucket_dir(work, bucket)) if u.endswith(".arrow")]
     if not files:
         return None, []

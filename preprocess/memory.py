@@ -1,12 +1,14 @@
 """A memory budget for one-machine runs: ``--max-memory SIZE`` chooses the number of parts (``--parts``).
 
 The DirectRunner holds a stage's data in memory, so a run's peak grows with the input of its largest part. The
-estimate per part is a fixed base (the interpreter, Apache Beam, the tokenizer, and a full-size shard being
-sorted and written) plus a factor per input byte as stored, by kind: a ``.bz2`` dump counts compressed (its
-text is about 3.6 times larger), and wikitext yields fewer tokens per byte than a book. The constants were fitted
-to peak-memory runs of the benchmark corpus (``bench/preprocess.py``: single-kind inputs and the 8-fold input
-with 1, 4 and 16 parts) and rounded up, so the estimate errs high. The smallest number of parts whose estimate
-fits is chosen; the output does not depend on it.
+estimate per part is a fixed base plus a factor per input byte as stored, by kind: a ``.bz2`` dump counts
+compressed (its text is about 3.6 times larger), and wikitext yields fewer tokens per byte than a book. The base
+is what a part needs whatever its size: the interpreter, Apache Beam's runner and the tokenizer, and in the
+instance stage the whole document store, which every part reads again for its random next sentences (a shard
+is written one key-range group at a time, so the shards add little). The constants were fitted to
+peak-memory runs of the benchmark corpus (``bench/preprocess.py``; ``memory_calibration`` in its results:
+single-kind inputs in one part, and the 8-fold input in 1 to 104 parts) and rounded up, so the estimate errs
+high. The smallest number of parts whose estimate fits is chosen; the output does not depend on it.
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from common.errors import InputError
 from common.sizes import format_size
 
 # Peak bytes of one in-memory run per input byte, by kind, and the base every run needs (see the module docstring).
-PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 12.5, "wiki": 3.5, "book": 9.0}
-BASE_PEAK_BYTES = 370 << 20
+PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 12.0, "wiki": 3.5, "book": 9.0}
+BASE_PEAK_BYTES = 290 << 20
 COMPRESSED_SUFFIXES = (".bz2", ".gz", ".xz", ".zst")
 
 

@@ -5,7 +5,7 @@ global order of the dataset is the key order, so shard ``s`` of ``S`` holds the 
 ``[s*R//S, (s+1)*R//S)``: shards are equal to within one row, and every shard is a uniformly
 random sample of the corpus in random order. Pieces are the rows of one key-range group from one
 part, so a shard is assembled from the few groups that overlap its rank range (each sorted by key
-as it is read) with bounded memory.
+as it is read) one group at a time: memory is bounded by a group, not by a shard.
 """
 from __future__ import annotations
 
@@ -33,13 +33,17 @@ def _ragged(flat: np.ndarray, lengths: np.ndarray, value_type: pa.DataType) -> p
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, value_type))
 
 
-def batch_table(finalized, keys, next_label: np.ndarray, doc_a: list[str] | None, doc_b: list[str] | None,
-                vocab_size: int) -> pa.Table:
-    """A finished batch (preprocess.batch.FinalizedBatch) as rows of the piece schema; without provenance
-    (``doc_a`` and ``doc_b`` None) the doc_a and doc_b columns are left out."""
+def instance_batch(finalized, keys, next_label: np.ndarray, doc_a: list[str] | None, doc_b: list[str] | None,
+                   vocab_size: int) -> pa.RecordBatch:
+    """A finished batch (preprocess.batch.FinalizedBatch) as a record batch of the piece schema; without provenance
+    (``doc_a`` and ``doc_b`` None) the doc_a and doc_b columns are left out.
+
+    A record batch, not a table: each of its slices (one per key-range group) is held until its piece is written,
+    and a table's slice carries twice the metadata (chunked columns), which outweighs the rows of a small slice.
+    """
     tok = schema.token_type(vocab_size)
     provenance = {} if doc_a is None else {"doc_a": pa.array(doc_a, pa.string()), "doc_b": pa.array(doc_b, pa.string())}
-    return pa.table({
+    return pa.record_batch({
         "order_key": pa.array(keys.order, pa.uint64()),
         "tiebreak": pa.array(keys.tiebreak, pa.uint64()),
         "input_ids": _ragged(finalized.input_ids, finalized.lengths, tok),
@@ -62,15 +66,15 @@ def sort_by_key(table: pa.Table) -> pa.Table:
     return table.take(pc.sort_indices(table, [("order_key", "ascending"), ("tiebreak", "ascending")]))
 
 
-def to_ipc(table: pa.Table) -> bytes:
+def to_ipc(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
+    with ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
     return sink.getvalue().to_pybytes()
 
 
-def from_ipc(data: bytes) -> pa.Table:
-    return ipc.open_stream(pa.py_buffer(data)).read_all()
+def from_ipc(data: bytes) -> pa.RecordBatch:
+    return ipc.open_stream(pa.py_buffer(data)).read_next_batch()
 
 
 def instance_stats(table: pa.Table, mask_id: int) -> dict:
@@ -123,61 +127,83 @@ def shard_bounds(shard: int, num_shards: int, num_rows: int) -> tuple[int, int]:
     return shard * num_rows // num_shards, (shard + 1) * num_rows // num_shards
 
 
-def _write_ipc_file(path: str, table: pa.Table, output_schema: pa.Schema, batch_rows: int) -> tuple[str, int]:
-    """Write ``table`` as an Arrow IPC file at ``path``; returns (sha256 of its bytes, size)."""
+def _overlapping_groups(group_rows: list[int], lo: int, hi: int):
+    """(group, first row, rows) of the part of each key-range group that falls in the ranks ``[lo, hi)``, in key
+    order; ranks count over the groups in order, each group sorted by key."""
+    start = 0
+    for group, rows in enumerate(group_rows):
+        end = start + rows
+        if rows and end > lo and start < hi:
+            yield group, max(lo - start, 0), min(hi, end) - max(lo, start)
+        start = end
+
+
+def sorted_group(work: str, group: int) -> pa.Table:
+    """A key-range group's rows from all parts' pieces, sorted by key."""
+    present = [u for u in storage.list_files(storage.join(work, "pieces", f"g{group:06d}")) if u.endswith(".arrow")]
+    return sort_by_key(pa.concat_tables([read_table(u) for u in present]))
+
+
+def _write_shard_file(path: str, work: str, lo: int, hi: int, group_rows: list[int], output_schema: pa.Schema,
+                      batch_rows: int) -> dict:
+    """Write the rows ranked ``[lo, hi)`` as an Arrow IPC file at ``path``, one key-range group at a time: a group
+    is read, sorted, written and dropped before the next is read, so memory is bounded by a group, not by the
+    shard. Returns rows, tokens, sha256 of the file's bytes and its size.
+
+    Each group's slice is cut into record batches of at most ``batch_rows`` rows, as ``to_batches`` cuts the
+    whole shard's table (a batch never spans two chunks, and each sorted group is one chunk): the bytes are those
+    of writing the concatenated table at once.
+    """
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    rows = tokens = 0
+    # Arrow's allocator (mimalloc) keeps freed pages resident for a second: released after each group, or the
+    # buffers of the groups written in that second (and of the stage before) would add up.
+    pool = pa.default_memory_pool()
+    pool.release_unused()
     with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, output_schema) as writer:
-        for batch in table.to_batches(max_chunksize=batch_rows):
-            writer.write_batch(batch)
+        for group, first, count in _overlapping_groups(group_rows, lo, hi):
+            table = sorted_group(work, group).slice(first, count)
+            table = pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in output_schema],
+                                         schema=output_schema)
+            writer.write_table(table, max_chunksize=batch_rows)
+            rows += table.num_rows
+            tokens += int(pc.sum(pc.list_value_length(table.column("input_ids"))).as_py() or 0)
+            del table
+            pool.release_unused()
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
+        for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest(), os.path.getsize(path)
+    return {"rows": rows, "tokens": tokens, "sha256": digest.hexdigest(), "bytes": os.path.getsize(path)}
 
 
 def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, group_rows: list[int],
                    output_schema: pa.Schema, batch_rows: int = 4096) -> dict:
-    """Write shard ``shard`` from the key-range groups that overlap its rank range.
+    """Write shard ``shard`` from the key-range groups that overlap its rank range, one group at a time.
 
     Args:
         group_rows: rows per key-range group over all parts, in key order.
         output_schema: the final schema (provenance columns present or not).
     Returns:
-        The shard's manifest entry: name, rows, sha256, bytes.
+        The shard's manifest entry: name, rows, sha256, bytes, tokens.
     """
-    total = sum(group_rows)
-    lo, hi = shard_bounds(shard, num_shards, total)
-    tables, start = [], 0
-    for group, rows in enumerate(group_rows):
-        end = start + rows
-        if rows and end > lo and start < hi:
-            group_dir = storage.join(work, "pieces", f"g{group:06d}")
-            present = [u for u in storage.list_files(group_dir) if u.endswith(".arrow")]
-            table = sort_by_key(pa.concat_tables([read_table(u) for u in present]))
-            tables.append(table.slice(max(lo - start, 0), min(hi, end) - max(lo, start)))
-        start = end
-    rows_table = pa.concat_tables(tables) if tables else None
-    columns = [rows_table.column(f.name).cast(f.type) if rows_table is not None else pa.array([], f.type)
-               for f in output_schema]
-    shard_table = pa.Table.from_arrays(columns, schema=output_schema)
+    lo, hi = shard_bounds(shard, num_shards, sum(group_rows))
     name = shard_name(shard, num_shards)
     target = storage.join(output_dir, name)
     if storage.is_local(target):
         # The output directory is already a staging area (published by renaming it): write in place.
         final = storage.local_path(target)
         partial = f"{final}.partial"
-        digest, size = _write_ipc_file(partial, shard_table, output_schema, batch_rows)
+        written = _write_shard_file(partial, work, lo, hi, group_rows, output_schema, batch_rows)
         os.replace(partial, final)
     else:
         # Write locally first so the checksum is of the exact bytes that are uploaded.
         with tempfile.TemporaryDirectory(prefix="shard-") as tmp:
             local = os.path.join(tmp, name)
-            digest, size = _write_ipc_file(local, shard_table, output_schema, batch_rows)
+            written = _write_shard_file(local, work, lo, hi, group_rows, output_schema, batch_rows)
             storage.upload_file(local, target)
-    return {"name": name, "rows": shard_table.num_rows, "sha256": digest, "bytes": size,
-            "tokens": int(pc.sum(pc.list_value_length(shard_table.column("input_ids"))).as_py() or 0)}
+    return {"name": name, **written}
 
 
-__all__ = ["assemble_shard", "batch_table", "from_ipc", "group_of_keys", "instance_stats", "merge_counts",
-           "piece_uri", "shard_bounds", "shard_name", "sort_by_key", "to_ipc", "write_table"]
+__all__ = ["assemble_shard", "from_ipc", "group_of_keys", "instance_batch", "instance_stats", "merge_counts",
+           "piece_uri", "shard_bounds", "shard_name", "sort_by_key", "sorted_group", "to_ipc", "write_table"]

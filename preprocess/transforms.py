@@ -213,13 +213,13 @@ class _BuildsInstances(_UsesTokenizer):
 
     def _emit(self, finalized, keys, next_label, doc_a, doc_b):
         """Split a finished batch into one Arrow record batch per key-range group."""
-        table = shards.batch_table(finalized, keys, next_label, doc_a, doc_b, self.tokenizer.vocab_size)
+        batch = shards.instance_batch(finalized, keys, next_label, doc_a, doc_b, self.tokenizer.vocab_size)
         groups = shards.group_of_keys(keys.order, self._group_bits())
-        self._instances.inc(table.num_rows)
+        self._instances.inc(batch.num_rows)
         bounds = np.flatnonzero(np.diff(groups)) + 1  # rows come ordered by group (_by_group)
         for start, end in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(groups)]])):
-            batch = table.slice(int(start), int(end - start))
-            payload = batch if self._lot is not None else shards.to_ipc(batch)
+            rows = batch.slice(int(start), int(end - start))
+            payload = rows if self._lot is not None else shards.to_ipc(rows)
             yield int(groups[start]), handoff.send(payload, self._lot)
 
 
@@ -341,7 +341,7 @@ class WritePieceGroup(beam.DoFn):
         received = (handoff.receive(b) for b in batches)
         # As one chunk: the batches come a few rows each (one per group of each finished chunk of instances), and
         # as record batches of the piece their metadata would outweigh their rows, on disk and when a shard reads it.
-        table = pa.concat_tables([b if isinstance(b, pa.Table) else shards.from_ipc(b) for b in received])
+        table = pa.Table.from_batches([b if isinstance(b, pa.RecordBatch) else shards.from_ipc(b) for b in received])
         table = table.combine_chunks()
         uri = shards.piece_uri(self._work, group, self._part)
         docstore.write_table(uri, table)

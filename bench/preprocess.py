@@ -17,7 +17,9 @@ and imports are a few percent of a run. ``--quick``: the shared data once (about
    VM's speed drifts by up to 30 % within minutes). Also: corpus tokens per CPU-second, peak RSS per input
    byte, and the share of the run that is interpreter start-up and imports.
 3. Memory budget (not with --quick): ``--max-memory`` a quarter of the in-memory run's peak; the peak must stay
-   under it and the shards must be byte-identical.
+   under it and the shards must be byte-identical. When the CLI refuses it, also the smallest budget it accepts.
+   And the floor under any budget: the peak of a process that imports the pipeline, loads the tokenizer and runs
+   one trivial in-memory Beam pipeline.
 4. Beam's DaskRunner (not with --quick): a scheduler and 2 single-threaded workers on 127.0.0.1, started for the
    run; CPU summed over scheduler, workers and driver; the shards must be byte-identical.
 
@@ -75,6 +77,7 @@ QUIET_WAIT = 10.0                  # seconds to wait for other processes to calm
 CONTENDED_LOAD = 0.25              # other processes using more cores than this during a run: flagged
 RUN_TIMEOUT = 600                  # seconds; one pipeline run that takes longer is killed
 WIKI_DBNAME = b"<dbname>enwiki</dbname>"
+SEPARATE_SECTIONS = ("memory_calibration", "memory_stages", "profile_8x_workers_1")  # results not written here
 
 
 # --------------------------------------------------------------------------------------------------
@@ -430,7 +433,31 @@ def budget_run(inputs: dict, tokenizer: Path, work: Path, unbudgeted: dict) -> d
                      "shards_identical": r["shard_sha256"] == unbudgeted["shard_sha256"], "run": r}
         if name == "quarter" and budget >= smallest:
             break
+    if not out["quarter"]["under_budget"]:
+        out["floor"] = memory_floor(tokenizer, work / "logs" / "memory-floor.log")
     return out
+
+
+FLOOR_PROBE = """
+import sys
+import apache_beam as beam
+from preprocess import cli
+cli.load_pipeline_modules()
+from common.tokenizer import load_tokenizer
+from preprocess.beamrun import beam_options, run_beam
+tokenizer = load_tokenizer(sys.argv[1])
+run_beam(beam_options(["--direct_num_workers", "1"]), lambda p, lot: (
+    p | beam.Create(range(100)) | beam.Map(lambda x: (x % 7, x)) | beam.GroupByKey()), in_process=True)
+"""
+
+
+def memory_floor(tokenizer: Path, log: Path, runs: int = 3) -> dict:
+    """Peak RSS of a process that imports the pipeline, loads the tokenizer and runs one trivial in-memory Beam
+    pipeline (Create, Map, GroupByKey): what every part of a budgeted run needs before it holds any data."""
+    measured = [run_measured([sys.executable, "-c", FLOOR_PROBE, str(tokenizer)], log) for _ in range(runs)]
+    return {"one_trivial_pipeline_peak_bytes": max(r["ru_maxrss_bytes"] for r in measured),
+            "method": "max ru_maxrss of python -c: load_pipeline_modules(), load_tokenizer, one Create | Map | "
+                      f"GroupByKey pipeline on the in-memory runner ({runs} runs)"}
 
 
 def _describe_budget(name: str, b: dict) -> str:
@@ -656,6 +683,9 @@ def main(argv=None) -> int:
                                                       "shard_sha256": runs["workers_1"][0]["shard_sha256"]})
         say("; ".join(_describe_budget(name, budget[name]) for name in ("quarter", "smallest_accepted")
                       if name in budget))
+        if "floor" in budget:
+            say(f"memory floor (imports, tokenizer, one trivial pipeline): "
+                f"{_mib(budget['floor']['one_trivial_pipeline_peak_bytes'])} MiB")
         dask = dask_run(inputs, tokenizer, work)
         dask["cpu_ratio_vs_irreducible"] = round(dask["cpu_s"] / irr["cpu_s"], 3)
         dask["shards_identical"] = dask["shard_sha256"] == runs["workers_1"][0]["shard_sha256"]
@@ -721,6 +751,9 @@ def main(argv=None) -> int:
                            and checks["cpu_accounting"] == ["ok"],
         "comparisons": previous.get("comparisons", {}) if previous.get("machine", {}).get("slug") == machine["slug"]
                        else {},
+        # Measured separately (each says how), kept until measured again.
+        **{key: previous[key] for key in SEPARATE_SECTIONS
+           if key in previous and previous.get("machine", {}).get("slug") == machine["slug"]},
         "bench_wall_s": round(time.perf_counter() - begun, 1),
     }
     out_file.write_text(json.dumps(results, indent=2) + "\n")
@@ -743,6 +776,9 @@ def main(argv=None) -> int:
     if budget:
         print(f"  memory budget (unbudgeted peak {_mib(budget['unbudgeted_peak_bytes'])} MiB): "
               + "; ".join(_describe_budget(n, budget[n]) for n in ("quarter", "smallest_accepted") if n in budget))
+        if "floor" in budget:
+            print(f"  memory floor (imports, tokenizer, one trivial pipeline): "
+                  f"{_mib(budget['floor']['one_trivial_pipeline_peak_bytes'])} MiB")
     if dask:
         print(f"  dask (2 workers): wall {dask['driver_wall_s']:.2f} s, CPU {dask['cpu_s']:.2f} s, ratio "
               f"{dask['cpu_ratio_vs_irreducible']:.2f}, identical {dask['shards_identical']}")

@@ -93,13 +93,11 @@ def export_checkpoint(path: Path | checkpoints.Checkpoint, output: Path) -> Path
 
 
 def _config_from_weights(cfg, state, config_cls):
-    from pretrain.hf_compat import load_config
+    from pretrain.hf_compat import finished_export, load_config
     from pretrain.model import preset
 
     if cfg.model.init_from:
-        from pretrain.train import _hf_directory
-
-        return load_config(_hf_directory(Path(cfg.model.init_from)))
+        return load_config(finished_export(cfg.model.init_from) or Path(cfg.model.init_from))
     hidden = preset(cfg.model.preset).hidden_size
     vocab = state["bert.embeddings.word_embeddings.weight"].numel() // hidden
     positions = state["bert.embeddings.position_embeddings.weight"].numel() // hidden

@@ -5,13 +5,19 @@ code paths those runs do not reach."""
 import ast
 import functools
 import importlib.metadata
+import os
 import pathlib
 import re
 import sys
 
 import pytest
 
-tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11 (CI's)")
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: CI runs 3.11, where a missing reader is a failure, not a skip
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("reading pyproject.toml needs Python 3.11", allow_module_level=True)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIRST_PARTY = {"common", "preprocess", "pretrain", "finetune", "cluster"}

@@ -25,7 +25,12 @@ import pytest
 
 from tests.conftest import require
 
-tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11 (CI's)")
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: CI runs 3.11, where a missing reader is a failure, not a skip
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("reading pyproject.toml needs Python 3.11", allow_module_level=True)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "samples"

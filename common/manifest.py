@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import DatasetFormatError
-from common.schema import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME
+from common.objectives import ObjectiveEntry
+from common.schema import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, READABLE_FORMAT_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Manifest:
     max_seq_length: int
     tokenizer: TokenizerEntry
     shards: tuple[ShardEntry, ...]
+    objective: ObjectiveEntry
     document: dict[str, Any]  # the whole JSON: statistics, summary, parameters, inputs
 
     @property
@@ -86,7 +88,8 @@ class Manifest:
                                       sha256=e.get("sha256"), tokens=_optional_int(e.get("tokens")))
                            for e in document["shards"])
             return cls(path=path, rows=int(document["rows"]), max_seq_length=int(document["max_seq_length"]),
-                       tokenizer=tokenizer, shards=shards, document=document)
+                       tokenizer=tokenizer, shards=shards, objective=ObjectiveEntry.from_document(document),
+                       document=document)
         except KeyError as missing:
             raise DatasetFormatError(f"{path}: no {missing.args[0]!r} field; the manifest was altered or written by "
                                      "another tool: re-run preprocessing") from None
@@ -130,10 +133,11 @@ def check_format(document: dict, where: str) -> None:
     """Refuse a manifest of another format or version with a message naming the directory."""
     if document.get("format") != FORMAT_NAME:
         raise DatasetFormatError(f"{where}: not a {FORMAT_NAME} dataset (manifest format {document.get('format')!r})")
-    if document.get("format_version") != FORMAT_VERSION:
+    if document.get("format_version") not in READABLE_FORMAT_VERSIONS:
         raise DatasetFormatError(
-            f"{where}: dataset format version {document.get('format_version')} but this code reads version "
-            f"{FORMAT_VERSION}; re-run preprocessing with this version of the code")
+            f"{where}: dataset format version {document.get('format_version')} but this code reads versions "
+            f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))} (it writes {FORMAT_VERSION}); re-run preprocessing "
+            "with this version of the code")
 
 
 def inside(directory: Path, name: str, what: str) -> Path:
@@ -149,4 +153,4 @@ def _optional_int(value) -> int | None:
     return None if value is None else int(value)
 
 
-__all__ = ["Manifest", "ModelRequirements", "ShardEntry", "TokenizerEntry", "check_format", "inside"]
+__all__ = ["Manifest", "ModelRequirements", "ObjectiveEntry", "ShardEntry", "TokenizerEntry", "check_format", "inside"]

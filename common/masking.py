@@ -27,9 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.counter_rng import bits_from_base, row_random_bits, stream_base, uniform
+from common.objectives import MASK_UNITS
 
 STREAM_POSITIONS, STREAM_DECISION, STREAM_REPLACEMENT, STREAM_SPANS = 4, 5, 6, 9
-MODES = ("token", "whole_word", "span")
+MODES = MASK_UNITS
 
 
 @dataclass(frozen=True)

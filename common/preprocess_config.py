@@ -7,6 +7,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from common import configlib, sizes
+from common.objectives import ObjectiveEntry, check_combination
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,24 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class InstanceConfig:
-    """The BERT instance recipe (google-research/bert create_pretraining_data.py)."""
+    """The instance recipe: BERT's (google-research/bert create_pretraining_data.py) by default, or one of its
+    successors' (``common.manifest.ObjectiveEntry`` explains the choices; docs/objectives.md the papers)."""
 
     max_seq_length: int = 128
     short_seq_prob: float = 0.1
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: int = 20
-    whole_word_mask: bool = False
+    mask_unit: str = "token"             # token | whole_word | span (SpanBERT)
+    masking: str = "static"              # static: masks in the shards | dynamic: unmasked rows, masked per epoch
+    kind: str = "pairs"                  # pairs | full_sentences (packed across documents) | doc_sentences
+    sentence_objective: str = "nsp"      # nsp | sop (pairs only) | none (packed kinds)
     dupe_factor: int = 5
     random_next_prob: float = 0.5
 
     def __post_init__(self):
+        ObjectiveEntry(kind=self.kind, sentence_objective=self.sentence_objective, masking=self.masking,
+                       mask_unit=self.mask_unit)
+        check_combination(self.kind, self.sentence_objective)
         if not 8 <= self.max_seq_length <= 65535:
             raise ValueError(f"max_seq_length must be in [8, 65535], got {self.max_seq_length}")
         for name in ("short_seq_prob", "masked_lm_prob", "random_next_prob"):

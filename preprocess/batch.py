@@ -111,7 +111,7 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
 
 
 def masking_recipe(cfg: InstanceConfig) -> MaskingRecipe:
-    return MaskingRecipe(mode="whole_word" if cfg.whole_word_mask else "token", rate=cfg.masked_lm_prob,
+    return MaskingRecipe(mode=cfg.mask_unit, rate=cfg.masked_lm_prob,
                          max_predictions=cfg.max_predictions_per_seq)
 
 

@@ -136,7 +136,7 @@ def test_max_predictions_caps_the_number_of_masks():
 
 def test_whole_word_masking_masks_all_pieces_of_a_word():
     cont = range(500, VOCAB_SIZE)  # ids >= 500 continue a word ("##x")
-    cfg = InstanceConfig(max_seq_length=256, whole_word_mask=True, masked_lm_prob=0.15, max_predictions_per_seq=30)
+    cfg = InstanceConfig(max_seq_length=256, mask_unit="whole_word", masked_lm_prob=0.15, max_predictions_per_seq=30)
     rng = random.Random(11)
     words = [[rng.randrange(5, 500)] + [rng.randrange(500, VOCAB_SIZE) for _ in range(rng.randint(0, 3))]
              for _ in range(80)]

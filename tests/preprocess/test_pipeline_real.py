@@ -34,7 +34,7 @@ def _read(dataset):
 
 def test_manifest_describes_the_dataset(real_dataset):
     manifest, tables = _read(real_dataset)
-    assert manifest["format"] == "bert-instances" and manifest["format_version"] == 1
+    assert manifest["format"] == "bert-instances" and manifest["format_version"] == 2
     tok = manifest["tokenizer"]
     assert tok["kind"] == "wordpiece" and tok["vocab_size"] == 30522
     assert tok["special_ids"] == {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}

@@ -19,7 +19,7 @@ def test_train_tokenizer_then_build_dataset_from_the_samples(tmp_path):
     out = tmp_path / "dataset"
     proc = run_cli("run", "--config", "configs/preprocess/tiny.yaml", "--wikipedia", SAMPLES / "wikipedia",
                    "--books", SAMPLES / "books", "--tokenizer", tokenizer_dir, "--output", out, "--provenance",
-                   "--set", "instances.whole_word_mask=true")
+                   "--set", "instances.mask_unit=whole_word")
     for line in ("documents:", "instances:", "corpus:", "output:"):
         assert line in proc.stdout
     manifest = read_manifest(out)
@@ -27,7 +27,7 @@ def test_train_tokenizer_then_build_dataset_from_the_samples(tmp_path):
     # 40 articles, 6 redirects, 3 pages of other namespaces, and a stub in the sample dump (samples/README.md).
     assert docs["skipped"]["redirect"] == 6 and docs["skipped"]["non_article_namespace"] == 3
     assert manifest["tokenizer"]["vocab_sha256"] == tok.identity()["vocab_sha256"]
-    assert manifest["parameters"]["instances"]["whole_word_mask"] is True
+    assert manifest["parameters"]["instances"]["mask_unit"] == "whole_word"
     table = pa.concat_tables(ipc.open_file(pa.memory_map(str(out / s["name"]))).read_all() for s in manifest["shards"])
     assert table.num_rows == manifest["rows"] > 500
     assert set(table.column_names) == {"input_ids", "segment_a_len", "masked_positions", "masked_labels",

@@ -62,3 +62,80 @@ def test_refuses_an_existing_output_and_a_disk_without_room(tmp_path, bert_vocab
     assert main(["--rows", "100000000", "--tokenizer", str(bert_vocab), "--output", str(tmp_path / "big")]) == 2
     assert "100,000,000 rows need up to" in capsys.readouterr().err
     assert not (tmp_path / "big").exists() and not (tmp_path / "big.incomplete").exists()
+
+
+def _original(row):
+    """A row's tokens before masking (its labels put back)."""
+    ids = list(row["input_ids"])
+    for position, label in zip(row["masked_positions"], row["masked_labels"]):
+        ids[position] = label
+    return ids
+
+
+@pytest.mark.parametrize("kind", ["full_sentences", "doc_sentences"])
+def test_packed_rows_are_documents_in_blocks_with_their_starts(tmp_path, bert_vocab, kind):
+    from common.manifest import Manifest
+
+    spec = SyntheticSpec(rows=3_000, max_seq_length=128, rows_per_shard=1_000, kind=kind, masking="dynamic",
+                         document_tokens=60, seed=2)
+    write_synthetic(spec, str(bert_vocab), tmp_path / "data")
+    manifest, table = _table(tmp_path / "data")
+    special = manifest["tokenizer"]["special_ids"]
+    assert table.schema.equals(schema.instance_schema(30522, provenance=False, packed=True), check_metadata=False)
+    read = Manifest.read(tmp_path / "data")
+    assert read.objective == spec.objective and read.objective.sentence_objective == "none" and read.objective.packed
+    blocks, lengths = [], []
+    for row in table.to_pylist():
+        ids, starts = row["input_ids"], row["doc_starts"]
+        lengths.append(len(ids))
+        assert row["segment_a_len"] == len(ids) and row["next_sentence_label"] == 0
+        assert row["masked_positions"] == [] and row["masked_labels"] == []  # dynamic: the loader masks
+        assert special["[MASK]"] not in ids and ids[0] == special["[CLS]"] and ids[-1] == special["[SEP]"]
+        assert starts[0] == 0 and starts == sorted(set(starts))
+        assert all(ids[s - 1] == special["[SEP]"] for s in starts[1:])
+        assert ids.count(special["[SEP]"]) == len(starts)  # each block ends with its [SEP], nothing else does
+        blocks.append(len(starts))
+    blocks, lengths = np.asarray(blocks), np.asarray(lengths)
+    assert lengths.max() <= 128
+    if kind == "full_sentences":  # rows run on across documents and end near the maximum
+        assert np.median(lengths) >= 122 and (blocks >= 2).mean() > 0.5
+    else:  # one document per row; a document's last row is as short as what is left of it
+        assert (blocks == 1).all() and (lengths < 64).mean() > 0.2
+
+
+def test_static_masks_of_other_units_come_from_common_masking(tmp_path, bert_vocab):
+    from common.masking import MaskingVocab
+    from common.tokenizer import load_tokenizer
+
+    spec = SyntheticSpec(rows=2_000, max_seq_length=128, max_predictions=40, rows_per_shard=2_000,
+                         kind="full_sentences", mask_unit="whole_word", masked_lm_prob=0.3, document_tokens=80)
+    write_synthetic(spec, str(bert_vocab), tmp_path / "data")
+    manifest, table = _table(tmp_path / "data")
+    special = set(manifest["tokenizer"]["special_ids"].values())
+    continuation = MaskingVocab.from_tokenizer(load_tokenizer(str(bert_vocab))).is_continuation
+    predicted = tokens = 0
+    for row in table.to_pylist():
+        ids, positions = _original(row), row["masked_positions"]
+        assert positions == sorted(set(positions)) and not special & set(row["masked_labels"])
+        chosen = set(positions)
+        for p in positions:  # a chosen word piece's continuation is chosen with it
+            if p + 1 < len(ids) and continuation[ids[p + 1]] and ids[p + 1] not in special:
+                assert p + 1 in chosen
+        predicted, tokens = predicted + len(positions), tokens + len(ids)
+    assert 0.26 < predicted / tokens < 0.31  # whole words under a budget of 30% of the tokens
+
+
+def test_pairs_can_carry_sentence_order_labels_and_impossible_combinations_are_refused(tmp_path, bert_vocab):
+    from common.manifest import Manifest
+
+    spec = SyntheticSpec(rows=2_000, rows_per_shard=2_000, sentence_objective="sop")
+    write_synthetic(spec, str(bert_vocab), tmp_path / "sop")
+    assert Manifest.read(tmp_path / "sop").objective.sentence_objective == "sop"
+    _, table = _table(tmp_path / "sop")
+    assert 0.45 < np.mean(table.column("next_sentence_label").to_numpy()) < 0.55
+    with pytest.raises(ValueError, match="pairs take nsp or sop"):
+        SyntheticSpec(rows=10, sentence_objective="none")
+    with pytest.raises(ValueError, match="packed kinds .* take none"):
+        SyntheticSpec(rows=10, kind="doc_sentences", sentence_objective="nsp")
+    assert main(["--rows", "10", "--tokenizer", str(bert_vocab), "--output", str(tmp_path / "bad"),
+                 "--kind", "pairs", "--sentence-objective", "none"]) == 2

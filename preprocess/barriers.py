@@ -52,9 +52,11 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
         offsets.append(offsets[-1] + counts.get(bucket, (0, []))[0])
     metas = list(read_metas(storage.join(work, "docs")).values())
     corpus = {"sentences": sum(m["sentences"] for m in metas), "tokens": sum(m["tokens"] for m in metas)}
-    if offsets[-1] < 2:
-        raise InputError(f"only {offsets[-1]} usable document(s) in the input; next-sentence prediction needs "
-                         "at least 2 (check the inputs and the sources.min_document_* settings)")
+    needed = 2 if cfg.sentence_objective == "nsp" else 1  # a random next segment comes from another document
+    if offsets[-1] < needed:
+        raise InputError(f"only {offsets[-1]} usable document(s) in the input; "
+                         f"{'next-sentence prediction needs at least 2' if needed == 2 else 'nothing to build'} "
+                         "(check the inputs and the sources.min_document_* settings)")
     estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
     storage.write_json(storage.join(work, INDEX_NAME), {
         "bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),

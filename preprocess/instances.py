@@ -1,8 +1,8 @@
 """The BERT pretraining-instance recipe as pure functions with an explicit RNG.
 
 A faithful port of google-research/bert ``create_pretraining_data.py`` (segment packing, short
-sequences, NSP pairs, ``truncate_seq_pair``, static 80/10/10 masking, whole-word masking), reshaped
-for a distributed pipeline:
+sequences, NSP pairs, ``truncate_seq_pair``, static 80/10/10 masking, whole-word masking), and of
+ALBERT's sentence-order pairs (``plan_sop_instances``), reshaped for a distributed pipeline:
 
 * Documents are flat token arrays plus sentence offsets, so segments are token ranges and
   truncation is index arithmetic rather than list surgery.
@@ -37,6 +37,7 @@ class InstancePlan(NamedTuple):
     is_random_next: bool
     target_b_length: int      # for a random next: tokens wanted from the random document
     random_doc: int           # global index of the document B is drawn from, or -1
+    swapped: bool             # sentence-order prediction: A is the later span (label 1); always False for NSP
 
 
 def sentence_offsets(sentence_lengths: Sequence[int]) -> np.ndarray:
@@ -63,6 +64,22 @@ def _below(getrandbits, n: int) -> int:
     return value
 
 
+def _target_length(rng: random.Random, cfg: InstanceConfig) -> int:
+    """Tokens a pair aims at. Mostly the whole sequence, but sometimes (short_seq_prob) shorter so that the model
+    also sees short inputs. As in the reference, drawn once per document and duplicate."""
+    max_num_tokens = cfg.max_seq_length - 3  # [CLS], [SEP], [SEP]
+    if rng.random() < cfg.short_seq_prob:
+        return 2 + _below(rng.getrandbits, max_num_tokens - 1)  # rng.randint(2, max_num_tokens)
+    return max_num_tokens
+
+
+def _chunk_end(offsets: list[int], chunk_start: int, target: int) -> int:
+    """The last sentence of the chunk that starts at sentence ``chunk_start``: as in the reference, sentences are
+    added until the chunk reaches ``target`` tokens or the document ends, so it is the first sentence whose end
+    reaches ``offsets[chunk_start] + target`` (or the document's last)."""
+    return min(bisect.bisect_left(offsets, offsets[chunk_start] + target, chunk_start + 1), len(offsets) - 1) - 1
+
+
 def plan_instances(offsets: np.ndarray, doc_index: int, num_docs: int, rng: random.Random,
                    cfg: InstanceConfig) -> list[InstancePlan]:
     """Pack a document's sentences into A/B segment pairs (google-research/bert's recipe).
@@ -76,13 +93,8 @@ def plan_instances(offsets: np.ndarray, doc_index: int, num_docs: int, rng: rand
     """
     if num_docs < 2:
         raise ValueError("next-sentence prediction needs at least two documents in the corpus")
-    max_num_tokens = cfg.max_seq_length - 3  # [CLS], [SEP], [SEP]
-    # Mostly fill the sequence, but sometimes (short_seq_prob) aim shorter so the model also sees
-    # short inputs. As in the reference, the target is drawn once per document and duplicate.
-    target_seq_length = max_num_tokens
+    target_seq_length = _target_length(rng, cfg)
     random_float, getrandbits = rng.random, rng.getrandbits
-    if random_float() < cfg.short_seq_prob:
-        target_seq_length = 2 + _below(getrandbits, max_num_tokens - 1)  # rng.randint(2, max_num_tokens)
 
     plans: list[InstancePlan] = []
     offsets = offsets.tolist()
@@ -93,10 +105,7 @@ def plan_instances(offsets: np.ndarray, doc_index: int, num_docs: int, rng: rand
     new_plan = tuple.__new__  # InstancePlan's fields by position: cheaper than keyword construction, once per instance
     chunk_start = 0  # first sentence of the current chunk
     while chunk_start < num_sentences:
-        # The reference adds sentences until the chunk reaches the target or the document ends: the chunk's
-        # last sentence is the first whose end reaches offsets[chunk_start] + target.
-        i = min(bisect.bisect_left(offsets, offsets[chunk_start] + target_seq_length, chunk_start + 1),
-                num_sentences) - 1
+        i = _chunk_end(offsets, chunk_start, target_seq_length)
         chunk_sentences = i + 1 - chunk_start
         # How many of the chunk's sentences go into A.
         a_end = 1
@@ -108,14 +117,61 @@ def plan_instances(offsets: np.ndarray, doc_index: int, num_docs: int, rng: rand
             other = getrandbits(other_bits)
             while other >= other_docs:
                 other = getrandbits(other_bits)
-            # (index, a_start, a_end, b_start, b_end, is_random_next, target_b_length, random_doc)
+            # (index, a_start, a_end, b_start, b_end, is_random_next, target_b_length, random_doc, swapped)
             plans.append(new_plan(InstancePlan, (
                 len(plans), a_start_tok, a_end_tok, 0, 0,
-                True, target_seq_length - (a_end_tok - a_start_tok), other + 1 if other >= doc_index else other)))
+                True, target_seq_length - (a_end_tok - a_start_tok), other + 1 if other >= doc_index else other,
+                False)))
             # The sentences after A were not used: put them back so they are not wasted.
             i -= chunk_sentences - a_end
         else:
             plans.append(new_plan(InstancePlan, (
-                len(plans), a_start_tok, a_end_tok, a_end_tok, offsets[i + 1], False, 0, -1)))
+                len(plans), a_start_tok, a_end_tok, a_end_tok, offsets[i + 1], False, 0, -1, False)))
         chunk_start = i + 1
     return plans
+
+
+SOP_SWAP_PROB = 0.5  # ALBERT swaps half of the pairs (``random_next_prob`` is NSP's and does not apply)
+
+
+def plan_sop_instances(offsets: np.ndarray, rng: random.Random, cfg: InstanceConfig) -> tuple[list[InstancePlan], int]:
+    """ALBERT's sentence-order pairs (Lan et al. 2020; google-research/albert create_pretraining_data.py).
+
+    Chunks are formed as for NSP (the same target length, short_seq_prob included). A is the chunk's first
+    ``randint(1, sentences - 1)`` sentences and B the rest of the same chunk, so both are consecutive spans of
+    the same document, never of another one. With probability 0.5 they are swapped (``swapped``: label 1;
+    in order: label 0). Unlike ALBERT's code, which takes a random document's B for a chunk of one sentence,
+    such a chunk is split at a random token (both sides non-empty); a chunk of one sentence of a single token
+    cannot be split and is dropped, and counted.
+
+    Args:
+        offsets: ``sentence_offsets`` of the document (its sentences are never empty).
+        rng: the RNG for this (document, duplicate).
+        cfg: the instance parameters.
+    Returns:
+        The plans (``is_random_next`` always False) and the number of one-token chunks dropped.
+    """
+    target_seq_length = _target_length(rng, cfg)
+    random_float, getrandbits = rng.random, rng.getrandbits
+    offsets = offsets.tolist()
+    num_sentences = len(offsets) - 1
+    plans: list[InstancePlan] = []
+    dropped = 0
+    chunk_start = 0
+    while chunk_start < num_sentences:
+        i = _chunk_end(offsets, chunk_start, target_seq_length)
+        start, end = offsets[chunk_start], offsets[i + 1]
+        chunk_sentences = i + 1 - chunk_start
+        if chunk_sentences >= 2:
+            split = offsets[chunk_start + 1 + _below(getrandbits, chunk_sentences - 1)]
+        elif end - start >= 2:
+            split = start + 1 + _below(getrandbits, end - start - 1)  # a random token of the one sentence
+        else:
+            dropped += 1
+            chunk_start = i + 1
+            continue
+        swapped = random_float() < SOP_SWAP_PROB
+        a_start, a_end, b_start, b_end = (split, end, start, split) if swapped else (start, split, split, end)
+        plans.append(InstancePlan(len(plans), a_start, a_end, b_start, b_end, False, 0, -1, swapped))
+        chunk_start = i + 1
+    return plans, dropped

@@ -21,7 +21,7 @@ from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig, SourceConfig
 from preprocess import books, docstore, dumpsplit, handoff, shards, sources, text
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
-from preprocess.instances import plan_instances
+from preprocess.instances import InstancePlan, plan_instances, plan_sop_instances
 from preprocess.records import RawDocument, Rejected
 
 INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts
@@ -225,20 +225,37 @@ class _BuildsInstances(_UsesTokenizer):
 
 class PlanAndBuildInstances(_BuildsInstances):
     """bucket -> ("done", (group, batch)) for actual-next pairs, ("request", (bucket, requests)) for random.
+    Sentence-order pairs (``sentence_objective: sop``) are all "done": both segments come from the document.
 
     Work is batched per bucket: one vectorised finalisation for all its actual-next instances and one
     request payload per target bucket, which keeps Beam's per-element cost out of the hot path.
     """
 
+    def setup(self):
+        super().setup()
+        self._dropped = Metrics.counter("preprocess", "sop_one_token_chunks_dropped")
+
+    def _plan(self, offsets: np.ndarray, doc_index: int, num_docs: int, doc_id: str,
+              dupe: int) -> tuple[list[InstancePlan], int]:
+        """One (document, duplicate)'s plans from its own RNG (NSP pairs, or sentence-order pairs), and the number
+        of one-token chunks sentence-order planning dropped."""
+        rng = rng_for(self._seed, "plan", doc_id, dupe)
+        if self._cfg.sentence_objective == "sop":
+            return plan_sop_instances(offsets, rng, self._cfg)
+        return plan_instances(offsets, doc_index, num_docs, rng, self._cfg), 0
+
     def process(self, bucket):
         loaded = docstore.load_bucket(self._work, bucket)
         num_docs, first_index = self._offsets()[-1], self._offsets()[bucket]
         plans, counts, key_parts = [], [], []
+        dropped = 0
         for rank, doc_id in enumerate(loaded.doc_ids):
             offsets = loaded.document(rank)[1]
-            doc_plans = [(dupe, plan) for dupe in range(self._cfg.dupe_factor)
-                         for plan in plan_instances(offsets, first_index + rank, num_docs,
-                                                    rng_for(self._seed, "plan", doc_id, dupe), self._cfg)]
+            doc_plans = []
+            for dupe in range(self._cfg.dupe_factor):
+                planned, dropped_chunks = self._plan(offsets, first_index + rank, num_docs, doc_id, dupe)
+                doc_plans.extend((dupe, plan) for plan in planned)
+                dropped += dropped_chunks
             key_parts.append(instance_keys(self._seed, doc_id, doc_plans))
             plans.extend(plan for _, plan in doc_plans)
             counts.append(len(doc_plans))
@@ -256,7 +273,11 @@ class PlanAndBuildInstances(_BuildsInstances):
             if len(random_next):
                 yield from self._requests(loaded, table[random_next], ranks[random_next], keys.take(random_next))
         # The driver checks that every planned instance reached a piece before it publishes anything.
-        storage.write_json(storage.join(self._work, "planned", f"b{bucket:06d}.json"), {"instances": len(plans)})
+        planned = {"instances": len(plans)}
+        if self._cfg.sentence_objective == "sop":
+            planned["sop_dropped_chunks"] = dropped
+            self._dropped.inc(dropped)
+        storage.write_json(storage.join(self._work, "planned", f"b{bucket:06d}.json"), planned)
 
     def _finish_actual(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys):
         order = self._by_group(keys)
@@ -269,7 +290,8 @@ class PlanAndBuildInstances(_BuildsInstances):
                                        self._cfg, self.vocab)
             chunk_keys = keys.take(np.arange(len(ranges))[rows])
             chunk_docs = doc_a[rows] if doc_a is not None else None
-            yield from self._emit(finalized, chunk_keys, np.zeros(len(chunk_keys.order), np.int8), chunk_docs,
+            # Label 0 (B follows A), or 1 where sentence-order prediction swapped them.
+            yield from self._emit(finalized, chunk_keys, plans[rows, _SWAPPED].astype(np.int8), chunk_docs,
                                   chunk_docs)
 
     def _requests(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys):
@@ -288,7 +310,7 @@ class PlanAndBuildInstances(_BuildsInstances):
 
 
 # Columns of a bucket's plan table (one row of InstancePlan fields per instance).
-_A_START, _A_END, _B_START, _B_END, _IS_RANDOM, _TARGET_B_LENGTH, _RANDOM_DOC = range(1, 8)
+_A_START, _A_END, _B_START, _B_END, _IS_RANDOM, _TARGET_B_LENGTH, _RANDOM_DOC, _SWAPPED = range(1, 9)
 
 
 class ResolveRandomNext(_BuildsInstances):

@@ -9,7 +9,7 @@ from common.hashing import stable_hash64
 from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig
 from preprocess.batch import finalize_batch, ragged_arange, random_segments, truncation_counts
-from preprocess.instances import draw_other_document, plan_instances, sentence_offsets
+from preprocess.instances import draw_other_document, plan_instances, plan_sop_instances, sentence_offsets
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB_SIZE = 1000
@@ -240,3 +240,56 @@ def test_short_seq_prob_yields_shorter_targets():
             if not plan.is_random_next:
                 lengths.append(plan.b_end - plan.a_start)
     assert min(lengths) < 40  # targets below max_num_tokens occur
+
+
+def test_sentence_order_pairs_are_consecutive_spans_of_the_document_swapped_half_the_time():
+    cfg = InstanceConfig(max_seq_length=64, sentence_objective="sop")
+    swapped = total = 0
+    for seed in range(200):
+        _, offsets = make_document(random.Random(seed), 24)
+        plans, dropped = plan_sop_instances(offsets, random.Random(1000 + seed), cfg)
+        assert dropped == 0 and plans
+        covered = []
+        for plan in plans:
+            assert not plan.is_random_next and plan.random_doc == -1
+            first, second = ((plan.b_start, plan.b_end), (plan.a_start, plan.a_end)) if plan.swapped else \
+                ((plan.a_start, plan.a_end), (plan.b_start, plan.b_end))
+            # The earlier span ends where the later one starts; A is the later one exactly when swapped.
+            assert first[0] < first[1] == second[0] < second[1]
+            assert first[0] in offsets and second[1] in offsets  # the chunk is whole sentences
+            covered.append((first[0], second[1]))
+            swapped += plan.swapped
+            total += 1
+        # The chunks cover the document in order, each token once: nothing comes from another document.
+        assert covered[0][0] == 0 and covered[-1][1] == offsets[-1]
+        assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
+    assert total > 1000 and abs(swapped / total - 0.5) < 4 * (0.25 / total) ** 0.5
+
+
+def test_sentence_order_splits_a_one_sentence_chunk_and_drops_a_one_token_one():
+    cfg = InstanceConfig(max_seq_length=24, short_seq_prob=0.0, sentence_objective="sop")
+    offsets = sentence_offsets([30, 1])  # a sentence longer than the target, then a lone one-token sentence
+    cuts = set()
+    for seed in range(300):
+        plans, dropped = plan_sop_instances(offsets, random.Random(seed), cfg)
+        assert dropped == 1 and len(plans) == 1
+        plan = plans[0]
+        spans = sorted([(plan.a_start, plan.a_end), (plan.b_start, plan.b_end)])
+        assert spans[0][0] == 0 and spans[0][1] == spans[1][0] and spans[1][1] == 30
+        cuts.add(spans[0][1])
+    assert cuts == set(range(1, 30))  # at any token, both sides non-empty
+
+
+def test_sentence_order_labels_follow_the_swap_after_finalisation():
+    cfg = InstanceConfig(max_seq_length=48, masked_lm_prob=0.0, max_predictions_per_seq=1, sentence_objective="sop")
+    tokens = np.arange(5, 805, dtype=np.uint16)  # token value = position + 5: order is visible in the row
+    offsets = sentence_offsets([8] * 100)
+    plans, _ = plan_sop_instances(offsets, random.Random(3), cfg)
+    ranges = np.asarray([(p.a_start, p.a_end, p.b_start, p.b_end) for p in plans])
+    batch = finalize_batch(tokens, ranges[:, :2], ranges[:, 2:], keys_for(len(plans)), cfg, make_vocab())
+    for plan, (ids, a_len, positions, labels, _) in zip(plans, rows(batch)):
+        ids = ids.copy()
+        ids[positions] = labels
+        a, b = ids[1:a_len - 1].astype(int), ids[a_len:-1].astype(int)
+        assert (np.diff(a) == 1).all() and (np.diff(b) == 1).all()
+        assert (a[0] > b[-1]) == plan.swapped  # A comes after B in the document exactly when swapped

@@ -171,3 +171,43 @@ def test_create_instances_resolves_random_next_across_buckets(small_store, bert_
                 assert row["doc_b"] == row["doc_a"]
     random_sources = {(r["doc_a"], r["doc_b"]) for t in tables for r in t.to_pylist() if r["next_sentence_label"]}
     assert len({b for _, b in random_sources}) >= 4  # B drawn from many documents, in both buckets
+
+
+def _run_create_instances(work, bert_vocab, cfg, seed=7):
+    """CreateInstances over the store's two buckets; the pieces' rows in key order, as dicts."""
+    tok = load_tokenizer(str(bert_vocab))
+    with test_pipeline() as p:
+        _ = p | beam.Create([0, 1]) | transforms.CreateInstances(str(bert_vocab), work, cfg, seed, 0, tok.vocab_size,
+                                                                  tok.mask_id)
+    return [row for g in (0, 1) for row in shards.sort_by_key(docstore.read_table(shards.piece_uri(work, g, 0)))
+            .to_pylist()]
+
+
+def test_sentence_order_pairs_come_from_one_document_in_or_out_of_order(small_store, bert_vocab):
+    cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=3, sentence_objective="sop")
+    documents = {}
+    for bucket in (0, 1):
+        loaded = docstore.load_bucket(small_store, bucket)
+        documents.update({doc_id: loaded.document(rank)[0].astype(int).tolist()
+                          for rank, doc_id in enumerate(loaded.doc_ids)})
+    found = _run_create_instances(small_store, bert_vocab, cfg)
+    planned = [storage.read_json(f"{small_store}/planned/b{b:06d}.json") for b in (0, 1)]
+    assert sum(m["instances"] for m in planned) == len(found) and all(m["sop_dropped_chunks"] == 0 for m in planned)
+    labels = []
+    for row in found:
+        assert row["doc_a"] == row["doc_b"]  # never a random document
+        ids = list(row["input_ids"])
+        for position, label in zip(row["masked_positions"], row["masked_labels"]):
+            ids[position] = label
+        a, b = ids[1:row["segment_a_len"] - 1], ids[row["segment_a_len"]:-1]
+        text = documents[row["doc_a"]]
+        a_at, b_at = _find(text, a), _find(text, b)  # each a contiguous span of the document
+        assert (a_at > b_at) == (row["next_sentence_label"] == 1)
+        labels.append(row["next_sentence_label"])
+    assert 0.35 < np.mean(labels) < 0.65 and len(labels) > 40
+
+
+def _find(haystack: list[int], needle: list[int]) -> int:
+    starts = [i for i in range(len(haystack) - len(needle) + 1) if haystack[i:i + len(needle)] == needle]
+    assert len(starts) == 1, "a segment is one contiguous span of its document"
+    return starts[0]

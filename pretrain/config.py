@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common import configlib
+from common.objectives import MASK_UNITS, MASKING_TIMES, SENTENCE_OBJECTIVES
 from pretrain.schedule import ScheduleConfig
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "lamb")
+ATTENTIONS = ("full", "document")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,38 @@ class DataConfig:
     def __post_init__(self):
         if self.window_batches < 1:
             raise ValueError("window_batches must be >= 1")
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """What the run trains on its dataset (the menu: ``common.objectives``), checked against the dataset's
+    manifest at start-up (``pretrain.recipe.resolve``).
+
+    ``masking`` and ``sentence_objective`` must equal the manifest's: they say what the rows are. The masking
+    recipe (``mask_unit``, ``masked_lm_prob``, ``max_predictions``) is the loader's on a dynamic dataset, where an
+    unset one takes the value the manifest records (what preprocessing was asked for) and an unset cap is no cap
+    beyond the rate; on a static dataset the masks are in the shards, so each is left unset or states the
+    manifest's value (any other is refused rather than silently not applied).
+    """
+
+    masking: str = "static"              # static | dynamic: as the dataset's manifest says
+    sentence_objective: str = "nsp"      # nsp | sop | none: as the dataset's manifest says
+    attention: str = "full"              # full | document: packed rows attend within their document only
+    mask_unit: str | None = None         # token | whole_word | span
+    masked_lm_prob: float | None = None  # share of a row's tokens to predict (0.15 BERT, 0.3-0.4 later recipes)
+    max_predictions: int | None = None   # per row
+
+    def __post_init__(self):
+        for name, allowed in (("masking", MASKING_TIMES), ("sentence_objective", SENTENCE_OBJECTIVES),
+                              ("attention", ATTENTIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"objective.{name} is {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
+        if self.mask_unit is not None and self.mask_unit not in MASK_UNITS:
+            raise ValueError(f"objective.mask_unit is {self.mask_unit!r}; choose one of {', '.join(MASK_UNITS)}")
+        if self.masked_lm_prob is not None and not 0.0 < self.masked_lm_prob < 1.0:
+            raise ValueError(f"objective.masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.max_predictions is not None and self.max_predictions < 1:
+            raise ValueError(f"objective.max_predictions must be >= 1, got {self.max_predictions}")
 
 
 @dataclass(frozen=True)
@@ -130,6 +164,7 @@ class PretrainConfig:
     seed: int = 1234
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(total_steps=1000, warmup_steps=0))

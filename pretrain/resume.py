@@ -31,6 +31,12 @@ APPLIED_FROM_RESUME = (
 )
 
 
+# Settings added after checkpoints were first written, with the value that reproduces what those checkpoints
+# did: a checkpoint that does not record one was written under this value.
+ADDED_LATER = {"objective.masking": "static", "objective.sentence_objective": "nsp", "objective.attention": "full",
+               "objective.mask_unit": None, "objective.masked_lm_prob": None, "objective.max_predictions": None}
+
+
 class ResumeError(ValueError):
     """The checkpoint cannot continue under the new config."""
 
@@ -66,7 +72,7 @@ def compare(saved: dict, now: dict) -> tuple[list[Difference], list[Difference]]
     """(refused, applied) differences between two flattened settings dictionaries."""
     refused, applied = [], []
     for key in sorted(set(saved) | set(now)):
-        before, after = saved.get(key), now.get(key)
+        before, after = saved.get(key, ADDED_LATER.get(key)), now.get(key)
         if before == after:
             continue
         (applied if _applicable(key) else refused).append(Difference(key, before, after))
@@ -93,4 +99,4 @@ def _show(value: object) -> str:
     return "(not set)" if value is None else json.dumps(value) if not isinstance(value, str) else value
 
 
-__all__ = ["APPLIED_FROM_RESUME", "Difference", "ResumeError", "check", "compare", "dataset_identity", "flatten"]
+__all__ = ["ADDED_LATER", "APPLIED_FROM_RESUME", "Difference", "ResumeError", "check", "compare", "dataset_identity", "flatten"]

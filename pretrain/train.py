@@ -35,6 +35,7 @@ from pretrain.loop import DIVERGED, PREEMPTED, Diverged, LoopState, StopFlag
 from pretrain.model import BertForPreTraining, preset
 from pretrain.monitor import Monitor, log
 from pretrain.objective import PretrainingObjective
+from pretrain.recipe import Recipe, resolve
 
 LOCK_NAME = "writer.lock"  # in output_dir while a run writes it
 CLIENT_KEY = "bert_pipeline"  # our state inside DeepSpeed's client_state (its own keys share the dict)
@@ -172,6 +173,8 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
     out = Path(cfg.output_dir)
     plan = batch_plan(cfg.train, world)
     data = ShardedInstances(cfg.data.path, verify=cfg.data.verify)
+    recipe = resolve(cfg.objective, data.manifest)
+    _not_yet(recipe)
     _check_init_tokenizer(cfg, data.manifest)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every run
     model = build_model(cfg, data.manifest)
@@ -222,6 +225,11 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
     elif resume:
         log.info(f"no complete checkpoint in {ckpt_dir}; starting from scratch")
     return Setup(model, data, engine, loader, plan, state, timings)
+
+
+def _not_yet(recipe: Recipe) -> None:
+    if recipe.dynamic_masking is not None or recipe.sentence_objective == "none" or recipe.document_attention:
+        raise NotImplementedError("dynamic masking, sentence_objective none and document attention come next")
 
 
 def _settings(cfg: PretrainConfig, manifest: Manifest) -> dict:

@@ -80,7 +80,7 @@ def test_discriminator_and_generator_match_transformers(embedding_size):
         with torch.no_grad():
             expected = hf(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
             _close(ours(ids, types, mask), expected)  # padded positions too: both mask keys only
-    flat = torch.tensor([3, 17, 25, 41])
+    flat = torch.tensor([3, 17, 25, 41])  # the generator (the loop's last) on masked positions only
     with torch.no_grad():
         _close(ours(ids, types, mask, masked_positions=flat), expected.reshape(-1, VOCAB)[flat])
 

@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """The irreducible work of preprocessing, done standalone: read + clean + split + tokenize, nothing else.
 
-    python bench/irreducible.py --config CONFIG --tokenizer DIR --wiki DUMP... --books BOOK...
+    python -m bench.irreducible --config CONFIG --tokenizer DIR --wiki DUMP... --books BOOK...
 
 Decompresses and parses the dumps, reads the books, cleans the wikitext, splits sentences and tokenizes, with
 the pipeline's own functions (``sources.iter_wikipedia``, ``books.iter_book``, ``text.to_document``,
 ``encode_batch``) and nothing more: no Apache Beam, no instances, no output. It imports only what that work
 needs, so the CPU of this whole process (interpreter, imports, tokenizer load, work) is what a standalone
-program doing the work costs; ``bench/preprocess.py`` runs it as a child and compares the pipeline's whole
+program doing the work costs; ``bench.preprocess`` runs it as a child and compares the pipeline's whole
 process tree with it. Prints one JSON line: counts and the CPU of the work itself, by phase.
 """
 from __future__ import annotations
@@ -17,12 +16,6 @@ import gc
 import json
 import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-# Run as a script, sys.path[0] is bench/, where bench/preprocess.py would shadow the ``preprocess`` package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(REPO))
 
 
 def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str) -> dict:
@@ -73,16 +66,17 @@ def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str
             "documents": documents, "sentences": sentences, "corpus_tokens": tokens, "rejected": rejected}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.irreducible", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--wiki", nargs="*", default=[])
     parser.add_argument("--books", nargs="*", default=[])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     result = measure(args.wiki, args.books, args.tokenizer, args.config)
     print(json.dumps(result), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -80,6 +80,15 @@ def git_state(paths: Iterable[str]) -> dict:
     return {"repo_commit": commit, "repo_dirty": dirty}
 
 
+def source_digest(patterns: Iterable[str]) -> str:
+    """sha256 over the repository's files matching ``patterns`` (globs such as ``preprocess/**/*.py``), their paths
+    and contents: taken before and after a run, it tells whether the measured code changed while it ran."""
+    digest = hashlib.sha256()
+    for path in sorted({path for pattern in patterns for path in REPO.glob(pattern)}):
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 

@@ -55,8 +55,27 @@ def test_results_are_written_whole_with_paths_as_text(tmp_path):
 
 
 def test_the_package_imports_nothing():
-    """``python -m bench.stage_imports`` and ``bench.irreducible`` are measured whole: ``import bench`` must not add."""
+    """``bench.stage_imports``, ``bench.irreducible`` and ``bench.preprocess_floor`` are measured as whole processes
+    (``python -m``): ``import bench`` must add nothing to them."""
     code = "import sys; before = set(sys.modules); import bench; print(sorted(set(sys.modules) - before))"
     out = subprocess.run([sys.executable, "-c", code], cwd=record.REPO, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "['bench']"
+
+
+def test_the_source_digest_follows_the_measured_files_only(tmp_path, monkeypatch):
+    (tmp_path / "code" / "deep").mkdir(parents=True)
+    (tmp_path / "code" / "deep" / "a.py").write_text("1\n")
+    (tmp_path / "notes.txt").write_text("1\n")
+    monkeypatch.setattr(record, "REPO", tmp_path)
+    patterns = ("code/**/*.py",)
+    first = record.source_digest(patterns)
+    (tmp_path / "notes.txt").write_text("2\n")
+    assert record.source_digest(patterns) == first
+    (tmp_path / "code" / "deep" / "a.py").write_text("2\n")
+    changed = record.source_digest(patterns)
+    assert changed != first
+    (tmp_path / "code" / "deep" / "a.py").rename(tmp_path / "code" / "deep" / "b.py")  # same bytes, another file
+    assert record.source_digest(patterns) not in (first, changed)
+    # A file two patterns match counts once.
+    assert record.source_digest((*patterns, "code/deep/*.py")) == record.source_digest(patterns)

@@ -1,0 +1,68 @@
+"""The preprocessing benchmark's memory-budget section: runs under ``--max-memory`` and the floor under any budget.
+
+A budget a quarter of the in-memory run's peak must be kept (peak under it, shards byte-identical). When the CLI
+refuses it (its estimate for one input file per part is above it), the smallest budget the estimate accepts is
+run too, and the floor no budget can go under is measured: the peak of a process that imports the pipeline,
+loads the tokenizer and runs one trivial pipeline (``python -m bench.preprocess_floor``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from bench.preprocess_runs import MODES, Setting, mib, run_pipeline
+from bench.processes import run_measured
+
+
+def budget_run(setting: Setting, unbudgeted: dict) -> dict:
+    """The in-memory run under ``--max-memory`` a quarter of its unbudgeted peak (``unbudgeted``: its
+    ``peak_tree_rss_bytes`` and ``shard_sha256``); when the CLI refuses that, also under the smallest budget it
+    accepts, and the floor under any budget."""
+    from preprocess import memory
+
+    files = [("wiki", u, os.path.getsize(u)) for u in setting.inputs["wiki"]] + \
+            [("book", u, os.path.getsize(u)) for u in setting.inputs["books"]]
+    smallest = memory.estimated_peak(files, len(files))
+    out = {"unbudgeted_peak_bytes": unbudgeted["peak_tree_rss_bytes"],
+           "smallest_accepted_budget_bytes": smallest}
+    budgets = {"quarter": unbudgeted["peak_tree_rss_bytes"] // 4, "smallest_accepted": smallest}
+    for name, budget in budgets.items():
+        log = setting.logs / f"budget-{name}.log"
+        try:
+            r = run_pipeline(setting, setting.work / "out" / f"budget-{name}",
+                             [*MODES["workers_1"], "--max-memory", str(budget)], log)
+        except RuntimeError as exc:   # refused: the budget is below one input file per part
+            out[name] = {"budget_bytes": budget, "refused": str(exc).strip().splitlines()[-1],
+                         "under_budget": False, "shards_identical": False}
+            continue
+        chosen = re.search(r"max-memory \S+: \d+ parts? \(estimated peak \S+ per part\)", log.read_text())
+        out[name] = {"budget_bytes": budget, "parts_chosen": r["parts"], "log_line": chosen and chosen.group(0),
+                     "peak_tree_rss_bytes": r["peak_tree_rss_bytes"], "wall_s": r["wall_s"], "cpu_s": r["cpu_s"],
+                     "peak_over_budget": round(r["peak_tree_rss_bytes"] / budget, 3),
+                     "under_budget": r["peak_tree_rss_bytes"] <= budget,
+                     "shards_identical": r["shard_sha256"] == unbudgeted["shard_sha256"], "run": r}
+        if name == "quarter" and budget >= smallest:
+            break
+    if not out["quarter"]["under_budget"]:
+        out["floor"] = memory_floor(setting, setting.logs / "memory-floor.log")
+    return out
+
+
+def memory_floor(setting: Setting, log: Path, runs: int = 3) -> dict:
+    """Peak RSS of ``python -m bench.preprocess_floor``: a process that imports the pipeline, loads the tokenizer and
+    runs one trivial in-memory Beam pipeline, what every part of a budgeted run needs before it holds any data."""
+    cmd = [sys.executable, "-m", "bench.preprocess_floor", str(setting.tokenizer)]
+    measured = [run_measured(cmd, log) for _ in range(runs)]
+    return {"one_trivial_pipeline_peak_bytes": max(r["ru_maxrss_bytes"] for r in measured),
+            "method": "max ru_maxrss of python -m bench.preprocess_floor: load_pipeline_modules(), load_tokenizer, "
+                      f"one Create | Map | GroupByKey pipeline on the in-memory runner ({runs} runs)"}
+
+
+def describe_budget(name: str, b: dict) -> str:
+    """One line of the summary for the budget ``name``: refused, or its parts, peak and checks."""
+    if "refused" in b:
+        return f"{name} {mib(b['budget_bytes'])} MiB: refused ({b['refused'][:160]})"
+    return (f"{name} {mib(b['budget_bytes'])} MiB: {b['parts_chosen']} parts, peak {mib(b['peak_tree_rss_bytes'])} "
+            f"MiB, under budget {b['under_budget']}, shards identical {b['shards_identical']}")

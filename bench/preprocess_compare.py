@@ -1,0 +1,65 @@
+"""The preprocessing benchmark's comparison with another tree: how a change measured at scale.
+
+``python -m bench.preprocess --against REF`` runs this tree's pipeline and REF's (a git commit, exported with
+``git archive``, or a directory holding ``preprocess/``, ``common/`` and ``configs/``) in alternating pairs, for
+each mode, and records the median of the pairs' relative differences in CPU, wall time and peak memory.
+"""
+from __future__ import annotations
+
+import io
+import shutil
+import statistics
+import subprocess
+import tarfile
+from pathlib import Path
+
+from bench.preprocess_inputs import describe_inputs
+from bench.preprocess_runs import MODES, Setting, run_pipeline
+from bench.record import REPO
+
+# What a run of the pipeline imports from a tree (``common/`` holds the contracts it shares with the other stages).
+TREE = ("preprocess", "common", "configs")
+
+
+def reference_tree(ref: str, work: Path) -> tuple[Path, str]:
+    """A directory with the pipeline's code and configs: ``ref`` itself, or a git commit's ``TREE`` (those of its
+    paths the commit has) exported under work/."""
+    if Path(ref).is_dir():
+        return Path(ref).resolve(), str(Path(ref).resolve())
+    commit = _git("rev-parse", ref).decode().strip()
+    paths = [path for path in TREE if path in _git("ls-tree", "--name-only", commit).decode().split()]
+    target = work / "trees" / commit[:12]
+    if not all((target / path).is_dir() for path in paths):
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        with tarfile.open(fileobj=io.BytesIO(_git("archive", commit, *paths))) as tar:
+            tar.extractall(target, filter="data")
+    return target, commit
+
+
+def _git(*args: str) -> bytes:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, check=True).stdout
+
+
+def compare(setting: Setting, ref: str, pairs: int, say) -> dict:
+    """Paired runs of this tree and of ``ref``, alternating; the median of the pairs' differences."""
+    tree, described = reference_tree(ref, setting.work)
+    out: dict = {"reference": described, "pairs": pairs, "input_bytes": describe_inputs(setting.inputs)["bytes"]}
+    for mode, args in MODES.items():
+        rows = []
+        for i in range(pairs):
+            pair = {}
+            for name, where in (("reference", tree), ("this_tree", REPO)):
+                r = run_pipeline(setting, setting.work / "out" / f"compare-{name}", args,
+                                 setting.logs / f"compare-{mode}-{name}-{i}.log", tree=where)
+                pair[name] = {k: r[k] for k in ("cpu_s", "wall_s", "peak_tree_rss_bytes", "shard_sha256", "contended")}
+            rows.append(pair)
+            say(f"compare {mode} #{i + 1}: reference {pair['reference']['cpu_s']:.2f} CPU-s "
+                f"{pair['reference']['wall_s']:.2f} s, this tree {pair['this_tree']['cpu_s']:.2f} CPU-s "
+                f"{pair['this_tree']['wall_s']:.2f} s")
+        out[mode] = {
+            f"{key}_change": round(statistics.median(p["this_tree"][key] / p["reference"][key] - 1 for p in rows), 4)
+            for key in ("cpu_s", "wall_s", "peak_tree_rss_bytes")}
+        out[mode]["shards_identical"] = len({tuple(p[n]["shard_sha256"]) for p in rows for n in p}) == 1
+        out[mode]["pairs"] = rows
+    return out

@@ -1,0 +1,32 @@
+"""bench.preprocess_budget: the memory floor, measured as a process of its own, and how a budget is described."""
+import json
+import subprocess
+import sys
+
+from bench import preprocess_budget, preprocess_runs, record
+
+
+def test_the_floor_holds_more_than_the_imports_alone(tmp_path, bert_vocab):
+    setting = preprocess_runs.Setting({"wiki": [], "books": []}, bert_vocab, tmp_path, quiet_wait=0)
+    floor = preprocess_budget.memory_floor(setting, tmp_path / "floor.log", runs=1)
+    imports = json.loads(subprocess.run([sys.executable, "-m", "bench.stage_imports", "preprocess"], cwd=record.REPO,
+                                        capture_output=True, text=True, check=True).stdout)
+    # The tokenizer and a pipeline's run come on top of the same imports.
+    assert floor["one_trivial_pipeline_peak_bytes"] > imports["peak_rss_bytes"]
+    assert "python -m bench.preprocess_floor" in floor["method"] and "(1 runs)" in floor["method"]
+
+
+def test_a_missing_tokenizer_fails_the_floor_probe(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "bench.preprocess_floor", str(tmp_path / "none")], cwd=record.REPO,
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and str(tmp_path / "none") in result.stderr
+
+
+def test_a_budget_is_described_as_refused_or_kept():
+    refused = {"budget_bytes": 2**20 * 186, "refused": "error: --max-memory 186M is below ...", "under_budget": False}
+    assert preprocess_budget.describe_budget("quarter", refused) == \
+        "quarter 186.0 MiB: refused (error: --max-memory 186M is below ...)"
+    kept = {"budget_bytes": 2**20 * 309, "parts_chosen": 34, "peak_tree_rss_bytes": 2**20 * 266, "under_budget": True,
+            "shards_identical": True}
+    assert preprocess_budget.describe_budget("smallest_accepted", kept) == (
+        "smallest_accepted 309.0 MiB: 34 parts, peak 266.0 MiB, under budget True, shards identical True")

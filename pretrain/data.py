@@ -11,10 +11,13 @@
   see sequences of similar length, so no rank waits on a longer one.
 * The position is (epoch, global batch index), independent of the number of ranks:
   ``state_dict``/``load_state_dict`` resume at the exact step, on the same or another world size.
+* Rows of a dynamically masked dataset are masked as they are read (``pretrain.dynamic_masking``), by the
+  rank that reads them, with masks that depend on (seed, epoch, row) only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,7 @@ import numpy as np
 from common.errors import DatasetFormatError
 from common.manifest import Manifest, ModelRequirements
 from common.verify import check_shard_files, verify_shards
+from pretrain.dynamic_masking import DynamicMasking
 from pretrain.mapped_shards import MappedShard, ranges
 from pretrain.sampling import ORDER_VERSION, EpochOrder, epoch_batches
 
@@ -191,6 +195,18 @@ def collate(data: ShardedInstances, rows: np.ndarray) -> dict[str, np.ndarray]:
     return pad(read_rows(data, rows), data.pad_id)
 
 
+def mask_dynamically(data: ShardedInstances, block: RowBlock, rows: np.ndarray, epoch: int,
+                     masking: DynamicMasking) -> RowBlock:
+    """``block`` (the dataset's ``rows``, stored unmasked) with the masks of ``epoch``."""
+    if block.counts.any():
+        first = int(np.flatnonzero(block.counts)[0])
+        raise DatasetFormatError(f"{data.where(int(rows[first]))}: masked positions stored in a dataset whose "
+                                 f"manifest ({data.manifest.path}) says its masking is dynamic; the manifest was "
+                                 "altered: re-run preprocessing")
+    tokens, positions, counts, labels = masking.mask(block.tokens, block.lengths, masking.row_keys(epoch, rows))
+    return replace(block, tokens=tokens, positions=positions, counts=counts, labels=labels)
+
+
 class PretrainingLoader:
     """This rank's micro-batches, one optimizer step at a time, resumable at the exact step.
 
@@ -198,18 +214,30 @@ class PretrainingLoader:
     the global batch). Summed token losses times this scale, averaged over micro-steps and ranks the way
     DeepSpeed averages gradients, give the mean over every masked token of the global batch, so the loss
     does not depend on how the batch is split across ranks and accumulation steps.
+
+    With ``masking`` (a dynamically masked dataset) each rank masks only the rows it reads, and the global
+    batch's masked count is their sum over ranks (``global_sum``, an all-reduce of one integer; required on
+    more than one rank). The alternative, every rank masking every row of the global step to count them without
+    communicating, costs each rank the masking CPU (and the reads) of the whole global batch: world-size times
+    its own share, per step, which whole-word and span masking (a Python loop per row) cannot afford at large
+    global batches, while the all-reduce is one small collective at a step boundary the ranks share anyway.
     """
 
     def __init__(self, data: ShardedInstances, *, micro_batch: int, accumulation: int, world_size: int,
-                 rank: int, seed: int, window_batches: int = 64):
+                 rank: int, seed: int, window_batches: int = 64, masking: DynamicMasking | None = None,
+                 global_sum: Callable[[int], int] | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
+        if masking is not None and world_size > 1 and global_sum is None:
+            raise ValueError("dynamic masking on more than one rank needs global_sum (the all-reduce of the masked "
+                             "count)")
         self.global_batch = micro_batch * accumulation * world_size
         if len(data) < self.global_batch:
             raise DatasetFormatError(f"the dataset has {len(data)} rows, fewer than one global batch "
                                      f"({micro_batch} x {accumulation} accumulation x {world_size} ranks)")
         self.data, self.seed, self.window_batches = data, seed, window_batches
         self.micro_batch, self.accumulation, self.world_size, self.rank = micro_batch, accumulation, world_size, rank
+        self.masking, self.global_sum = masking, global_sum
         self.epoch, self.batch_index = 0, 0
         self._order: EpochOrder | None = None
 
@@ -244,15 +272,22 @@ class PretrainingLoader:
             return self.next_step()
         rows = self._order.batch(self.batch_index)
         self.batch_index += 1
-        masked_total = int(self.data.list_lengths("masked_positions", rows).sum())
-        scale = self.accumulation * self.world_size / max(1, masked_total)
         parts = split_global_batch(rows, accumulation=self.accumulation, world_size=self.world_size,
                                    micro_batch=self.micro_batch)
-        block = read_rows(self.data, parts[:, self.rank].reshape(-1))  # this rank's rows of the step, in one pass
+        mine = parts[:, self.rank].reshape(-1)
+        block = read_rows(self.data, mine)  # this rank's rows of the step, in one pass
+        if self.masking is None:
+            masked_total = int(self.data.list_lengths("masked_positions", rows).sum())
+        else:
+            block = mask_dynamically(self.data, block, mine, self.epoch, self.masking)
+            masked_total = int(block.counts.sum())
+            if self.world_size > 1:
+                masked_total = int(self.global_sum(masked_total))
+        scale = self.accumulation * self.world_size / max(1, masked_total)
         micro = self.micro_batch
         return [{**pad(block, self.data.pad_id, a * micro, (a + 1) * micro), "mlm_loss_scale": np.float32(scale)}
                 for a in range(self.accumulation)]
 
 
 __all__ = ["PretrainingLoader", "RowBlock", "ShardedInstances", "collate",
-           "epoch_batches", "pad", "read_rows", "split_global_batch"]
+           "epoch_batches", "mask_dynamically", "pad", "read_rows", "split_global_batch"]

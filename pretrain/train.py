@@ -24,6 +24,7 @@ from pretrain import engine as ds
 from pretrain import resume as resume_check
 from pretrain.config import BatchPlan, PretrainConfig, batch_plan
 from pretrain.data import PretrainingLoader, ShardedInstances
+from pretrain.dynamic_masking import DynamicMasking
 from pretrain.hf_compat import (
     export,
     export_directory,
@@ -175,6 +176,8 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
     data = ShardedInstances(cfg.data.path, verify=cfg.data.verify)
     recipe = resolve(cfg.objective, data.manifest)
     _not_yet(recipe)
+    if rank == 0:
+        log.info(recipe.describe())
     _check_init_tokenizer(cfg, data.manifest)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every run
     model = build_model(cfg, data.manifest)
@@ -206,8 +209,11 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
     engine = ds.Engine(ds.build(cfg, PretrainingObjective(model), ds_config))
     if initial is not None and found is None:
         engine.restore_fp32_weights(initial)
+    masking = (DynamicMasking.for_dataset(recipe.dynamic_masking, data.tokenizer_dir, cfg.seed)
+               if recipe.dynamic_masking is not None else None)
     loader = PretrainingLoader(data, micro_batch=plan.micro_batch, accumulation=plan.accumulation, world_size=world,
-                               rank=rank, seed=cfg.seed, window_batches=cfg.data.window_batches)
+                               rank=rank, seed=cfg.seed, window_batches=cfg.data.window_batches, masking=masking,
+                               global_sum=functools.partial(_sum_over_ranks, engine))
     state = LoopState()
     if found is not None:
         began = time.perf_counter()
@@ -228,8 +234,15 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
 
 
 def _not_yet(recipe: Recipe) -> None:
-    if recipe.dynamic_masking is not None or recipe.sentence_objective == "none" or recipe.document_attention:
-        raise NotImplementedError("dynamic masking, sentence_objective none and document attention come next")
+    if recipe.sentence_objective == "none" or recipe.document_attention:
+        raise NotImplementedError("sentence_objective none and document attention come next")
+
+
+def _sum_over_ranks(engine: ds.Engine, count: int) -> int:
+    """``count`` summed over every rank (the loader's masked count of a dynamically masked global batch)."""
+    tensor = torch.tensor([count], dtype=torch.int64, device=engine.device)
+    engine.all_reduce(tensor)
+    return int(tensor.item())
 
 
 def _settings(cfg: PretrainConfig, manifest: Manifest) -> dict:

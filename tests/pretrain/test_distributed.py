@@ -71,3 +71,26 @@ def test_resume_reproduces_every_later_loss_bitwise(stage, sample_dataset, tmp_p
     want, got = losses(full), losses(part)
     assert sorted(got) == list(range(CHECKPOINT_AT + 1, STEPS + 1))
     assert all(got[step] == want[step] for step in got), (got, want)
+
+
+def test_dynamic_masks_train_alike_on_one_process_and_two_ranks_and_resume_bitwise(synthetic_dataset, tmp_path):
+    """Rows stored unmasked: each rank masks its own rows (keys from seed, epoch, row) and the masked count is
+    all-reduced; 2 ranks match the single process's losses and a resumed run repeats them bit for bit."""
+    dataset = synthetic_dataset(2_000, masking="dynamic")
+    common = {"objective.masking": "dynamic", "objective.masked_lm_prob": 0.3, "train.precision": "fp32",
+              "model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0}
+    single = tmp_path / "single"
+    _ok(launch("python", 1, settings(dataset, single, steps=STEPS, **{**common, "zero.stage": 0})))
+    full, part = tmp_path / "full", tmp_path / "part"
+    two_ranks = {**common, "zero.stage": 1, "checkpoint.every_steps": CHECKPOINT_AT, "checkpoint.keep_last": 5}
+    result = _ok(launch("torchrun", 2, settings(dataset, full, steps=STEPS, **two_ranks)))
+    assert "dynamic token masking of 0.3 of the tokens (at most 39 a row)" in result.stdout
+    want, got = losses(single), losses(full)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert all(got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5) for step in want), (got, want)
+    (part / "checkpoints").mkdir(parents=True)
+    shutil.copytree(full / "checkpoints" / "step_00000003", part / "checkpoints" / "step_00000003")
+    _ok(launch("torchrun", 2, ["--resume", *settings(dataset, part, steps=STEPS, **two_ranks)]))
+    resumed = losses(part)
+    assert sorted(resumed) == list(range(CHECKPOINT_AT + 1, STEPS + 1))
+    assert all(resumed[step] == got[step] for step in resumed), (resumed, got)

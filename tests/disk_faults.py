@@ -15,6 +15,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _WITHOUT_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
@@ -138,6 +140,14 @@ def child_process(tmp_path: pathlib.Path):
         yield started
     finally:
         started.close()
+
+
+@pytest.fixture
+def child(tmp_path):
+    """A ``Child`` for one test (the fixture the disk-error tests share; a test module takes it with
+    ``child = disk_faults.child``: pyflakes reads a test's ``child`` argument as redefining an imported name)."""
+    with child_process(tmp_path) as started:
+        yield started
 
 
 def one_error_line(proc: subprocess.CompletedProcess, alone: bool = False) -> str:

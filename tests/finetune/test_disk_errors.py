@@ -6,17 +6,15 @@ import shutil
 import pytest
 
 from pretrain import train
-from tests.disk_faults import child_process, one_error_line, traceback_file, with_debug
-from tests.pretrain.conftest import sample_dataset  # noqa: F401  (the pretraining tests' small dataset)
+from tests import disk_faults
+from tests.disk_faults import one_error_line, traceback_file, with_debug
+from tests.pretrain import conftest as pretraining
 from tests.pretrain.faults import start_one_rank, tiny_config, truncate
 
 SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 
-
-@pytest.fixture
-def child(tmp_path):
-    with child_process(tmp_path) as started:
-        yield started
+child = disk_faults.child  # a fixture: a full disk or missing permission for a child process
+sample_dataset = pretraining.sample_dataset  # a fixture: the pretraining tests' small dataset
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,15 @@ import pytest
 
 from common.errors import StorageError
 from pretrain import checkpoints, train
-from tests.disk_faults import child_process, one_error_line, traceback_file, with_debug
+from tests import disk_faults
+from tests.disk_faults import one_error_line, traceback_file, with_debug
 from tests.pretrain.faults import start_one_rank, tiny_config, truncate
 from tests.pretrain.launching import RUN, TINY, settings
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
 
 
-@pytest.fixture
-def child(tmp_path):
-    with child_process(tmp_path) as started:
-        yield started
+child = disk_faults.child  # a fixture: a full disk or missing permission for a child process
 
 
 @pytest.fixture(scope="module")

@@ -209,9 +209,8 @@ class Engine:
     def follow_schedule(self, peak_lr: float) -> None:
         """Make the next step's learning rate this run's schedule's, after a checkpoint was loaded.
 
-        The checkpoint brings the rate its own run's schedule gave for the next step (and that run's peak); a run
-        resumed with another schedule (extended by more steps, or with a new peak) would otherwise take its first
-        step at that stale rate, zero when the old schedule had ended.
+        The checkpoint brings its own run's rate for the next step (and that run's peak); a run resumed with another
+        schedule (more steps, a new peak) would otherwise step at that stale rate, zero if the old schedule had ended.
         """
         scheduler = self.deepspeed.lr_scheduler
         scheduler.base_lrs = [peak_lr] * len(scheduler.base_lrs)
@@ -290,8 +289,7 @@ def save(engine, directory: Path, tag: str, client_state: dict) -> None:
         raise failure from error
 
 
-# Where DeepSpeed's optimizers keep this rank's fp32 master weights: ZeRO 1/2, the bf16 optimizer, ZeRO 3,
-# and the fused and unfused fp16 optimizers without ZeRO.
+# Where DeepSpeed's optimizers keep this rank's fp32 masters: ZeRO 1/2, bf16, ZeRO 3, fused and unfused fp16 (no ZeRO).
 _MASTER_ATTRIBUTES = ("single_partition_of_fp32_groups", "fp32_groups_flat_partition", "fp32_partitioned_groups_flat",
                       "fp32_groups_flat", "fp32_groups")
 

@@ -146,7 +146,8 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, sav
             monitor.record(metrics(window, step=step, lr=lr, grad_norm=engine.grad_norm(),
                                    loss_scale=engine.loss_scale(), skipped=state.skipped, elapsed=elapsed,
                                    consumed=state.consumed, flops_per_token=flops_per_token(model_config, int(width)),
-                                   peak_tflops=peak, world=plan.world_size), line=True)
+                                   peak_tflops=peak, world=plan.world_size,
+                                   sentence_objective=cfg.objective.sentence_objective), line=True)
             window.zero_()
             window_started, window_width, window_steps = time.time(), 0, 0
         if signalled:
@@ -163,20 +164,24 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, sav
 
 
 def loss(stats: torch.Tensor) -> float:
-    """The loss of a statistics vector (``STAT_NAMES``): token-mean MLM loss plus sequence-mean NSP loss."""
+    """The loss of a statistics vector (``STAT_NAMES``): token-mean MLM loss plus sequence-mean sentence-pair loss
+    (none when the objective trains no pair head)."""
     s = dict(zip(STAT_NAMES, stats.tolist()))
-    return s["mlm_loss_sum"] / max(1.0, s["mlm_tokens"]) + s["nsp_loss_sum"] / max(1.0, s["sequences"])
+    return s["mlm_loss_sum"] / max(1.0, s["mlm_tokens"]) + s["pair_loss_sum"] / max(1.0, s["pair_sequences"])
 
 
 def metrics(window, *, step, lr, grad_norm, loss_scale, skipped, elapsed, consumed, flops_per_token,
-            peak_tflops, world) -> dict:
-    """One metrics.jsonl record from the statistics summed over the window's applied steps."""
+            peak_tflops, world, sentence_objective: str = "nsp") -> dict:
+    """One metrics.jsonl record from the statistics summed over the window's applied steps. The pair head's loss
+    and accuracy are named after the objective (``nsp_loss``, ``sop_loss``) and left out when it trains none."""
     s = dict(zip(STAT_NAMES, window.tolist()))
     tokens_per_second = s["tokens"] / max(elapsed, 1e-9)
     mfu = tokens_per_second * flops_per_token / (peak_tflops * 1e12 * world) if peak_tflops else None
-    return {"step": step, "loss": loss(window), "mlm_loss": s["mlm_loss_sum"] / max(1.0, s["mlm_tokens"]),
-            "mlm_accuracy": s["mlm_correct"] / max(1.0, s["mlm_tokens"]),
-            "nsp_loss": s["nsp_loss_sum"] / max(1.0, s["sequences"]),
-            "nsp_accuracy": s["nsp_correct"] / max(1.0, s["sequences"]), "lr": lr, "grad_norm": grad_norm,
-            "loss_scale": loss_scale, "skipped_steps": skipped, "tokens_per_second": tokens_per_second,
-            "sequences_per_second": s["sequences"] / max(elapsed, 1e-9), "mfu": mfu, "consumed_samples": consumed}
+    record = {"step": step, "loss": loss(window), "mlm_loss": s["mlm_loss_sum"] / max(1.0, s["mlm_tokens"]),
+              "mlm_accuracy": s["mlm_correct"] / max(1.0, s["mlm_tokens"])}
+    if sentence_objective != "none" and s["pair_sequences"] > 0:
+        record[f"{sentence_objective}_loss"] = s["pair_loss_sum"] / s["pair_sequences"]
+        record[f"{sentence_objective}_accuracy"] = s["pair_correct"] / s["pair_sequences"]
+    return {**record, "lr": lr, "grad_norm": grad_norm, "loss_scale": loss_scale, "skipped_steps": skipped,
+            "tokens_per_second": tokens_per_second, "sequences_per_second": s["sequences"] / max(elapsed, 1e-9),
+            "mfu": mfu, "consumed_samples": consumed}

@@ -1,4 +1,5 @@
-"""The pretraining loss around the model: masked-token cross-entropy plus next-sentence cross-entropy.
+"""The pretraining loss around the model: masked-token cross-entropy plus, on pair rows, the sentence-pair
+cross-entropy (NSP or SOP, one two-way head on the pooled [CLS]).
 
 Kept apart from the model so that the model stays a plain ``BertForPreTraining``; DeepSpeed wraps this
 module. Besides the loss it returns the sums that logging needs, so that metrics over many steps and
@@ -12,15 +13,23 @@ from torch import nn
 
 from pretrain.model import BertForPreTraining
 
-# Order of the entries of the statistics vector returned with the loss.
-STAT_NAMES = ("mlm_loss_sum", "mlm_correct", "mlm_tokens", "nsp_loss_sum", "nsp_correct", "sequences", "tokens",
-              "nonfinite_losses")
+# Order of the entries of the statistics vector returned with the loss. ``pair_*`` are the sentence-pair
+# head's (NSP or SOP); ``pair_sequences`` counts the sequences it trained on: 0 when the objective has none.
+STAT_NAMES = ("mlm_loss_sum", "mlm_correct", "mlm_tokens", "pair_loss_sum", "pair_correct", "pair_sequences",
+              "sequences", "tokens", "nonfinite_losses")
 
 
 class PretrainingObjective(nn.Module):
-    def __init__(self, model: BertForPreTraining):
+    """``sentence_objective``: ``nsp`` or ``sop`` train the pair head on the rows' labels (the same two-way head;
+    SOP's label says whether the segments were swapped); ``none`` trains no pair loss: the head and the pooler
+    stay as initialised (or loaded), untouched by any gradient."""
+
+    def __init__(self, model: BertForPreTraining, sentence_objective: str = "nsp"):
         super().__init__()
+        if sentence_objective not in ("nsp", "sop", "none"):
+            raise ValueError(f"sentence_objective {sentence_objective!r}: choose nsp, sop or none")
         self.model = model
+        self.sentence_objective = sentence_objective
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                 masked_positions: torch.Tensor, masked_labels: torch.Tensor, next_sentence_labels: torch.Tensor,
@@ -30,15 +39,22 @@ class PretrainingObjective(nn.Module):
         ``mlm_loss_scale`` turns this micro-batch's summed token losses into its share of the mean over
         the whole global batch (see ``PretrainingLoader``).
         """
-        mlm_logits, nsp_logits = self.model(input_ids, token_type_ids, attention_mask, masked_positions)
+        mlm_logits, pair_logits = self.model(input_ids, token_type_ids, attention_mask, masked_positions)
         mlm_losses = F.cross_entropy(mlm_logits.float(), masked_labels, reduction="none")
-        nsp_losses = F.cross_entropy(nsp_logits.float(), next_sentence_labels, reduction="none")
-        loss = mlm_losses.sum() * mlm_loss_scale + nsp_losses.mean()
+        loss = mlm_losses.sum() * mlm_loss_scale
+        zero = torch.zeros((), device=loss.device)
+        pair_loss_sum = pair_correct = pair_sequences = zero
+        if self.sentence_objective != "none":
+            pair_losses = F.cross_entropy(pair_logits.float(), next_sentence_labels, reduction="none")
+            loss = loss + pair_losses.mean()
+            pair_loss_sum = pair_losses.detach().sum()
+            pair_correct = (pair_logits.detach().argmax(-1) == next_sentence_labels).sum().float()
+            pair_sequences = torch.tensor(float(input_ids.shape[0]), device=loss.device)
         with torch.no_grad():
             stats = torch.stack([
                 mlm_losses.sum(), (mlm_logits.argmax(-1) == masked_labels).sum().float(),
                 torch.tensor(float(masked_labels.numel()), device=loss.device),
-                nsp_losses.sum(), (nsp_logits.argmax(-1) == next_sentence_labels).sum().float(),
+                pair_loss_sum, pair_correct, pair_sequences,
                 torch.tensor(float(input_ids.shape[0]), device=loss.device), attention_mask.sum().float(),
                 (~torch.isfinite(loss.detach())).float(),
             ]).float()

@@ -74,10 +74,12 @@ def test_resume_reproduces_every_later_loss_bitwise(stage, sample_dataset, tmp_p
 
 
 def test_dynamic_masks_train_alike_on_one_process_and_two_ranks_and_resume_bitwise(synthetic_dataset, tmp_path):
-    """Rows stored unmasked: each rank masks its own rows (keys from seed, epoch, row) and the masked count is
-    all-reduced; 2 ranks match the single process's losses and a resumed run repeats them bit for bit."""
-    dataset = synthetic_dataset(2_000, masking="dynamic")
-    common = {"objective.masking": "dynamic", "objective.masked_lm_prob": 0.3, "train.precision": "fp32",
+    """RoBERTa's rows (packed, stored unmasked, no pair loss): each rank masks its own rows (keys from seed, epoch,
+    row) and the masked count is all-reduced; 2 ranks match the single process's losses and a resumed run repeats
+    them bit for bit."""
+    dataset = synthetic_dataset(2_000, kind="full_sentences", masking="dynamic", document_tokens=60)
+    common = {"objective.masking": "dynamic", "objective.masked_lm_prob": 0.3, "objective.sentence_objective": "none",
+              "train.precision": "fp32",
               "model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0}
     single = tmp_path / "single"
     _ok(launch("python", 1, settings(dataset, single, steps=STEPS, **{**common, "zero.stage": 0})))

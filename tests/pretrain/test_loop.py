@@ -150,7 +150,8 @@ def _run(tmp_path, dataset, *, poisoned=(), signal_at=None, overflow_check=True,
 def _loss(stats: torch.Tensor) -> float:
     """The mean masked-token loss plus the mean next-sentence loss of summed statistics."""
     s = dict(zip(STAT_NAMES, stats.tolist()))
-    return s["mlm_loss_sum"] / s["mlm_tokens"] + s["nsp_loss_sum"] / s["sequences"]
+    assert s["pair_sequences"] == s["sequences"]  # NSP rows: every sequence trains the pair head
+    return s["mlm_loss_sum"] / s["mlm_tokens"] + s["pair_loss_sum"] / s["sequences"]
 
 
 def test_records_hold_each_windows_statistics_and_a_skipped_step_is_left_out(tmp_path, dataset, caplog):

@@ -13,6 +13,8 @@
   ``state_dict``/``load_state_dict`` resume at the exact step, on the same or another world size.
 * Rows of a dynamically masked dataset are masked as they are read (``pretrain.dynamic_masking``), by the
   rank that reads them, with masks that depend on (seed, epoch, row) only.
+* Packed rows (``[CLS] d1 [SEP] d2 [SEP] …``) carry where each document's block starts (``doc_starts``); with
+  document attention a micro-batch also holds each token's document and its position within it.
 """
 from __future__ import annotations
 
@@ -50,8 +52,10 @@ class ShardedInstances:
             self.manifest.check_fits(expected)
         self.pad_id = self.manifest.tokenizer.special_ids["[PAD]"]
         self.vocab_size = self.manifest.tokenizer.vocab_size
+        self.packed = self.manifest.objective.packed
         check_shard_files(self.manifest)
-        self._shards = [MappedShard(self.manifest.shard_path(entry), entry.rows) for entry in self.manifest.shards]
+        self._shards = [MappedShard(self.manifest.shard_path(entry), entry.rows, self.packed)
+                        for entry in self.manifest.shards]
         self.tokenizer_dir = self.manifest.tokenizer_path()
         self.manifest.check_totals()
         if verify:
@@ -142,6 +146,8 @@ class RowBlock:
     labels: np.ndarray
     segment_a_len: np.ndarray
     next_sentence_label: np.ndarray
+    doc_starts: np.ndarray | None = None  # packed rows: each document block's first column, flat
+    doc_counts: np.ndarray | None = None  # blocks per row
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -161,13 +167,35 @@ def read_rows(data: ShardedInstances, rows: np.ndarray) -> RowBlock:
             raise DatasetFormatError(f"{data.where(rows[bad])}: {column} holds id {int(values[first])}, beyond the "
                                      f"vocabulary of {data.vocab_size}; the shard was altered or belongs to "
                                      "another dataset: copy the dataset again, or re-run preprocessing")
+    doc_starts = doc_counts = None
+    if data.packed:
+        doc_starts, doc_counts = data.gather("doc_starts", located, len(rows))
+        _check_doc_starts(data, rows, doc_starts, doc_counts, lengths)
     return RowBlock(tokens, lengths, positions, counts, labels, data.scalars("segment_a_len", located, len(rows)),
-                    data.scalars("next_sentence_label", located, len(rows)))
+                    data.scalars("next_sentence_label", located, len(rows)), doc_starts, doc_counts)
 
 
-def pad(block: RowBlock, pad_id: int, first: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
+def _check_doc_starts(data: ShardedInstances, rows: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                      lengths: np.ndarray) -> None:
+    """Every packed row's blocks start at 0 and ascend inside the row (the positions built from them must be)."""
+    first = np.cumsum(counts) - counts
+    row_of = np.repeat(np.arange(len(rows)), counts)
+    inside = np.ones(len(starts), bool)
+    if len(starts):
+        inside = (starts < lengths[row_of]) & np.append(True, np.diff(starts.astype(np.int64)) > 0)
+        inside[first[counts > 0]] = starts[first[counts > 0]] == 0
+    bad = np.flatnonzero(counts == 0).tolist() + np.unique(row_of[~inside]).tolist()
+    if bad:
+        raise DatasetFormatError(f"{data.where(int(rows[min(bad)]))}: its doc_starts do not start at 0 and ascend "
+                                 "inside the row; the shard was altered: copy the dataset again, or re-run "
+                                 "preprocessing")
+
+
+def pad(block: RowBlock, pad_id: int, first: int = 0, stop: int | None = None, *,
+        documents: bool = False) -> dict[str, np.ndarray]:
     """Rows ``[first, stop)`` of ``block`` as a padded micro-batch: ids, token types, attention mask, flat
-    masked positions (into the flattened batch) and labels, NSP labels."""
+    masked positions (into the flattened batch) and labels, sentence-pair labels; with ``documents`` (packed
+    rows) also ``document_ids`` (each token's block, from 0) and ``position_ids`` (restarting at each block)."""
     stop = len(block) if stop is None else stop
     token_ends, mask_ends = np.cumsum(block.lengths), np.cumsum(block.counts)
     lengths, counts = block.lengths[first:stop], block.counts[first:stop]
@@ -184,10 +212,28 @@ def pad(block: RowBlock, pad_id: int, first: int = 0, stop: int | None = None) -
     segment_a_len = block.segment_a_len[first:stop]
     token_type_ids = ((np.arange(width)[None, :] >= segment_a_len[:, None]) & (attention_mask == 1))
     flat_positions = block.positions[masked].astype(np.int64) + np.repeat(np.arange(batch) * width, counts)
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids.astype(np.int64),
-            "attention_mask": attention_mask, "masked_positions": flat_positions,
-            "masked_labels": block.labels[masked].astype(np.int64),
-            "next_sentence_labels": block.next_sentence_label[first:stop]}
+    out = {"input_ids": input_ids, "token_type_ids": token_type_ids.astype(np.int64),
+           "attention_mask": attention_mask, "masked_positions": flat_positions,
+           "masked_labels": block.labels[masked].astype(np.int64),
+           "next_sentence_labels": block.next_sentence_label[first:stop]}
+    if documents:
+        out.update(_documents(block, first, stop, width))
+    return out
+
+
+def _documents(block: RowBlock, first: int, stop: int, width: int) -> dict[str, np.ndarray]:
+    """``document_ids`` and ``position_ids`` (batch, width) of rows ``[first, stop)``; padding continues the last
+    block (the model lets padded queries attend to their row's real tokens; their outputs are never read)."""
+    if block.doc_starts is None:
+        raise ValueError("document attention needs packed rows (doc_starts)")
+    block_ends = np.cumsum(block.doc_counts)
+    starts = block.doc_starts[block_ends[first] - block.doc_counts[first]:block_ends[stop - 1]].astype(np.int64)
+    counts = block.doc_counts[first:stop]
+    begins = np.zeros((stop - first, width), bool)
+    begins[np.repeat(np.arange(stop - first), counts), starts] = True
+    columns = np.arange(width)[None, :]
+    block_first = np.maximum.accumulate(np.where(begins, columns, 0), axis=1)
+    return {"document_ids": np.cumsum(begins, axis=1) - 1, "position_ids": columns - block_first}
 
 
 def collate(data: ShardedInstances, rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -225,9 +271,12 @@ class PretrainingLoader:
 
     def __init__(self, data: ShardedInstances, *, micro_batch: int, accumulation: int, world_size: int,
                  rank: int, seed: int, window_batches: int = 64, masking: DynamicMasking | None = None,
-                 global_sum: Callable[[int], int] | None = None):
+                 global_sum: Callable[[int], int] | None = None, document_attention: bool = False):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
+        if document_attention and not data.packed:
+            raise ValueError(f"document attention needs packed rows (doc_starts), but {data.manifest.path} says its "
+                             f"rows are {data.manifest.objective.kind}")
         if masking is not None and world_size > 1 and global_sum is None:
             raise ValueError("dynamic masking on more than one rank needs global_sum (the all-reduce of the masked "
                              "count)")
@@ -237,7 +286,7 @@ class PretrainingLoader:
                                      f"({micro_batch} x {accumulation} accumulation x {world_size} ranks)")
         self.data, self.seed, self.window_batches = data, seed, window_batches
         self.micro_batch, self.accumulation, self.world_size, self.rank = micro_batch, accumulation, world_size, rank
-        self.masking, self.global_sum = masking, global_sum
+        self.masking, self.global_sum, self.document_attention = masking, global_sum, document_attention
         self.epoch, self.batch_index = 0, 0
         self._order: EpochOrder | None = None
 
@@ -285,8 +334,8 @@ class PretrainingLoader:
                 masked_total = int(self.global_sum(masked_total))
         scale = self.accumulation * self.world_size / max(1, masked_total)
         micro = self.micro_batch
-        return [{**pad(block, self.data.pad_id, a * micro, (a + 1) * micro), "mlm_loss_scale": np.float32(scale)}
-                for a in range(self.accumulation)]
+        return [{**pad(block, self.data.pad_id, a * micro, (a + 1) * micro, documents=self.document_attention),
+                 "mlm_loss_scale": np.float32(scale)} for a in range(self.accumulation)]
 
 
 __all__ = ["PretrainingLoader", "RowBlock", "ShardedInstances", "collate",

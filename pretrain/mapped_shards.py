@@ -15,15 +15,18 @@ import pyarrow.ipc as ipc
 from common.errors import DatasetFormatError
 
 _LIST_COLUMNS = ("input_ids", "masked_positions", "masked_labels")
+PACKED_COLUMN = "doc_starts"  # packed datasets only: where each document's block starts in the row
 _SCALAR_COLUMNS = ("segment_a_len", "next_sentence_label")
 
 
 class MappedShard:
     """One shard file: its size checked at once, mapped and its record batches located as rows are read."""
 
-    def __init__(self, path: Path, manifest_rows: int):
-        """``path`` as checked against the manifest (``common.verify.check_shard_files``)."""
+    def __init__(self, path: Path, manifest_rows: int, packed: bool = False):
+        """``path`` as checked against the manifest (``common.verify.check_shard_files``); ``packed``: the
+        manifest says its rows have ``doc_starts``."""
         self.path, self.num_rows = path, manifest_rows
+        self._columns = (*_LIST_COLUMNS, PACKED_COLUMN) if packed else _LIST_COLUMNS
         self._bytes = None  # mapped when a row of this shard is first read
 
     def _open(self) -> None:
@@ -45,12 +48,16 @@ class MappedShard:
                                      "damaged: copy it again, or re-run preprocessing") from None
         self._views: dict[np.dtype, np.ndarray] = {}
         schema = self._reader.schema
-        self._list_type = {name: numpy_type(schema.field(name).type.value_type) for name in _LIST_COLUMNS}
+        if PACKED_COLUMN in self._columns and PACKED_COLUMN not in schema.names:
+            raise DatasetFormatError(f"{path}: no {PACKED_COLUMN} column, but the manifest says its rows are packed; "
+                                     "the shard belongs to another dataset: copy the dataset again, or re-run "
+                                     "preprocessing")
+        self._list_type = {name: numpy_type(schema.field(name).type.value_type) for name in self._columns}
         self._scalar_type = {name: numpy_type(schema.field(name).type) for name in _SCALAR_COLUMNS}
         batches = self._reader.num_record_batches
         self._read = np.zeros(batches, bool)
-        self._offsets_at = {name: np.zeros(batches, np.int64) for name in _LIST_COLUMNS}
-        self._values_at = {name: np.zeros(batches, np.int64) for name in _LIST_COLUMNS}
+        self._offsets_at = {name: np.zeros(batches, np.int64) for name in self._columns}
+        self._values_at = {name: np.zeros(batches, np.int64) for name in self._columns}
         self._scalar_at = {name: np.zeros(batches, np.int64) for name in _SCALAR_COLUMNS}
         size = first.num_rows if first is not None else 0
         if size and (batches - 1) * size < self.num_rows <= batches * size:
@@ -88,7 +95,7 @@ class MappedShard:
         self._read[index] = True
         if not batch.num_rows:
             return
-        for name in _LIST_COLUMNS:
+        for name in self._columns:
             buffers = batch.column(name).buffers()
             self._offsets_at[name][index] = self._element(buffers[1], np.dtype(np.int32))
             self._values_at[name][index] = self._element(buffers[3], self._list_type[name])
@@ -145,4 +152,4 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
 
 
-__all__ = ["MappedShard", "numpy_type", "ranges"]
+__all__ = ["PACKED_COLUMN", "MappedShard", "numpy_type", "ranges"]

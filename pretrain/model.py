@@ -10,6 +10,10 @@ each row's tokens are. In packed mode every GEMM sees only the real tokens; the 
 LayerNorm) and attention, which mixes positions, run on the padded grid (``Packing.unpack``). A padding-free
 attention kernel taking ``cu_seqlens`` (flash-attn's varlen functions, nested tensors' offsets) would replace
 that one step of ``BertSelfAttention``.
+
+Packed documents (rows ``[CLS] d1 [SEP] d2 [SEP] …``) may be kept apart: with ``document_ids`` a token attends
+only to the tokens of its own document (a block-diagonal mask), and ``position_ids`` restart the positions at
+each document, so every document is encoded as if it were alone in its row.
 """
 from __future__ import annotations
 
@@ -137,10 +141,13 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None] + \
-            self.token_type_embeddings(token_type_ids)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if position_ids is None:
+            positions = self.position_embeddings(torch.arange(input_ids.shape[1], device=input_ids.device))[None]
+        else:
+            positions = self.position_embeddings(position_ids)  # (B, T, H)
+        x = self.word_embeddings(input_ids) + positions + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))  # (B, T, H)
 
 
@@ -257,6 +264,14 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(first))  # the [CLS] position
 
 
+def document_mask(document_ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool, True where query t may attend to key s: both real tokens of the same document. A padded
+    query attends to every real token of its row (never to nothing, which SDPA would turn into NaN; its output is
+    not read)."""
+    same = document_ids[:, :, None] == document_ids[:, None, :]
+    return ((same | ~real[:, :, None]) & real[:, None, :])[:, None]
+
+
 class BertModel(nn.Module):
     """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``, or in packed mode ``((N, H), (B, H))``."""
 
@@ -268,23 +283,33 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(cfg) if add_pooling_layer else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attention_mask: torch.Tensor | None = None, packing: Packing | None = None, *,
+                position_ids: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Padded: ``input_ids`` (B, T) with ``attention_mask`` (B, T) or None for no padding.
-        Packed: ``input_ids`` (N,), every row's real tokens back to back, with their ``packing`` (no mask)."""
+        Packed: ``input_ids`` (N,), every row's real tokens back to back, with their ``packing`` (no mask).
+        ``position_ids`` (default 0, 1, … along the row) and ``document_ids`` (default: one document per row; a
+        token attends to its own document only) are shaped like ``input_ids``."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if packing is None:
-            # Boolean (B, 1, 1, T): True where a key may be attended to. None lets SDPA use its fastest path.
-            attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-            x = self.embeddings(input_ids, token_type_ids)
+            if document_ids is not None:
+                real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+                attn_mask = document_mask(document_ids, real)
+            else:  # Boolean (B, 1, 1, T): True where a key may be attended to. None: SDPA's fastest path.
+                attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+            x = self.embeddings(input_ids, token_type_ids, position_ids)
         elif attention_mask is not None:
             raise ValueError("give attention_mask (padded mode) or packing (packed mode), not both")
         else:
             attn_mask = packing.key_mask
+            if document_ids is not None:
+                attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
+            if position_ids is not None:
+                position_ids = packing.unpack(position_ids)
             # The embeddings (lookups and a LayerNorm, no GEMM) run on the padded grid: their gradients are sums
             # over its rows, in the order every finetuning result so far was trained with.
-            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids)))
+            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids), position_ids))
         hidden = self.encoder(x, attn_mask, packing)
         return hidden, (self.pooler(hidden, packing) if self.pooler is not None else None)
 
@@ -344,15 +369,18 @@ class BertForPreTraining(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                masked_positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None, *,
+                position_ids: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MLM logits and NSP logits.
 
         Args:
             masked_positions: flat indices into the (B*T) tokens; the MLM head then runs on those rows only
                 and returns (N, V). Without it, logits for every position are returned as (B, T, V).
+            position_ids, document_ids: packed documents kept apart (``BertModel.forward``).
         """
-        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask, position_ids=position_ids,
+                                   document_ids=document_ids)
         if masked_positions is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_positions)
         return self.cls.predictions(hidden), self.cls.seq_relationship(pooled)
@@ -366,4 +394,5 @@ def flops_per_token(cfg: BertConfig, seq_len: int, masked_fraction: float = 0.15
     return 3.0 * (layers * per_layer + head)
 
 
-__all__ = ["BertConfig", "BertForPreTraining", "BertModel", "PRESETS", "Packing", "flops_per_token", "preset"]
+__all__ = ["BertConfig", "BertForPreTraining", "BertModel", "PRESETS", "Packing", "document_mask", "flops_per_token",
+           "preset"]

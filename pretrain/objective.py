@@ -33,13 +33,16 @@ class PretrainingObjective(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                 masked_positions: torch.Tensor, masked_labels: torch.Tensor, next_sentence_labels: torch.Tensor,
-                mlm_loss_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                mlm_loss_scale: torch.Tensor, position_ids: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to back-propagate, detached statistics in the order of ``STAT_NAMES``).
 
         ``mlm_loss_scale`` turns this micro-batch's summed token losses into its share of the mean over
-        the whole global batch (see ``PretrainingLoader``).
+        the whole global batch (see ``PretrainingLoader``); ``position_ids`` and ``document_ids`` keep packed
+        documents apart (document attention).
         """
-        mlm_logits, pair_logits = self.model(input_ids, token_type_ids, attention_mask, masked_positions)
+        mlm_logits, pair_logits = self.model(input_ids, token_type_ids, attention_mask, masked_positions,
+                                             position_ids=position_ids, document_ids=document_ids)
         mlm_losses = F.cross_entropy(mlm_logits.float(), masked_labels, reduction="none")
         loss = mlm_losses.sum() * mlm_loss_scale
         zero = torch.zeros((), device=loss.device)

@@ -36,7 +36,7 @@ from pretrain.loop import DIVERGED, PREEMPTED, Diverged, LoopState, StopFlag
 from pretrain.model import BertForPreTraining, preset
 from pretrain.monitor import Monitor, log
 from pretrain.objective import PretrainingObjective
-from pretrain.recipe import Recipe, resolve
+from pretrain.recipe import resolve
 
 LOCK_NAME = "writer.lock"  # in output_dir while a run writes it
 CLIENT_KEY = "bert_pipeline"  # our state inside DeepSpeed's client_state (its own keys share the dict)
@@ -175,7 +175,6 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
     plan = batch_plan(cfg.train, world)
     data = ShardedInstances(cfg.data.path, verify=cfg.data.verify)
     recipe = resolve(cfg.objective, data.manifest)
-    _not_yet(recipe)
     if rank == 0:
         log.info(recipe.describe())
     _check_init_tokenizer(cfg, data.manifest)
@@ -213,7 +212,8 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
                if recipe.dynamic_masking is not None else None)
     loader = PretrainingLoader(data, micro_batch=plan.micro_batch, accumulation=plan.accumulation, world_size=world,
                                rank=rank, seed=cfg.seed, window_batches=cfg.data.window_batches, masking=masking,
-                               global_sum=functools.partial(_sum_over_ranks, engine))
+                               global_sum=functools.partial(_sum_over_ranks, engine),
+                               document_attention=recipe.document_attention)
     state = LoopState()
     if found is not None:
         began = time.perf_counter()
@@ -231,11 +231,6 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
     elif resume:
         log.info(f"no complete checkpoint in {ckpt_dir}; starting from scratch")
     return Setup(model, data, engine, loader, plan, state, timings)
-
-
-def _not_yet(recipe: Recipe) -> None:
-    if recipe.document_attention:
-        raise NotImplementedError("document attention comes next")
 
 
 def _sum_over_ranks(engine: ds.Engine, count: int) -> int:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from common import storage
 from common.errors import InputError
 from common.preprocess_config import InstanceConfig, OutputConfig
-from preprocess import shards
+from preprocess import packing, shards
 from preprocess.transforms import INDEX_NAME, CountBucket
 
 SHARD_PLAN_NAME = "shard_plan.json"
@@ -58,10 +58,33 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
                          f"{'next-sentence prediction needs at least 2' if needed == 2 else 'nothing to build'} "
                          "(check the inputs and the sources.min_document_* settings)")
     estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
-    storage.write_json(storage.join(work, INDEX_NAME), {
-        "bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),
-        "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())})
-    return [bucket for bucket in range(num_buckets) if counts.get(bucket, (0, []))[0]]
+    index = {"bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),
+             "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())}
+    if cfg.kind == "full_sentences":
+        index["stream_bits"] = packing.stream_bits_for(corpus["tokens"])  # the corpus's size alone chooses it
+    storage.write_json(storage.join(work, INDEX_NAME), index)
+    return instance_units(index, cfg)
+
+
+def instance_units(index: dict, cfg: InstanceConfig) -> list[int]:
+    """What the instance stage works on, from the corpus index: the non-empty document buckets, or for
+    ``full_sentences`` the packing streams that have documents (``preprocess.packing``)."""
+    offsets = index["bucket_offsets"]
+    non_empty = [bucket for bucket in range(len(offsets) - 1) if offsets[bucket + 1] > offsets[bucket]]
+    if cfg.kind != "full_sentences":
+        return non_empty
+    bucket_bits = (len(offsets) - 1).bit_length() - 1
+    stream_bits = index["stream_bits"]
+    return [stream for stream in range(1 << stream_bits)
+            if any(offsets[b + 1] > offsets[b] for b in packing.stream_buckets(stream, stream_bits, bucket_bits))]
+
+
+def first_bucket(unit: int, index: dict, cfg: InstanceConfig) -> int:
+    """The document bucket an instance-stage unit starts at: the slice of buckets that holds it runs it."""
+    if cfg.kind != "full_sentences":
+        return unit
+    bucket_bits = (len(index["bucket_offsets"]) - 1).bit_length() - 1
+    return packing.stream_buckets(unit, index["stream_bits"], bucket_bits)[0]
 
 
 def spread(pcoll, label: str, enabled: bool):

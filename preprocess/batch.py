@@ -8,12 +8,13 @@ Binomial(trims, 1/2), drawn here as the popcount of random bits); masking is ``c
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from common.counter_rng import random_bits, random_uniform
-from common.masking import MaskingRecipe, MaskingVocab, mask_rows
+from common.masking import Masked, MaskingRecipe, MaskingVocab, mask_rows
 from common.preprocess_config import InstanceConfig
 
 STREAM_B_START, STREAM_TRIM_A, STREAM_TRIM_B = 1, 2, 3  # masking uses streams 4-6 and 9 (common.masking)
@@ -61,6 +62,8 @@ class FinalizedBatch:
     masked_counts: np.ndarray
     masked_labels: np.ndarray      # flat
     truncated: np.ndarray
+    doc_starts: np.ndarray | None = None   # packed rows only: flat, each row's document blocks' first columns
+    doc_counts: np.ndarray | None = None   # packed rows only: blocks per row
 
 
 def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray, keys: np.ndarray,
@@ -97,17 +100,28 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
     for columns in separators:
         tokens[columns] = vocab.sep_id
 
-    never_mask = np.zeros(len(vocab.is_continuation), dtype=bool)
-    never_mask[list(vocab.never_mask_ids)] = True
-    candidate = valid & ~never_mask[tokens]
+    candidate = mask_candidates(tokens, valid, vocab)
     candidate[:, 0] = False
     for columns in separators:
         candidate[columns] = False
-    masked = mask_rows(tokens, candidate, lengths, keys, masking_recipe(cfg), vocab)
+    masked = mask_instances(tokens, candidate, lengths, keys, cfg, vocab)
     return FinalizedBatch(
         input_ids=tokens[valid], lengths=lengths, segment_a_len=len_a + 2, masked_positions=masked.cols,
         masked_counts=np.bincount(masked.rows, minlength=len(lengths)), masked_labels=masked.labels,
         truncated=(trim_a + trim_b) > 0)
+
+
+def mask_candidates(tokens: np.ndarray, valid: np.ndarray, vocab: MaskingVocab) -> np.ndarray:
+    """The positions masking may choose: every token of the row but the special ones ([CLS], [SEP], …)."""
+    never_mask = np.zeros(len(vocab.is_continuation), dtype=bool)
+    never_mask[list(vocab.never_mask_ids)] = True
+    return valid & ~never_mask[tokens]
+
+
+def mask_instances(tokens: np.ndarray, candidate: np.ndarray, lengths: np.ndarray, keys: np.ndarray,
+                   cfg: InstanceConfig, vocab: MaskingVocab) -> Masked:
+    """The static masks of a batch of rows (``common.masking.mask_rows``; ``tokens`` changed in place)."""
+    return mask_rows(tokens, candidate, lengths, keys, masking_recipe(cfg), vocab)
 
 
 def masking_recipe(cfg: InstanceConfig) -> MaskingRecipe:
@@ -156,14 +170,20 @@ def instance_keys(seed: int, doc_id: str, plans: list) -> InstanceKeys:
 
     ``order`` and ``tiebreak`` come from independent 64-bit halves, so two instances tie only if both collide.
     """
-    import hashlib
-
-    bases = {}
-    for dupe in {d for d, _ in plans}:
-        digest = hashlib.blake2b(f"{seed}\x1finstance\x1f{doc_id}\x1f{dupe}".encode(), digest_size=16).digest()
-        bases[dupe] = (int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little"))
+    bases = {dupe: key_bases(seed, doc_id, dupe) for dupe in {d for d, _ in plans}}
     first = np.asarray([bases[d][0] for d, _ in plans], np.uint64)
     second = np.asarray([bases[d][1] for d, _ in plans], np.uint64)
-    index = np.asarray([p.index for _, p in plans], np.uint64)
+    return keys_from_bases(first, second, np.asarray([p.index for _, p in plans], np.uint64))
+
+
+def key_bases(seed: int, unit: str, dupe: int) -> tuple[int, int]:
+    """The two 64-bit halves of a BLAKE2b of (seed, unit, duplicate): a unit is a document, or a packing stream."""
+    digest = hashlib.blake2b(f"{seed}\x1finstance\x1f{unit}\x1f{dupe}".encode(), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
+
+
+def keys_from_bases(first: np.ndarray, second: np.ndarray, index: np.ndarray) -> InstanceKeys:
+    """The keys of instance ``index`` of the units whose ``key_bases`` are (first, second)."""
+    index = np.asarray(index, np.uint64)
     random = random_bits(first, 0, index)
     return InstanceKeys(random, random_bits(random, 7, np.zeros_like(index)), random_bits(second, 8, index))

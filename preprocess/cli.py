@@ -109,7 +109,8 @@ def _run_step(args, cfg, tokenizer: str, beam_args: list[str]) -> int:
         return 0
     what = (f"{result['documents']:,} documents, {result['tokens']:,} tokens from {result['files']} file(s)"
             if result["step"] == "documents" else
-            f"{result['instances']:,} instances from {result['buckets']} bucket(s)")
+            f"{result['instances']:,} instances from {result['units']} "
+            f"{'packing stream' if cfg.instances.kind == 'full_sentences' else 'document bucket'}(s)")
     done = f"already done ({result['seconds']:.1f} s then)" if result.get("skipped") else f"{result['seconds']:.1f} s"
     print(f"{result['step']}, part {result['part']} of {result['parts']}: {what}; {done}")
     if result.get("note"):

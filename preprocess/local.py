@@ -117,8 +117,8 @@ def _documents_task(task) -> None:
 
 
 def _instances_task(task) -> None:
-    plan, options_args, buckets, part = task
-    _run(options_args, lambda p, lot: (p | "Buckets" >> beam.Create(buckets, reshuffle=False)
+    plan, options_args, units, part = task
+    _run(options_args, lambda p, lot: (p | "Units" >> beam.Create(units, reshuffle=False)
                                        | plan.instances(part, lot)))
 
 
@@ -171,8 +171,8 @@ def run_stages(plan: Plan, workers: int, options_args: list[str], bar) -> None:
         plan.write_index([row for rows in pool.map(_count_task, [(plan, lo, hi) for lo, hi in ranges]) for row in rows])
         bar.update()
         bar.set_postfix_str("instances")
-        list(pool.map(_instances_task, [(plan, options_args, buckets, i)
-                                        for i, buckets in enumerate(plan.bucket_slices(slices)) if buckets]))
+        list(pool.map(_instances_task, [(plan, options_args, units, i)
+                                        for i, units in enumerate(plan.instance_units(slices)) if units]))
         bar.update()
         bar.set_postfix_str("shards")
         shard_ids = list(range(plan.plan_shards()))

@@ -5,14 +5,15 @@ Stages (``preprocess.plan``; see ``preprocess.transforms`` and ``preprocess.barr
 1. documents: read, clean, split, tokenize -> a document store partitioned into hash buckets;
 2. index: count each bucket's documents (duplicate ids dropped) -> every document's global index;
 3. instances: BERT instances; a random next segment comes from any document of the corpus through a
-   keyed join -> key-range pieces, sorted;
+   keyed join (or, for ``kind: full_sentences`` and ``doc_sentences``, packed rows: ``preprocess.packed``)
+   -> key-range pieces, sorted;
 4. shards: equal-size, globally shuffled Arrow shards; then the manifest, written last.
 
 With ``parts == 1`` all four run as one Beam pipeline. With ``parts > 1`` the documents and
 instances stages run once per part (input files, then bucket ranges), so the DirectRunner holds one
 part at a time. With ``--direct_num_workers N --direct_running_mode multi_processing`` the local process pool
-(``preprocess.local``) runs them. Every random choice is keyed by (seed, document, duplicate, index) and documents
-are ordered by hash, so the dataset is byte-identical whatever the parts, workers or runner.
+(``preprocess.local``) runs them. Every random choice is keyed by (seed, document or packing stream, duplicate,
+index) and documents are ordered by hash, so the dataset is byte-identical whatever the parts, workers or runner.
 """
 from __future__ import annotations
 
@@ -140,11 +141,11 @@ def run_on_beam(plan: Plan, options, log: WorkerLog, in_process: bool, bar) -> N
     bar.set_postfix_str("index")
     run(lambda p, lot: p | "Start" >> beam.Create([None]) | plan.index(lot))
     bar.update()
-    for part, buckets in enumerate(plan.bucket_slices(plan.parts)):
+    for part, units in enumerate(plan.instance_units(plan.parts)):
         bar.set_postfix_str(f"instances, part {part + 1}/{plan.parts}")
-        if buckets:
-            run(lambda p, lot, part=part, buckets=buckets: (
-                p | "Buckets" >> beam.Create(buckets, reshuffle=False) | plan.instances(part, lot)))
+        if units:
+            run(lambda p, lot, part=part, units=units: (
+                p | "Units" >> beam.Create(units, reshuffle=False) | plan.instances(part, lot)))
         bar.update()
     bar.set_postfix_str("shards")
     run(lambda p, lot: p | "Start" >> beam.Create([None]) | plan.shards(lot))

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import apache_beam as beam
 import pyarrow as pa
 
 from common import schema, storage
 from common.errors import InputError
 from common.preprocess_config import InstanceConfig, OutputConfig, PreprocessConfig, SourceConfig
-from preprocess import barriers, docstore, handoff, sources, transforms
+from preprocess import barriers, docstore, handoff, packed, sources, transforms
 from preprocess.memory import split_parts
 
 BYTES_PER_BUCKET = 256 << 10   # input bytes per document-store bucket: small units balance workers
@@ -82,7 +83,8 @@ class Plan:
         """The plan for ``files`` with the tokenizer ``tok`` (saved at ``tokenizer_uri``); ``slices``: the most
         pieces any executor cuts a stage into (each needs a document-store bucket of its own)."""
         output_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, {
-            "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]})
+            "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]},
+            packed=cfg.instances.kind != "pairs")
         return cls(files=tuple(files), parts=cfg.parts, bucket_bits=bucket_bits_for(files, slices),
                    source_cfg=cfg.sources, instance_cfg=cfg.instances, output_cfg=cfg.output, seed=cfg.seed,
                    work=storage.join(staging, "_work"), staging=staging, tokenizer_uri=tokenizer_uri,
@@ -96,11 +98,14 @@ class Plan:
         """(kind, uri) of each part's input files: a size-balanced split (fewer parts than files at most)."""
         return split_parts(list(self.files), min(self.parts, len(self.files)))
 
-    def bucket_slices(self, slices: int) -> list[list[int]]:
-        """The non-empty document buckets of each of ``slices`` contiguous bucket ranges (after the index)."""
-        counts = storage.read_json(storage.join(self.work, transforms.INDEX_NAME))["counts"]
-        non_empty = {bucket for bucket, count, _ in counts if count}
-        return [[b for b in range(lo, hi) if b in non_empty]
+    def instance_units(self, slices: int) -> list[list[int]]:
+        """The instance stage's units (``barriers.instance_units``: non-empty document buckets, or packing streams)
+        of each of ``slices`` contiguous bucket ranges, after the index; a unit belongs to the range of its first
+        bucket, so each is run once, whatever the slices."""
+        index = storage.read_json(storage.join(self.work, transforms.INDEX_NAME))
+        units = barriers.instance_units(index, self.instance_cfg)
+        starts = [barriers.first_bucket(unit, index, self.instance_cfg) for unit in units]
+        return [[unit for unit, start in zip(units, starts) if lo <= start < hi]
                 for lo, hi in barriers.bucket_ranges(self.num_buckets, slices)]
 
     # Stage 1: documents
@@ -122,12 +127,12 @@ class Plan:
         """The index stage without Beam, second half: every bucket's counts -> the corpus index."""
         barriers.write_index(counts, self.work, self.num_buckets, self.instance_cfg)
 
-    # Stage 3: instances
-    def instances(self, part: int, lot: handoff.Lot | None) -> transforms.CreateInstances:
-        """Buckets -> part ``part``'s pieces of instances."""
-        return transforms.CreateInstances(self.tokenizer_uri, self.work, self.instance_cfg, self.seed, part,
-                                          self.vocab_size, self.mask_id, spread=lot is None,
-                                          provenance=self.output_cfg.provenance, lot=lot)
+    # Stage 3: instances (after the index)
+    def instances(self, part: int, lot: handoff.Lot | None) -> beam.PTransform:
+        """Units (``instance_units``) -> part ``part``'s pieces of instances: pairs, or packed rows."""
+        create = transforms.CreateInstances if self.instance_cfg.kind == "pairs" else packed.CreatePackedInstances
+        return create(self.tokenizer_uri, self.work, self.instance_cfg, self.seed, part, self.vocab_size, self.mask_id,
+                      spread=lot is None, provenance=self.output_cfg.provenance, lot=lot)
 
     # Stage 4: shards
     def shards(self, lot: handoff.Lot | None) -> barriers.WriteShards:

@@ -36,13 +36,16 @@ def _ragged(flat: np.ndarray, lengths: np.ndarray, value_type: pa.DataType) -> p
 def instance_batch(finalized, keys, next_label: np.ndarray, doc_a: list[str] | None, doc_b: list[str] | None,
                    vocab_size: int) -> pa.RecordBatch:
     """A finished batch (preprocess.batch.FinalizedBatch) as a record batch of the piece schema; without provenance
-    (``doc_a`` and ``doc_b`` None) the doc_a and doc_b columns are left out.
+    (``doc_a`` and ``doc_b`` None) the doc_a and doc_b columns are left out, and ``doc_starts`` is there for packed
+    rows only.
 
     A record batch, not a table: each of its slices (one per key-range group) is held until its piece is written,
     and a table's slice carries twice the metadata (chunked columns), which outweighs the rows of a small slice.
     """
     tok = schema.token_type(vocab_size)
     provenance = {} if doc_a is None else {"doc_a": pa.array(doc_a, pa.string()), "doc_b": pa.array(doc_b, pa.string())}
+    packed = {} if finalized.doc_starts is None else {
+        "doc_starts": _ragged(finalized.doc_starts.astype(np.uint16), finalized.doc_counts, pa.uint16())}
     return pa.record_batch({
         "order_key": pa.array(keys.order, pa.uint64()),
         "tiebreak": pa.array(keys.tiebreak, pa.uint64()),
@@ -51,6 +54,7 @@ def instance_batch(finalized, keys, next_label: np.ndarray, doc_a: list[str] | N
         "masked_positions": _ragged(finalized.masked_positions.astype(np.uint16), finalized.masked_counts, pa.uint16()),
         "masked_labels": _ragged(finalized.masked_labels, finalized.masked_counts, tok),
         "next_sentence_label": pa.array(next_label, pa.int8()),
+        **packed,
         **provenance,
         "truncated": pa.array(finalized.truncated, pa.bool_()),
     })
@@ -78,7 +82,8 @@ def from_ipc(data: bytes) -> pa.RecordBatch:
 
 
 def instance_stats(table: pa.Table, mask_id: int) -> dict:
-    """Counts that let the manifest report NSP balance, masking split and lengths."""
+    """Counts that let the manifest report NSP balance, masking split and lengths (and for packed rows, the document
+    blocks they hold)."""
     rows = table.num_rows
     input_ids = table.column("input_ids").combine_chunks()
     lengths = pc.list_value_length(input_ids).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -101,6 +106,8 @@ def instance_stats(table: pa.Table, mask_id: int) -> dict:
                    "unchanged": int(unchanged.sum()), "random_token": int(len(labels) - is_mask.sum() - unchanged.sum())},
         "truncated": int(table.column("truncated").to_numpy(zero_copy_only=False).sum()) if "truncated" in table.column_names else 0,
         "length_histogram": {str(i * HISTOGRAM_BIN): c for i, c in enumerate(histogram) if c},
+        **({"document_blocks": int(pc.sum(pc.list_value_length(table.column("doc_starts"))).as_py() or 0)}
+           if "doc_starts" in table.column_names else {}),
     }
 
 

@@ -186,14 +186,14 @@ class _Run:
         if not storage.exists(storage.join(self.work, transforms.INDEX_NAME)):
             # Whichever part gets here first builds it; all compute the same bytes, written atomically.
             self._beam(lambda p, lot: p | "Start" >> beam.Create([None]) | self.plan.index(lot))
-        buckets = self.plan.bucket_slices(self.plan.parts)[part]
-        if buckets:
+        units = self.plan.instance_units(self.plan.parts)[part]
+        if units:
             plan = self._with_tokenizer_copy(f"instances-p{part:04d}")
-            self._beam(lambda p, lot: (p | "Buckets" >> beam.Create(buckets, reshuffle=False)
+            self._beam(lambda p, lot: (p | "Units" >> beam.Create(units, reshuffle=False)
                                        | plan.instances(part, lot)))
         rows = sum(meta["rows"] for uri, meta in barriers.read_metas(storage.join(self.work, "pieces")).items()
                    if uri.replace("\\", "/").endswith(f"/p{part:04d}.json"))
-        summary = {"step": "instances", "part": part, "parts": self.cfg.parts, "buckets": len(buckets),
+        summary = {"step": "instances", "part": part, "parts": self.cfg.parts, "units": len(units),
                    "instances": rows, "started": started, "seconds": round(time.time() - started, 3)}
         storage.write_json(marker(self.work, "instances", part), summary)
         return summary

@@ -167,7 +167,7 @@ class CountBucket(beam.DoFn):
         yield docstore.bucket_count(self._work, bucket)
 
 
-class _BuildsInstances(_UsesTokenizer):
+class BuildsInstances(_UsesTokenizer):
     """Reads the corpus index (written by the index stage) on first use, when it is sure to exist.
 
     With ``provenance`` the instances carry the ids of their source documents (doc_a, doc_b); without it no
@@ -223,7 +223,7 @@ class _BuildsInstances(_UsesTokenizer):
             yield int(groups[start]), handoff.send(payload, self._lot)
 
 
-class PlanAndBuildInstances(_BuildsInstances):
+class PlanAndBuildInstances(BuildsInstances):
     """bucket -> ("done", (group, batch)) for actual-next pairs, ("request", (bucket, requests)) for random.
     Sentence-order pairs (``sentence_objective: sop``) are all "done": both segments come from the document.
 
@@ -313,7 +313,7 @@ class PlanAndBuildInstances(_BuildsInstances):
 _A_START, _A_END, _B_START, _B_END, _IS_RANDOM, _TARGET_B_LENGTH, _RANDOM_DOC, _SWAPPED = range(1, 9)
 
 
-class ResolveRandomNext(_BuildsInstances):
+class ResolveRandomNext(BuildsInstances):
     """(bucket, [requests]) -> (group, batch): B drawn from the requested documents of this bucket."""
 
     def process(self, element):

@@ -41,14 +41,33 @@ def test_the_plan_carries_the_config_and_tokenizer_to_every_stage(tok, tmp_path)
     assert pickle.loads(pickle.dumps(plan)) == plan
 
 
-def test_bucket_slices_hold_each_non_empty_bucket_once_in_order(tok, tmp_path):
+def _write_index(plan: Plan, non_empty: list[int], **extra) -> None:
+    offsets = [0]
+    for bucket in range(plan.num_buckets):
+        offsets.append(offsets[-1] + (bucket in non_empty))
+    storage.write_json(storage.join(plan.work, transforms.INDEX_NAME), {"bucket_offsets": offsets, **extra})
+
+
+def test_instance_units_are_each_non_empty_bucket_once_in_order(tok, tmp_path):
     plan = _plan(tok, tmp_path, slices=4)
     non_empty = [b for b in range(plan.num_buckets) if b % 3]
-    counts = [[b, 1 if b in non_empty else 0, []] for b in range(plan.num_buckets)]
-    storage.write_json(storage.join(plan.work, transforms.INDEX_NAME), {"counts": counts})
-    slices = plan.bucket_slices(3)
+    _write_index(plan, non_empty)
+    slices = plan.instance_units(3)
     assert len(slices) == 3 and [b for s in slices for b in s] == non_empty
     assert all(max(a) < min(b) for a, b in zip(slices, slices[1:]) if a and b)
+
+
+def test_full_sentences_units_are_packing_streams_each_run_by_the_slice_of_its_first_bucket(tok, tmp_path):
+    plan = _plan(tok, tmp_path, ["instances.kind=full_sentences", "instances.sentence_objective=none"], slices=8)
+    assert "doc_starts" in plan.output_schema.names
+    bits = plan.bucket_bits
+    # Streams finer than buckets (several in one bucket), and coarser (one over several buckets).
+    for stream_bits, slices in ((bits + 1, 3), (bits - 2, 3), (0, 5)):
+        _write_index(plan, list(range(plan.num_buckets)), stream_bits=stream_bits)
+        units = plan.instance_units(slices)
+        assert sorted(u for s in units for u in s) == list(range(1 << stream_bits)) == [u for s in units for u in s]
+    _write_index(plan, [0, 2], stream_bits=bits + 1)
+    assert [u for s in plan.instance_units(3) for u in s] == [0, 1, 4, 5]  # streams of empty buckets are skipped
 
 
 def _reshuffles(build) -> list[str]:

@@ -1,0 +1,143 @@
+"""The instance stage for packed rows (``kind: full_sentences`` or ``doc_sentences``): units of the document store ->
+pieces of finished rows by key range. Rows are built by ``preprocess.packing``; there is no join (no random next).
+
+A unit is a document-store bucket for ``doc_sentences`` (each document is packed alone) and a packing stream for
+``full_sentences`` (its documents may sit in several buckets, or share one with other streams). Each row's
+randomness (static masks, its place in the shuffle) comes from its key: (seed, document or stream, duplicate, row).
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+
+from common import storage
+from common.hashing import document_hash
+from preprocess import docstore, handoff
+from preprocess.batch import InstanceKeys, key_bases, keys_from_bases, ragged_arange
+from preprocess.packing import (
+    Pieces,
+    document_pieces,
+    finalize_packed,
+    row_bounds,
+    stream_buckets,
+    stream_of,
+    stream_order,
+    stream_pieces,
+)
+from preprocess.transforms import CHUNK_ROWS, BuildsInstances, WritePieceGroup
+
+
+class BuildPackedInstances(BuildsInstances):
+    """unit -> (group, batch) for every key-range group of its rows; records the unit's row count under planned/."""
+
+    def process(self, unit):
+        if self._cfg.kind == "doc_sentences":
+            name, (pool, pieces, starts, keys, doc_ids) = f"b{unit:06d}", self._documents(unit)
+        else:
+            name, (pool, pieces, starts, keys, doc_ids) = f"s{unit:06d}", self._stream(unit)
+        yield from self._finish(pool, pieces, starts, keys, doc_ids)
+        # The driver checks that every planned row reached a piece before it publishes anything.
+        storage.write_json(storage.join(self._work, "planned", f"{name}.json"), {"instances": len(keys.order)})
+
+    def _documents(self, bucket: int):
+        """Every duplicate of every document of ``bucket``, each document in rows of its own."""
+        loaded = docstore.load_bucket(self._work, bucket)
+        lengths = np.diff(loaded.token_starts)
+        parts = []
+        for dupe in range(self._cfg.dupe_factor):
+            pieces = document_pieces(lengths, self._cfg.max_seq_length, dupe)
+            # A row's key: (document, duplicate, its row within the document).
+            first_row = np.searchsorted(pieces.doc, np.arange(len(lengths)))
+            bases = np.asarray([key_bases(self._seed, doc_id, dupe) for doc_id in loaded.doc_ids],
+                               np.uint64).reshape(-1, 2)
+            keys = keys_from_bases(bases[pieces.doc, 0], bases[pieces.doc, 1], pieces.row - first_row[pieces.doc])
+            parts.append((pieces, keys))
+        pieces, keys = _concat(parts)
+        return loaded.tokens, pieces, loaded.token_starts[pieces.doc] + pieces.start, keys, loaded.doc_ids
+
+    def _stream(self, stream: int):
+        """Every duplicate of packing stream ``stream``: its documents (in global order, from the buckets that hold
+        them) packed one after the other, in each duplicate's own order."""
+        self._load_index()
+        stream_bits, offsets = self._index["stream_bits"], self._offsets()
+        bucket_bits = (len(offsets) - 1).bit_length() - 1
+        doc_ids, tokens, lengths = [], [], []
+        for bucket in stream_buckets(stream, stream_bits, bucket_bits):
+            if offsets[bucket + 1] == offsets[bucket]:
+                continue
+            loaded = docstore.load_bucket(self._work, bucket)
+            ranks = np.arange(len(loaded))
+            if stream_bits > bucket_bits:  # the bucket holds other streams' documents too
+                ranks = np.asarray([rank for rank, doc_id in enumerate(loaded.doc_ids)
+                                    if stream_of(document_hash(doc_id), stream_bits) == stream], np.int64)
+            doc_lengths = np.diff(loaded.token_starts)[ranks]
+            tokens.append(loaded.tokens[ragged_arange(loaded.token_starts[ranks], doc_lengths)])
+            lengths.append(doc_lengths)
+            doc_ids.extend(loaded.doc_ids[rank] for rank in ranks.tolist())
+        lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        pool = np.concatenate(tokens) if tokens else np.zeros(0, np.uint16)
+        doc_starts = np.cumsum(lengths) - lengths
+        parts = []
+        for dupe in range(self._cfg.dupe_factor):
+            order = stream_order(self._seed, doc_ids, dupe)
+            pieces = stream_pieces(lengths[order], self._cfg.max_seq_length)
+            pieces = pieces._replace(doc=order[pieces.doc])
+            rows = int(pieces.row[-1]) + 1 if len(pieces.row) else 0
+            # A row's key: (stream, duplicate, its row within the stream).
+            first, second = key_bases(self._seed, f"stream:{stream_bits}:{stream}", dupe)
+            parts.append((pieces, keys_from_bases(np.full(rows, first, np.uint64), np.full(rows, second, np.uint64),
+                                                  np.arange(rows))))
+        pieces, keys = _concat(parts)
+        return pool, pieces, doc_starts[pieces.doc] + pieces.start, keys, doc_ids
+
+    def _finish(self, pool: np.ndarray, pieces: Pieces, starts: np.ndarray, keys: InstanceKeys, doc_ids: list[str]):
+        """Finalise the rows in key-range group order, CHUNK_ROWS at a time, and emit them by group. Provenance:
+        doc_a names the row's first document, doc_b its last."""
+        rows = len(keys.order)
+        first, count = row_bounds(pieces.row, rows)
+        order = self._by_group(keys)
+        keys = keys.take(order)
+        for start in range(0, rows, CHUNK_ROWS):
+            chunk = order[start:start + CHUNK_ROWS]
+            selected = ragged_arange(first[chunk], count[chunk])
+            finalized = finalize_packed(pool, starts[selected], pieces.length[selected],
+                                        np.repeat(np.arange(len(chunk)), count[chunk]),
+                                        keys.random[start:start + CHUNK_ROWS], self._cfg, self.vocab)
+            doc_a = doc_b = None
+            if self._provenance:
+                doc_a = [doc_ids[d] for d in pieces.doc[first[chunk]].tolist()]
+                doc_b = [doc_ids[d] for d in pieces.doc[first[chunk] + count[chunk] - 1].tolist()]
+            yield from self._emit(finalized, keys.take(np.arange(start, start + len(chunk))),
+                                  np.zeros(len(chunk), np.int8), doc_a, doc_b)
+
+
+def _concat(parts: list[tuple[Pieces, InstanceKeys]]) -> tuple[Pieces, InstanceKeys]:
+    """The pieces and keys of several duplicates as one batch of rows (row numbers made consecutive)."""
+    offset, pieces = 0, []
+    for part, keys in parts:
+        pieces.append(part._replace(row=part.row + offset))
+        offset += len(keys.order)
+    return (Pieces(*(np.concatenate([getattr(p, f) for p in pieces]) for f in Pieces._fields)),
+            InstanceKeys.concat([keys for _, keys in parts]))
+
+
+class CreatePackedInstances(beam.PTransform):
+    """Units of this part -> packed rows written as pieces by key range (``transforms.CreateInstances``'s
+    arguments; the units are those of ``preprocess.plan.Plan.instance_units``)."""
+
+    def __init__(self, tokenizer_uri, work, cfg, seed, part, vocab_size, mask_id, spread: bool = True,
+                 provenance: bool = True, lot: handoff.Lot | None = None):
+        super().__init__()
+        self._args = (tokenizer_uri, work, cfg, seed, provenance, lot)
+        self._part, self._vocab_size, self._mask_id, self._work = part, vocab_size, mask_id, work
+        self._spread = spread
+
+    def expand(self, units):
+        if self._spread:
+            units = units | "Spread" >> beam.Reshuffle()
+        return (units | "Pack" >> beam.ParDo(BuildPackedInstances(*self._args)) | "ByGroup" >> beam.GroupByKey()
+                | "WritePieces" >> beam.ParDo(WritePieceGroup(self._work, self._part, self._vocab_size,
+                                                              self._mask_id)))
+
+
+__all__ = ["BuildPackedInstances", "CreatePackedInstances"]

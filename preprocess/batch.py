@@ -1,4 +1,5 @@
-"""Vectorised finalisation of BERT instances: truncation, [CLS] A [SEP] B [SEP] assembly, static masking.
+"""Vectorised finalisation of BERT instances: truncation, [CLS] A [SEP] B [SEP] assembly, static masking (none
+for ``masking: dynamic``).
 
 Randomness comes from the counter-based generator of ``common.counter_rng``, keyed by each instance alone, so
 results do not depend on how instances are batched, which worker runs them, or in which order, while numpy does
@@ -120,7 +121,11 @@ def mask_candidates(tokens: np.ndarray, valid: np.ndarray, vocab: MaskingVocab) 
 
 def mask_instances(tokens: np.ndarray, candidate: np.ndarray, lengths: np.ndarray, keys: np.ndarray,
                    cfg: InstanceConfig, vocab: MaskingVocab) -> Masked:
-    """The static masks of a batch of rows (``common.masking.mask_rows``; ``tokens`` changed in place)."""
+    """The static masks of a batch of rows (``common.masking.mask_rows``; ``tokens`` changed in place), or none for
+    ``masking: dynamic``: the rows are stored unmasked and the pretraining loader masks them anew every epoch."""
+    if cfg.masking == "dynamic":
+        none = np.zeros(0, np.int64)
+        return Masked(rows=none, cols=none, labels=np.zeros(0, tokens.dtype))
     return mask_rows(tokens, candidate, lengths, keys, masking_recipe(cfg), vocab)
 
 

@@ -293,3 +293,20 @@ def test_sentence_order_labels_follow_the_swap_after_finalisation():
         a, b = ids[1:a_len - 1].astype(int), ids[a_len:-1].astype(int)
         assert (np.diff(a) == 1).all() and (np.diff(b) == 1).all()
         assert (a[0] > b[-1]) == plan.swapped  # A comes after B in the document exactly when swapped
+
+
+def test_dynamic_masking_stores_rows_unmasked():
+    static = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    dynamic = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, masking="dynamic")
+    tokens, offsets = make_document(random.Random(8), 60)
+    plans = [p for p in plan_instances(offsets, 0, 10, random.Random(2), static) if not p.is_random_next]
+    ranges = np.asarray([(p.a_start, p.a_end, p.b_start, p.b_end) for p in plans])
+    masked, unmasked = (finalize_batch(tokens, ranges[:, :2], ranges[:, 2:], keys_for(len(plans)), cfg, make_vocab())
+                        for cfg in (static, dynamic))
+    assert len(unmasked.masked_positions) == len(unmasked.masked_labels) == 0
+    assert unmasked.masked_counts.tolist() == [0] * len(plans) and masked.masked_counts.min() > 0
+    # The same rows as the static ones with their masks undone: only the masking changed.
+    restored = masked.input_ids.copy()
+    row_starts = np.repeat(np.cumsum(masked.lengths) - masked.lengths, masked.masked_counts)
+    restored[row_starts + masked.masked_positions] = masked.masked_labels
+    assert np.array_equal(restored, unmasked.input_ids) and MASK not in unmasked.input_ids

@@ -1,7 +1,9 @@
-"""The objectives menu end to end on the bundled samples: packed rows whatever the workers and parts."""
+"""The objectives menu end to end on the bundled samples: packed rows whatever the workers and parts, unmasked rows
+for dynamic masking."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pytest
 
@@ -43,3 +45,17 @@ def test_packed_rows_do_not_depend_on_workers_or_parts(packed_run, bert_vocab, t
                         "three-parts": ["--parts", "3"]}.items():
         run_cli("run", *_inputs(bert_vocab), *sets, "--output", tmp_path / name, *extra)
         assert shard_hashes(tmp_path / name) == reference, f"{name} differs from the one-process run"
+
+
+@pytest.mark.parametrize("overrides", [["instances.masking=dynamic"], PACKED + ["instances.masking=dynamic"]],
+                         ids=["pairs", "full_sentences"])
+def test_dynamic_masking_stores_every_row_unmasked(bert_vocab, tmp_path, overrides):
+    out = tmp_path / "dynamic"
+    pipeline.run(config_module.load(CONFIG, overrides), wikipedia=[str(SAMPLES / "wikipedia")],
+                 books=[str(SAMPLES / "books")], tokenizer=str(bert_vocab), output=str(out), progress=False)
+    table = _table(out)
+    assert table.num_rows > 500
+    assert pc.sum(pc.list_value_length(table.column("masked_positions"))).as_py() == 0
+    assert pc.sum(pc.list_value_length(table.column("masked_labels"))).as_py() == 0
+    mask_id = read_manifest(out)["tokenizer"]["special_ids"]["[MASK]"]
+    assert mask_id not in set(pc.list_flatten(table.column("input_ids")).to_pylist())

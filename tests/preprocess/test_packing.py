@@ -102,3 +102,12 @@ def test_streams_are_hash_ranges_chosen_by_the_corpus_size_alone():
     doc_hash = document_hash("wiki:x:1")
     assert stream_of(doc_hash, 3) in stream_buckets(stream_of(doc_hash, 3), 3, 3)
     assert stream_of(doc_hash, 0) == 0
+
+
+def test_dynamic_packed_rows_are_stored_unmasked():
+    cfg = InstanceConfig(max_seq_length=16, kind="doc_sentences", sentence_objective="none", masking="dynamic")
+    pool = np.arange(5, 105, dtype=np.uint16)
+    batch = finalize_packed(pool, np.asarray([0, 20]), np.asarray([14, 14]), np.asarray([0, 1]), keys_for(2), cfg,
+                            make_vocab())
+    assert batch.masked_counts.tolist() == [0, 0] and len(batch.masked_positions) == len(batch.masked_labels) == 0
+    assert batch.input_ids.tolist() == [CLS, *range(5, 19), SEP, CLS, *range(25, 39), SEP]

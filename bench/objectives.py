@@ -15,8 +15,8 @@ small encoder on the same real data for the same CPU time, then the same held-ou
    step, its schedule is set to fit the budget, and the run is stopped (SIGTERM: it saves and exits as when
    preempted) if it still reaches the budget first. CPU is the process tree's (user + system).
 4. Held-out masked-token accuracy and loss of each model's MLM head on the probe set
-   (``bench.objectives_probe``), and GLUE dev scores after ``python -m finetune glue`` on SST-2 (a fixed
-   subsample of its training set) and MRPC, one recipe, the given seeds (mean and spread reported).
+   (``bench.objectives_probe``), and GLUE dev scores after ``python -m finetune glue`` on SST-2 and MRPC (the
+   first 2,000 training examples of each; the whole dev sets), one recipe, the given seeds (mean and spread reported).
 
 Writes ``bench/results/objectives-<machine>[-quick].json`` and prints the table. ``--quick``: a smoke run
 (tiny budget and subsamples), not a measurement.
@@ -71,7 +71,8 @@ FINETUNE = {"seeds": None, "glue": {"training": {"lr": 1e-4, "epochs": 2, "batch
                                                  "max_seq_length": 128, "warmup_proportion": 0.1,
                                                  "weight_decay": 0.01, "dropout": 0.1, "precision": "auto",
                                                  "select_best_epoch": True},
-                                    "per_task": {"sst2": {"max_train_examples": 8000}}}}
+                                    "per_task": {"sst2": {"max_train_examples": 2000},
+                                                 "mrpc": {"max_train_examples": 2000}}}}
 
 
 def split_inputs(data: Path, quick: bool) -> tuple[list[str], list[str], list[str]]:

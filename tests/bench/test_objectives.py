@@ -7,12 +7,16 @@ import pytest
 from bench import objectives, objectives_probe
 from common.preprocess_config import InstanceConfig
 from finetune import report
+from pretrain import config as pretrain_config
 
 
 @pytest.mark.parametrize("name", sorted(objectives.RECIPES))
-def test_each_recipe_is_a_valid_preprocessing_config(name):
-    switches, _ = objectives.RECIPES[name]
-    InstanceConfig(**switches)
+def test_each_recipe_is_a_valid_preprocessing_and_pretraining_config(name):
+    data_switches, train_switches = objectives.RECIPES[name]
+    instances = InstanceConfig(**data_switches)
+    settings = {**objectives.TRAINING, **train_switches}
+    cfg = pretrain_config.load(objectives.PRETRAIN_CONFIG, [f"{k}={v}" for k, v in settings.items()])
+    assert (cfg.objective.masking, cfg.objective.sentence_objective) == (instances.masking, instances.sentence_objective)
 
 
 def test_the_probe_books_are_not_trained_on(tmp_path):

@@ -63,11 +63,28 @@ def _summary_lines(manifest: dict, output: str) -> list[str]:
         f"documents: {docs['read']:,} read, {docs['used']:,} used, "
         f"{sum(docs['skipped'].values()):,} skipped {docs['skipped']}, {sum(docs['failed'].values()):,} failed {docs['failed']}",
         f"instances: {s['instances']:,} in {s['shards']} shard(s); {s['instance_tokens']:,} tokens; "
-        f"random next {st['next_sentence_random_fraction']:.3f}; masked {st['masked_fraction']:.4f} "
-        f"({st['mask_split']['mask_token']:.3f}/{st['mask_split']['random_token']:.3f}/{st['mask_split']['unchanged']:.3f})",
+        + "; ".join(_objective_figures(st)),
         f"corpus: {s['corpus_tokens']:,} tokens in {s['wall_seconds']:.1f} s = {s['corpus_tokens_per_second']:,.0f} tokens/s",
         f"output: {output} (manifest.json, dead_letters.jsonl, tokenizer/)",
     ]
+
+
+def _objective_figures(st: dict) -> list[str]:
+    """The statistics that the dataset's objective has (``preprocess.publish``), in a few words each."""
+    figures = []
+    if "next_sentence_random_fraction" in st:
+        figures.append(f"random next {st['next_sentence_random_fraction']:.3f}")
+    if "sentence_order_swapped_fraction" in st:
+        figures.append(f"swapped {st['sentence_order_swapped_fraction']:.3f}")
+    if "fill_fraction" in st:
+        figures.append(f"fill {st['fill_fraction']:.4f}, {st['documents_per_row']:.2f} documents per row")
+    if "masked_fraction" in st:
+        split = st["mask_split"]
+        figures.append(f"masked {st['masked_fraction']:.4f} ({split['mask_token']:.3f}/{split['random_token']:.3f}/"
+                       f"{split['unchanged']:.3f})")
+    else:
+        figures.append("unmasked (masked by the pretraining loader)")
+    return figures
 
 
 def _command_run(args, beam_args: list[str]) -> int:

@@ -2,6 +2,7 @@
 letters, the config and the manifest (written last: it marks a finished dataset), then the atomic rename."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -10,7 +11,8 @@ import uuid
 
 from common import configlib, schema, storage
 from common.errors import InputError
-from common.preprocess_config import PreprocessConfig
+from common.objectives import ObjectiveEntry
+from common.preprocess_config import InstanceConfig, PreprocessConfig
 from preprocess import barriers, shards, sources, transforms
 from preprocess.beamrun import WorkerLog
 from preprocess.plan import Plan
@@ -85,6 +87,8 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
     with storage.open_write(storage.join(staging, schema.CONFIG_NAME), binary=False) as handle:
         handle.write(configlib.to_yaml(cfg))
 
+    planned = barriers.read_metas(storage.join(work, "planned")).values()
+    stats = {**stats, "sop_dropped_chunks": sum(meta.get("sop_dropped_chunks", 0) for meta in planned)}
     manifest = _manifest(cfg, tok, plan.files, doc_metas, counts, num_docs, corpus, stats, shard_entries,
                          total_rows, plan.bucket_bits, group_bits)
     storage.remove_tree(work)
@@ -101,6 +105,46 @@ def _fraction(numerator: float, denominator: float) -> float:
     return round(numerator / denominator, 6) if denominator else 0.0
 
 
+def objective_of(cfg: InstanceConfig) -> ObjectiveEntry:
+    """What the dataset's rows are for (the manifest's ``objective``), from the instance recipe."""
+    return ObjectiveEntry(kind=cfg.kind, sentence_objective=cfg.sentence_objective, masking=cfg.masking,
+                          mask_unit=cfg.mask_unit, masked_lm_prob=cfg.masked_lm_prob,
+                          max_predictions_per_seq=cfg.max_predictions_per_seq)
+
+
+def _instance_statistics(cfg: InstanceConfig, stats: dict, total_rows: int) -> dict:
+    """The instances' statistics for the objective, from the pieces' counts (``shards.instance_stats``, merged, with
+    the planning's ``sop_dropped_chunks``): the sentence-level labels' balance (NSP: random next; SOP: swapped, and
+    the one-token chunks dropped), the masks (static masking only), truncation of pairs, and for packed rows the
+    document blocks per row and the fill (tokens over rows x max_seq_length: 1 is no padding)."""
+    stats = dict(stats)
+    dropped = stats.pop("sop_dropped_chunks", 0)
+    labels = stats.pop("next_sentence", {})
+    out: dict = {}
+    if cfg.sentence_objective == "nsp":
+        stats["next_sentence"] = labels
+        out["next_sentence_random_fraction"] = _fraction(labels.get("random", 0), total_rows)
+    elif cfg.sentence_objective == "sop":
+        stats["sentence_order"] = {"in_order": labels.get("actual", 0), "swapped": labels.get("random", 0)}
+        out["sentence_order_swapped_fraction"] = _fraction(labels.get("random", 0), total_rows)
+        out["sop_dropped_chunks"] = dropped
+    masked = stats.get("masked", {})
+    positions = masked.get("positions", 0)
+    if cfg.masking == "static":
+        out["masked_fraction"] = _fraction(positions, stats.get("tokens", 0))
+        out["mask_split"] = {k: _fraction(masked.get(k, 0), positions) for k in ("mask_token", "random_token",
+                                                                                  "unchanged")}
+    else:
+        stats.pop("masked", None)  # nothing is masked in the shards
+    if cfg.kind == "pairs":
+        out["truncated_fraction"] = _fraction(stats.get("truncated", 0), total_rows)
+    else:
+        stats.pop("truncated", None)  # packed rows cut documents where a row is full, they truncate nothing
+        out["documents_per_row"] = _fraction(stats.get("document_blocks", 0), total_rows)
+        out["fill_fraction"] = _fraction(stats.get("tokens", 0), total_rows * cfg.max_seq_length)
+    return {"instances": stats, **out}
+
+
 def _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard_entries, total_rows,
               bucket_bits, group_bits) -> dict:
     skipped, failed = {}, {}
@@ -111,12 +155,10 @@ def _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard
     if duplicates:
         skipped["duplicate_id"] = skipped.get("duplicate_id", 0) + duplicates
     read = num_docs + sum(skipped.values()) + sum(failed.values())
-    masked = stats.get("masked", {})
-    nsp = stats.get("next_sentence", {})
-    positions = masked.get("positions", 0)
     return {
         "format": schema.FORMAT_NAME,
         "format_version": schema.FORMAT_VERSION,
+        "objective": dataclasses.asdict(objective_of(cfg.instances)),
         "tokenizer": {**tok.identity(), "dir": schema.TOKENIZER_DIR},
         "token_dtype": schema.token_numpy_dtype(tok.vocab_size),
         "max_seq_length": cfg.instances.max_seq_length,
@@ -129,11 +171,7 @@ def _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard
         "statistics": {
             "documents": {"read": read, "used": num_docs, "skipped": skipped, "failed": failed},
             "corpus": corpus,
-            "instances": stats,
-            "next_sentence_random_fraction": _fraction(nsp.get("random", 0), total_rows),
-            "masked_fraction": _fraction(positions, stats.get("tokens", 0)),
-            "mask_split": {k: _fraction(masked.get(k, 0), positions) for k in ("mask_token", "random_token", "unchanged")},
-            "truncated_fraction": _fraction(stats.get("truncated", 0), total_rows),
+            **_instance_statistics(cfg.instances, stats, total_rows),
         },
         "summary": {"documents": num_docs, "instances": total_rows, "corpus_tokens": corpus["tokens"],
                     "instance_tokens": stats.get("tokens", 0), "shards": len(shard_entries)},

@@ -1,5 +1,5 @@
 """The objectives menu end to end on the bundled samples: packed rows whatever the workers and parts, unmasked rows
-for dynamic masking."""
+for dynamic masking, sentence-order pairs, and the manifest's objective and statistics."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -8,6 +8,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 from common import preprocess_config as config_module
+from common.manifest import Manifest
+from common.objectives import ObjectiveEntry
 from preprocess import pipeline
 from tests.preprocess.conftest import SAMPLES, read_manifest, run_cli, shard_hashes
 
@@ -59,3 +61,34 @@ def test_dynamic_masking_stores_every_row_unmasked(bert_vocab, tmp_path, overrid
     assert pc.sum(pc.list_value_length(table.column("masked_labels"))).as_py() == 0
     mask_id = read_manifest(out)["tokenizer"]["special_ids"]["[MASK]"]
     assert mask_id not in set(pc.list_flatten(table.column("input_ids")).to_pylist())
+
+
+def test_the_manifest_names_the_objective_and_reports_the_packing(packed_run):
+    manifest = Manifest.read(packed_run)
+    assert manifest.objective == ObjectiveEntry(kind="full_sentences", sentence_objective="none", masking="static",
+                                                mask_unit="token", masked_lm_prob=0.15, max_predictions_per_seq=20)
+    stats = manifest.document["statistics"]
+    table = _table(packed_run)
+    lengths = pc.list_value_length(table.column("input_ids")).to_numpy()
+    blocks = pc.list_value_length(table.column("doc_starts")).to_numpy()
+    assert stats["fill_fraction"] == pytest.approx(lengths.sum() / (len(lengths) * 128), abs=1e-6)
+    assert stats["fill_fraction"] > 0.99  # only the last row of each duplicate's stream is short
+    assert stats["documents_per_row"] == pytest.approx(blocks.mean(), abs=1e-6) and blocks.mean() > 1
+    assert "next_sentence_random_fraction" not in stats and "truncated_fraction" not in stats
+    assert (table.column("next_sentence_label").to_numpy() == 0).all()
+
+
+def test_sentence_order_pairs_end_to_end(bert_vocab, tmp_path):
+    out = tmp_path / "sop"
+    cfg = config_module.load(CONFIG, ["instances.sentence_objective=sop", "output.provenance=true"])
+    pipeline.run(cfg, wikipedia=[str(SAMPLES / "wikipedia")], books=[str(SAMPLES / "books")],
+                 tokenizer=str(bert_vocab), output=str(out), progress=False)
+    manifest = Manifest.read(out)
+    assert (manifest.objective.kind, manifest.objective.sentence_objective) == ("pairs", "sop")
+    table = _table(out)
+    assert table.column("doc_a").to_pylist() == table.column("doc_b").to_pylist()  # both segments of one document
+    labels = table.column("next_sentence_label").to_numpy()
+    stats = manifest.document["statistics"]
+    assert stats["sentence_order_swapped_fraction"] == pytest.approx(labels.mean(), abs=1e-6)
+    assert 0.45 < labels.mean() < 0.55 and stats["sop_dropped_chunks"] == 0
+    assert stats["instances"]["sentence_order"] == {"in_order": int((labels == 0).sum()), "swapped": int(labels.sum())}

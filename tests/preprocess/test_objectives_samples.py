@@ -92,3 +92,23 @@ def test_sentence_order_pairs_end_to_end(bert_vocab, tmp_path):
     assert stats["sentence_order_swapped_fraction"] == pytest.approx(labels.mean(), abs=1e-6)
     assert 0.45 < labels.mean() < 0.55 and stats["sop_dropped_chunks"] == 0
     assert stats["instances"]["sentence_order"] == {"in_order": int((labels == 0).sum()), "swapped": int(labels.sum())}
+
+
+@pytest.mark.parametrize("name", ["roberta_seq512", "spanbert_seq512", "albert_sop_seq128", "modern_seq512"])
+def test_each_recipe_config_builds_its_dataset(bert_vocab, tmp_path, name):
+    cfg = config_module.load(f"configs/preprocess/{name}.yaml")
+    out = tmp_path / name
+    pipeline.run(cfg, wikipedia=[str(SAMPLES / "wikipedia")], books=[str(SAMPLES / "books")],
+                 tokenizer=str(bert_vocab), output=str(out), progress=False)
+    recipe = cfg.instances
+    objective = Manifest.read(out).objective
+    assert (objective.kind, objective.sentence_objective, objective.masking, objective.mask_unit) == \
+        (recipe.kind, recipe.sentence_objective, recipe.masking, recipe.mask_unit)
+    table = _table(out)
+    lengths = pc.list_value_length(table.column("input_ids")).to_numpy()
+    assert table.num_rows > 50 and lengths.max() == recipe.max_seq_length
+    assert ("doc_starts" in table.column_names) == objective.packed
+    masks = pc.list_value_length(table.column("masked_positions")).to_numpy()
+    assert (masks == 0).all() if recipe.masking == "dynamic" else (masks > 0).all()
+    labels = set(table.column("next_sentence_label").to_pylist())
+    assert labels == ({0, 1} if recipe.sentence_objective == "sop" else {0})

@@ -145,7 +145,8 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, sav
             width = window_width / (window_steps * plan.accumulation)
             monitor.record(metrics(window, step=step, lr=lr, grad_norm=engine.grad_norm(),
                                    loss_scale=engine.loss_scale(), skipped=state.skipped, elapsed=elapsed,
-                                   consumed=state.consumed, flops_per_token=flops_per_token(model_config, int(width)),
+                                   consumed=state.consumed, flops_per_token=flops_per_token(
+                                       model_config, int(width), masked_fraction=masked_fraction(window)),
                                    peak_tflops=peak, world=plan.world_size,
                                    sentence_objective=cfg.objective.sentence_objective), line=True)
             window.zero_()
@@ -168,6 +169,12 @@ def loss(stats: torch.Tensor) -> float:
     (none when the objective trains no pair head)."""
     s = dict(zip(STAT_NAMES, stats.tolist()))
     return s["mlm_loss_sum"] / max(1.0, s["mlm_tokens"]) + s["pair_loss_sum"] / max(1.0, s["pair_sequences"])
+
+
+def masked_fraction(stats: torch.Tensor) -> float:
+    """The share of the real tokens the MLM head predicted (the recipe's rate, e.g. 0.15 or 0.3): its FLOPs."""
+    s = dict(zip(STAT_NAMES, stats.tolist()))
+    return s["mlm_tokens"] / max(1.0, s["tokens"])
 
 
 def metrics(window, *, step, lr, grad_norm, loss_scale, skipped, elapsed, consumed, flops_per_token,

@@ -96,3 +96,9 @@ def test_without_a_pair_objective_the_head_is_left_to_weight_decay(one_rank, syn
         assert torch.equal(final[name], initial[name])
     assert not torch.allclose(final["bert.encoder.layer.0.attention.self.query.weight"],
                               initial["bert.encoder.layer.0.attention.self.query.weight"] * decay, atol=1e-4)
+
+
+def test_the_mfu_estimate_counts_the_mlm_head_on_the_share_of_tokens_it_predicted():
+    stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
+    stats[STAT_NAMES.index("mlm_tokens")], stats[STAT_NAMES.index("tokens")] = 300.0, 1000.0
+    assert loop.masked_fraction(stats) == 0.3  # a 30% recipe's head does twice the FLOPs of BERT's 15%

@@ -168,7 +168,8 @@ class CountBucket(beam.DoFn):
 
 
 class BuildsInstances(_UsesTokenizer):
-    """Reads the corpus index (written by the index stage) on first use, when it is sure to exist.
+    """The base of the instance stage's DoFns (pairs here, packed rows in ``preprocess.packed``): reads the corpus
+    index (written by the index stage) on first use, when it is sure to exist, and emits finished rows by group.
 
     With ``provenance`` the instances carry the ids of their source documents (doc_a, doc_b); without it no
     document id is copied, sent or written: the output would drop them. With a ``lot`` the batches and requests

@@ -6,7 +6,7 @@ compressed (its text is about 3.6 times larger), and wikitext yields fewer token
 is what a part needs whatever its size: the interpreter, Apache Beam's runner and the tokenizer, and in the
 instance stage the whole document store, which every part reads again for its random next sentences (a shard
 is written one key-range group at a time, so the shards add little). The constants were fitted to
-peak-memory runs of the benchmark corpus (``bench/preprocess.py``; ``memory_calibration`` in its results:
+peak-memory runs of the benchmark corpus (``python -m bench.preprocess``; ``memory_calibration`` in its results:
 single-kind inputs in one part, and the 8-fold input in 1 to 104 parts) and rounded up, so the estimate errs
 high. The smallest number of parts whose estimate fits is chosen; the output does not depend on it.
 """

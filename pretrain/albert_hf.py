@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from common.errors import storage_failure
 from pretrain.albert import AlbertConfig, AlbertForPreTraining
 from pretrain.checkpoints import CheckpointError
-from pretrain.hf_compat import load_weights, non_finite
+from pretrain.hf_compat import load_weights, non_finite, write_export
 
 _TIED = ("predictions.decoder.weight", "predictions.decoder.bias")  # stored once, as transformers saves them
 _BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids")
@@ -90,40 +87,11 @@ def load_albert(directory: str | Path) -> tuple[AlbertForPreTraining, list[str]]
 
 
 def export_albert(model: AlbertForPreTraining, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
-    """Write ``config.json`` and ``model.safetensors`` (SOP head kept) that ``transformers`` loads.
-
-    As ``pretrain.hf_compat.export``: with ``tokenizer_dir`` the tokenizer goes along (``tokenizer/`` in our
-    format; a WordPiece vocabulary also as ``vocab.txt`` + a ``BertTokenizer`` config). Weights holding NaN or inf
-    are refused. The files are written into ``<directory>.partial``, renamed to ``directory`` at the end, so a kill
-    midway never leaves a half-written ``directory``; a write that fails for want of space or permission removes
-    it and raises a one-line ``StorageError``.
-    """
-    directory = Path(directory)
-    if directory.is_dir() and any(directory.iterdir()) and not (directory / "config.json").is_file():
-        raise CheckpointError(f"{directory}: not empty and not an earlier export, which the export would replace; "
-                              "pass a new or empty directory")
-    bad = non_finite(model.state_dict())
-    if bad:
-        raise CheckpointError(f"{directory}: not exported: {len(bad)} weight tensors hold NaN or inf (first "
-                              f"{bad[0]}); export an earlier checkpoint of the run")
-    partial = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
-    try:
-        partial.mkdir(parents=True)
-        _write_export(model, partial, tokenizer_dir)
-    except Exception as error:
-        failure = storage_failure(error, path=directory, doing="writing the Hugging Face export",
-                                  note="the checkpoint is untouched: export it again")
-        if failure is None:
-            raise
-        shutil.rmtree(partial, ignore_errors=True)  # gives back the space it took
-        raise failure from error
-    replaced = directory.with_name(directory.name + ".replaced")
-    shutil.rmtree(replaced, ignore_errors=True)
-    if directory.exists():
-        os.rename(directory, replaced)  # a directory cannot be renamed over a non-empty one
-    os.rename(partial, directory)
-    shutil.rmtree(replaced, ignore_errors=True)
+    """Write ``config.json`` and ``model.safetensors`` (SOP head kept) that ``transformers`` loads, with the
+    tokenizer, as ``pretrain.hf_compat.write_export`` writes every export (whole or not at all; NaN/inf refused)."""
+    state = {k: v for k, v in model.state_dict().items() if k not in _TIED}
+    write_export(directory, hf_config(model.config), state, tokenizer_dir,
+                 max_length=model.config.max_position_embeddings)
 
 
 def hf_config(cfg: AlbertConfig) -> dict:
@@ -131,24 +99,6 @@ def hf_config(cfg: AlbertConfig) -> dict:
     defaults (2, 3) name SentencePiece pieces that are other tokens in our vocabularies, and the encoder uses none."""
     return {**dataclasses.asdict(cfg), "model_type": "albert", "architectures": ["AlbertForPreTraining"],
             "tie_word_embeddings": True, "bos_token_id": None, "eos_token_id": None}
-
-
-def _write_export(model: AlbertForPreTraining, directory: Path, tokenizer_dir: str | Path | None) -> None:
-    from safetensors.torch import save_file
-
-    (directory / "config.json").write_text(json.dumps(hf_config(model.config), indent=2, sort_keys=True) + "\n")
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in _TIED}
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    if tokenizer_dir is not None:
-        tokenizer_dir = Path(tokenizer_dir)
-        shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
-        meta = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-        if (tokenizer_dir / "vocab.txt").is_file():
-            shutil.copyfile(tokenizer_dir / "vocab.txt", directory / "vocab.txt")
-            lower = bool(meta.get("lowercase", True))
-            (directory / "tokenizer_config.json").write_text(json.dumps(
-                {"tokenizer_class": "BertTokenizer", "do_lower_case": lower, "strip_accents": None if lower else False,
-                 "model_max_length": model.config.max_position_embeddings}, indent=2) + "\n")
 
 
 __all__ = ["export_albert", "hf_config", "load_albert", "load_albert_config", "to_albert_state_dict"]

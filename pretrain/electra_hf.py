@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from common.errors import storage_failure
 from pretrain.checkpoints import CheckpointError
 from pretrain.electra import ElectraConfig, ElectraDiscriminator, ElectraGenerator, ElectraModel, ElectraPair
-from pretrain.hf_compat import load_weights, non_finite
+from pretrain.hf_compat import load_weights, non_finite, write_export
 
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")  # older files store them; ours are computed
 
@@ -79,61 +75,10 @@ def load_discriminator(directory: str | Path) -> ElectraModel:
 
 def _export(model: nn.Module, architecture: str, state: dict[str, torch.Tensor], directory: str | Path,
             tokenizer_dir: str | Path | None) -> None:
-    directory = Path(directory)
-    if directory.is_dir() and any(directory.iterdir()) and not (directory / "config.json").is_file():
-        raise CheckpointError(f"{directory}: not empty and not an earlier export, which the export would replace; "
-                              "pass a new or empty directory")
-    bad = non_finite(state)
-    if bad:
-        raise CheckpointError(f"{directory}: not exported: {len(bad)} weight tensors hold NaN or inf (first "
-                              f"{bad[0]}); export an earlier checkpoint of the run")
-    _publish(directory, lambda partial: _write(model.config, architecture, state, partial, tokenizer_dir))
-
-
-def _publish(directory: Path, write: Callable[[Path], None]) -> None:
-    """``write`` into ``<directory>.partial``, then rename it to ``directory`` (replacing an earlier export), so a
-    kill midway never leaves a half-written ``directory``; a write that fails for want of space or permission
-    removes the partial copy and raises a one-line ``StorageError`` (as ``pretrain.hf_compat.export``)."""
-    partial = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
-    try:
-        partial.mkdir(parents=True)
-        write(partial)
-    except Exception as error:
-        failure = storage_failure(error, path=directory, doing="writing the Hugging Face export",
-                                  note="the model is untouched: export it again")
-        if failure is None:
-            raise
-        shutil.rmtree(partial, ignore_errors=True)  # gives back the space it took
-        raise failure from error
-    replaced = directory.with_name(directory.name + ".replaced")
-    shutil.rmtree(replaced, ignore_errors=True)
-    if directory.exists():
-        os.rename(directory, replaced)  # a directory cannot be renamed over a non-empty one
-    os.rename(partial, directory)
-    shutil.rmtree(replaced, ignore_errors=True)
-
-
-def _write(cfg: ElectraConfig, architecture: str, state: dict[str, torch.Tensor], directory: Path,
-           tokenizer_dir: str | Path | None) -> None:
-    from safetensors.torch import save_file
-
-    config = {**dataclasses.asdict(cfg), "model_type": "electra", "architectures": [architecture],
+    config = {**dataclasses.asdict(model.config), "model_type": "electra", "architectures": [architecture],
               "position_embedding_type": "absolute", "tie_word_embeddings": True}
-    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(directory / "model.safetensors"),
-              metadata={"format": "pt"})
-    if tokenizer_dir is not None:
-        tokenizer_dir = Path(tokenizer_dir)
-        shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
-        meta = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-        if (tokenizer_dir / "vocab.txt").is_file():
-            shutil.copyfile(tokenizer_dir / "vocab.txt", directory / "vocab.txt")
-            lower = bool(meta.get("lowercase", True))
-            (directory / "tokenizer_config.json").write_text(json.dumps(
-                {"tokenizer_class": "ElectraTokenizer", "do_lower_case": lower,
-                 "strip_accents": None if lower else False, "model_max_length": cfg.max_position_embeddings},
-                indent=2) + "\n")
+    write_export(directory, config, state, tokenizer_dir, max_length=model.config.max_position_embeddings,
+                 tokenizer_class="ElectraTokenizer")
 
 
 __all__ = ["export_discriminator", "export_generator", "load_config", "load_discriminator"]

@@ -147,21 +147,36 @@ def load_pretrained(directory: str | Path) -> tuple[BertForPreTraining, list[str
 
 
 def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
-    """Write ``config.json`` and ``model.safetensors`` (NSP head kept) that ``transformers`` loads.
+    """Write ``config.json`` and ``model.safetensors`` (NSP head kept) that ``transformers`` loads (``write_export``).
 
     With ``tokenizer_dir`` (a tokenizer saved by the preprocessing stage) the tokenizer goes along:
     as ``tokenizer/`` in our format, and, for a WordPiece vocabulary, also as the ``vocab.txt`` and
     ``tokenizer_config.json`` that ``transformers``' ``BertTokenizer`` reads.
+    """
+    config = {**dataclasses.asdict(model.config), "model_type": "bert", "architectures": ["BertForPreTraining"],
+              "position_embedding_type": "absolute", "tie_word_embeddings": True}
+    state = {k: v for k, v in model.state_dict().items()
+             if k != "cls.predictions.decoder.weight"}  # tied to the word embeddings; stored once
+    write_export(directory, config, state, tokenizer_dir, max_length=model.config.max_position_embeddings,
+                 note="the checkpoint is untouched: export it again with `python -m pretrain.export`")
 
-    Weights holding NaN or inf are refused. The files are written into ``<directory>.partial`` and that
-    is renamed to ``directory`` at the end, so a kill midway never leaves a half-written ``directory``; a write
-    that fails for want of space or permission removes it and raises a one-line ``StorageError``.
+
+def write_export(directory: str | Path, config: dict, state: dict[str, torch.Tensor],
+                 tokenizer_dir: str | Path | None, *, max_length: int, tokenizer_class: str = "BertTokenizer",
+                 note: str = "the model is untouched: export it again") -> None:
+    """Every model family's Hugging Face directory is written here: ``config`` as config.json, ``state`` as
+    model.safetensors, and the tokenizer (``export``).
+
+    A non-empty ``directory`` that is not an earlier export, and weights holding NaN or inf, are refused. The files
+    are written into ``<directory>.partial`` and that is renamed to ``directory`` at the end, so a kill midway never
+    leaves a half-written ``directory``; a write that fails for want of space or permission removes it and raises a
+    one-line ``StorageError`` ending with ``note``.
     """
     directory = Path(directory)
     if directory.is_dir() and any(directory.iterdir()) and not (directory / "config.json").is_file():
         raise CheckpointError(f"{directory}: not empty and not an earlier export, which the export would replace; "
                               "pass a new or empty directory")
-    bad = non_finite(model.state_dict())
+    bad = non_finite(state)
     if bad:
         raise CheckpointError(f"{directory}: not exported: {len(bad)} weight tensors hold NaN or inf (first "
                               f"{bad[0]}); export an earlier checkpoint of the run")
@@ -169,11 +184,9 @@ def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str 
     shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
     try:
         partial.mkdir(parents=True)
-        _write_export(model, partial, tokenizer_dir)
+        _write_files(partial, config, state, tokenizer_dir, max_length, tokenizer_class)
     except Exception as error:
-        failure = storage_failure(error, path=directory, doing="writing the Hugging Face export",
-                                  note="the checkpoint is untouched: export it again with "
-                                       "`python -m pretrain.export`")
+        failure = storage_failure(error, path=directory, doing="writing the Hugging Face export", note=note)
         if failure is None:
             raise
         shutil.rmtree(partial, ignore_errors=True)  # gives back the space it took
@@ -186,15 +199,13 @@ def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str 
     shutil.rmtree(replaced, ignore_errors=True)
 
 
-def _write_export(model: BertForPreTraining, directory: Path, tokenizer_dir: str | Path | None) -> None:
+def _write_files(directory: Path, config: dict, state: dict[str, torch.Tensor], tokenizer_dir: str | Path | None,
+                 max_length: int, tokenizer_class: str) -> None:
     from safetensors.torch import save_file
 
-    config = {**dataclasses.asdict(model.config), "model_type": "bert", "architectures": ["BertForPreTraining"],
-              "position_embedding_type": "absolute", "tie_word_embeddings": True}
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()
-             if k != "cls.predictions.decoder.weight"}  # tied to the word embeddings; stored once
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(directory / "model.safetensors"),
+              metadata={"format": "pt"})
     if tokenizer_dir is not None:
         tokenizer_dir = Path(tokenizer_dir)
         shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
@@ -203,5 +214,5 @@ def _write_export(model: BertForPreTraining, directory: Path, tokenizer_dir: str
             shutil.copyfile(tokenizer_dir / "vocab.txt", directory / "vocab.txt")
             lower = bool(meta.get("lowercase", True))
             (directory / "tokenizer_config.json").write_text(json.dumps(
-                {"tokenizer_class": "BertTokenizer", "do_lower_case": lower, "strip_accents": None if lower else False,
-                 "model_max_length": model.config.max_position_embeddings}, indent=2) + "\n")
+                {"tokenizer_class": tokenizer_class, "do_lower_case": lower, "strip_accents": None if lower else False,
+                 "model_max_length": max_length}, indent=2) + "\n")

@@ -1,7 +1,9 @@
-"""Where the encoder and its tokenizer come from: any of our checkpoints or any Hugging Face BERT directory.
+"""Where the encoder and its tokenizer come from: any of our checkpoints or any Hugging Face BERT, ALBERT or
+ELECTRA directory.
 
 * a Hugging Face directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, with a
-  ``vocab.txt`` or our ``tokenizer/``): used as it is;
+  ``vocab.txt``, a SentencePiece ``spiece.model`` or our ``tokenizer/``): used as it is. Its config.json's
+  ``model_type`` picks the family (``FAMILIES``); any other type is refused in one line naming the file;
 * one of our pretraining runs: its ``hf/`` export when the run finished (and the export did), otherwise its
   newest intact checkpoint, exported once into the finetuning output (any ZeRO stage, any number of ranks);
 * a single checkpoint ``runs/X/checkpoints/step_NNNNNNNN``: exported the same way.
@@ -9,6 +11,10 @@
 A weights file that is truncated, or a DeepSpeed checkpoint whose files fail their checksums or hold pickled
 code, is refused here with one line naming the file; so is a file this user may not read, and an export that
 finds no space.
+
+Every family comes out the same way: ``load_encoder`` gives the encoder (``BertModel``, ``AlbertModel`` or
+``ElectraModel``: the same padded/packed forward, ``config.hidden_size`` its output width) and
+``load_tokenizer_for`` its tokenizer, checked against ``load_model_config``.
 """
 from __future__ import annotations
 
@@ -17,6 +23,13 @@ import logging
 from pathlib import Path
 
 from common.errors import StorageError, storage_failure
+from torch import nn
+
+from pretrain.albert import AlbertConfig, AlbertModel
+from pretrain.albert_hf import load_albert, load_albert_config
+from pretrain.electra import ElectraConfig, ElectraModel
+from pretrain.electra_hf import load_config as load_electra_config
+from pretrain.electra_hf import load_discriminator
 from pretrain.hf_compat import (
     CheckpointError,
     check_weights_file,
@@ -24,18 +37,73 @@ from pretrain.hf_compat import (
     finished_export,
     is_complete,
     load_config,
+    load_pretrained,
 )
+from pretrain.model import BertConfig, BertModel, BertSelfAttention
 
 log = logging.getLogger("finetune")
+
+FAMILIES = ("bert", "albert", "electra")  # config.json model_type values finetuning reads
+
+ModelConfig = BertConfig | AlbertConfig | ElectraConfig
+Encoder = BertModel | AlbertModel | ElectraModel
+
+
+def model_type(directory: str | Path) -> str:
+    """The family of a Hugging Face directory, from its config.json's ``model_type`` (absent: BERT, as older BERT
+    files have none); a type we cannot finetune is refused here, before anything is loaded."""
+    path = Path(directory) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as error:
+        raise CheckpointError(f"{path}: not valid JSON ({error}); the file is truncated or damaged: export or "
+                              "download the model again") from None
+    family = raw.get("model_type", "bert") if isinstance(raw, dict) else None
+    if family not in FAMILIES:
+        raise CheckpointError(f"{path}: model_type {family!r} cannot be finetuned here; pass a directory of one of "
+                              f"{', '.join(FAMILIES)} (config.json model_type)")
+    return family
+
+
+def load_model_config(directory: str | Path) -> ModelConfig:
+    """The directory's config, as its family's dataclass (each has vocab_size, hidden_size, pad_token_id)."""
+    loaders = {"bert": load_config, "albert": load_albert_config, "electra": load_electra_config}
+    return loaders[model_type(directory)](directory)
+
+
+def load_encoder(directory: str | Path, dropout: float | None = None) -> Encoder:
+    """The encoder of a Hugging Face directory of any family in ``FAMILIES``, pretraining heads dropped (BERT and
+    ALBERT keep their pooler, which their sequence heads read; ELECTRA has none). ``dropout`` replaces every
+    dropout rate of the encoder (hidden and attention), for every family alike."""
+    family = model_type(directory)
+    if family == "bert":
+        encoder = load_pretrained(directory)[0].bert
+    elif family == "albert":
+        encoder = load_albert(directory)[0].albert
+    else:
+        encoder = load_discriminator(directory)
+    if dropout is not None:
+        set_dropout(encoder, dropout)
+    return encoder
+
+
+def set_dropout(encoder: nn.Module, p: float) -> None:
+    """Every ``nn.Dropout`` and every attention's probability dropout (SDPA takes it as a number) to ``p``."""
+    for module in encoder.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = p
+        if isinstance(module, BertSelfAttention):  # ALBERT's attention is one too
+            module.dropout_p = p
 
 
 def resolve(path: str | Path, scratch: Path) -> Path:
     """A Hugging Face directory for ``path``, exporting a DeepSpeed checkpoint into ``scratch`` if needed."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist; pass a Hugging Face BERT directory, a "
-                              "pretraining run directory or one of its checkpoints/step_* directories")
+        raise CheckpointError(f"checkpoint {path} does not exist; pass a Hugging Face BERT, ALBERT or ELECTRA "
+                              "directory, a pretraining run directory or one of its checkpoints/step_* directories")
     if (path / "config.json").is_file():
+        model_type(path)  # an unsupported family is refused before anything trains
         check_weights_file(path)
         return path
     export = finished_export(path)
@@ -62,7 +130,7 @@ def load_tokenizer_for(directory: Path):
     """The tokenizer that came with the checkpoint, checked against the model's vocabulary."""
     from common.tokenizer import load_tokenizer
 
-    config = load_config(directory)
+    config = load_model_config(directory)
     if (directory / "tokenizer" / "tokenizer.json").is_file():
         tokenizer = load_tokenizer(str(directory / "tokenizer"))
     elif (directory / "vocab.txt").is_file():
@@ -71,8 +139,10 @@ def load_tokenizer_for(directory: Path):
         if settings.is_file():
             lowercase = bool(json.loads(settings.read_text()).get("do_lower_case", True))
         tokenizer = load_tokenizer(str(directory / "vocab.txt"), lowercase=lowercase)
+    elif (directory / "spiece.model").is_file():  # Google's ALBERT releases: the model carries its normalizer
+        tokenizer = load_tokenizer(str(directory / "spiece.model"))
     else:
-        raise CheckpointError(f"{directory}: no tokenizer (neither vocab.txt nor tokenizer/); copy the "
+        raise CheckpointError(f"{directory}: no tokenizer (none of vocab.txt, spiece.model, tokenizer/); copy the "
                               "vocabulary the model was pretrained with into the directory")
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids but the model's embedding "

@@ -1,63 +1,121 @@
-"""Task heads on our BERT encoder, with Hugging Face's parameter names (``classifier``, ``qa_outputs``).
+"""Task heads on our encoders (BERT, ALBERT, ELECTRA), with Hugging Face's parameter names (``bert``/``albert``/
+``electra``, ``classifier``, ``qa_outputs``), so a finetuned model's state dict loads into ``transformers``' task
+model of its family.
 
-The heads run the encoder in its packed mode (``pretrain.model.Packing``): every dense layer sees only the
-batch's real tokens, as batches padded to their longest row are largely padding. Dropout draws its masks over
+The heads run the encoder in its packed mode (``pretrain.model.Packing``) by default: every dense layer sees only
+the batch's real tokens, as batches padded to their longest row are largely padding. Dropout draws its masks over
 the padded shape, so from the same random state training takes the steps the padded encoder (and
-``transformers``' BERT) would take.
+``transformers``) would take. ``packed=False`` runs the padded mode, for comparison.
+
+Token and span heads are the same for every family. The sequence head is each family's own, as in
+``transformers``: BERT and ALBERT classify the pooled [CLS] (tanh dense) with one linear layer; ELECTRA has no
+pooler and classifies the [CLS] hidden state through dense, gelu, dropout and an output layer
+(``ElectraClassificationHead``). ``FAMILY`` is that choice, one row per encoder class.
 
 Nothing here imports DeepSpeed or torch.distributed.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.hf_compat import load_pretrained
+from finetune.checkpoint import Encoder, load_encoder
+from pretrain.albert import AlbertModel
+from pretrain.electra import ElectraModel
 from pretrain.model import BertModel, Packing
 
-
-def load_encoder(directory: Path, dropout: float | None = None) -> BertModel:
-    """The encoder of a Hugging Face BERT directory (pretraining heads dropped)."""
-    pretraining, _ = load_pretrained(directory)
-    encoder = pretraining.bert
-    if dropout is not None:
-        for module in encoder.modules():
-            if isinstance(module, nn.Dropout):
-                module.p = dropout
-        for layer in encoder.encoder.layer:
-            layer.attention.self.dropout_p = dropout
-    return encoder
+# Encoder class -> (the attribute transformers names it, whether its sequence head reads the pooled [CLS]).
+FAMILY: dict[type, tuple[str, bool]] = {
+    BertModel: ("bert", True),
+    AlbertModel: ("albert", True),
+    ElectraModel: ("electra", False),
+}
 
 
-def _encode_packed(bert: BertModel, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                   attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, Packing]:
-    """The encoder on the real tokens of a right-padded batch: (hidden (N, H), pooled (B, H), their packing)."""
-    packing = Packing.from_attention_mask(attention_mask)
-    hidden, pooled = bert(packing.pack(input_ids), packing.pack(token_type_ids), packing=packing)
-    return hidden, pooled, packing
+def _family(encoder: nn.Module) -> tuple[str, bool]:
+    try:
+        return FAMILY[type(encoder)]
+    except KeyError:
+        raise TypeError(f"{type(encoder).__name__} is not an encoder the task heads know; give one of "
+                        f"{', '.join(k.__name__ for k in FAMILY)}") from None
 
 
-def _init(linear: nn.Linear, std: float) -> nn.Linear:
-    nn.init.normal_(linear.weight, std=std)
-    nn.init.zeros_(linear.bias)
-    return linear
+class _Head(nn.Module):
+    """Holds the encoder under its family's name and runs it, packed or padded."""
 
-
-class SequenceClassifier(nn.Module):
-    """GLUE: a linear layer on the pooled [CLS]; one output is regression (STS-B, mean squared error)."""
-
-    def __init__(self, bert: BertModel, num_labels: int, dropout: float = 0.1):
+    def __init__(self, encoder: Encoder, packed: bool):
         super().__init__()
-        self.bert, self.num_labels = bert, num_labels
+        self._encoder_name, self._pooled = _family(encoder)
+        self.add_module(self._encoder_name, encoder)
+        self.packed = packed
+
+    @property
+    def encoder(self) -> Encoder:
+        return getattr(self, self._encoder_name)
+
+    def _init(self, linear: nn.Linear) -> nn.Linear:
+        nn.init.normal_(linear.weight, std=self.encoder.config.initializer_range)
+        nn.init.zeros_(linear.bias)
+        return linear
+
+    def _encode(self, input_ids, token_type_ids, attention_mask) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                          Packing | None]:
+        """(hidden: packed (N, H) or padded (B, T, H), pooled (B, H) or None, the packing or None)."""
+        if not self.packed:
+            hidden, pooled = self.encoder(input_ids, token_type_ids, attention_mask=attention_mask)
+            return hidden, pooled, None
+        packing = Packing.from_attention_mask(attention_mask)
+        hidden, pooled = self.encoder(packing.pack(input_ids), packing.pack(token_type_ids), packing=packing)
+        return hidden, pooled, packing
+
+    @staticmethod
+    def _padded(hidden: torch.Tensor, packing: Packing | None) -> torch.Tensor:
+        """(B, T, H); in packed mode zeros at padding."""
+        return hidden if packing is None else packing.unpack(hidden)
+
+    @staticmethod
+    def _first(hidden: torch.Tensor, packing: Packing | None) -> torch.Tensor:
+        """(B, H): the [CLS] position of every row."""
+        return hidden[:, 0] if packing is None else hidden.index_select(0, packing.cu_seqlens[:-1].long())
+
+
+class ElectraClassificationHead(nn.Module):
+    """transformers' ``ElectraClassificationHead``: the [CLS] state through dropout, dense, gelu, dropout, out_proj."""
+
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
         self.dropout = nn.Dropout(dropout)
-        self.classifier = _init(nn.Linear(bert.config.hidden_size, num_labels), bert.config.initializer_range)
+        self.out_proj = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.dense(self.dropout(first)))
+        return self.out_proj(self.dropout(x))
+
+
+class SequenceClassifier(_Head):
+    """GLUE: the family's head on [CLS] (see the module's docstring); one output is regression (STS-B, mean
+    squared error)."""
+
+    def __init__(self, encoder: Encoder, num_labels: int, dropout: float = 0.1, packed: bool = True):
+        super().__init__(encoder, packed)
+        self.num_labels = num_labels
+        hidden_size = encoder.config.hidden_size
+        if self._pooled:
+            self.dropout = nn.Dropout(dropout)
+            self.classifier = self._init(nn.Linear(hidden_size, num_labels))
+        else:
+            self.classifier = ElectraClassificationHead(hidden_size, num_labels, dropout)
+            self._init(self.classifier.dense)
+            self._init(self.classifier.out_proj)
 
     def forward(self, input_ids, token_type_ids, attention_mask, labels=None):
-        _, pooled, _ = _encode_packed(self.bert, input_ids, token_type_ids, attention_mask)
-        logits = self.classifier(self.dropout(pooled)).float()
+        hidden, pooled, packing = self._encode(input_ids, token_type_ids, attention_mask)
+        if self._pooled:
+            logits = self.classifier(self.dropout(pooled)).float()
+        else:
+            logits = self.classifier(self._first(hidden, packing)).float()
         if labels is None:
             return logits
         if self.num_labels == 1:
@@ -65,18 +123,16 @@ class SequenceClassifier(nn.Module):
         return F.cross_entropy(logits, labels), logits
 
 
-class SpanExtractor(nn.Module):
+class SpanExtractor(_Head):
     """SQuAD: start and end logits per token."""
 
-    def __init__(self, bert: BertModel):
-        super().__init__()
-        self.bert = bert
-        self.qa_outputs = _init(nn.Linear(bert.config.hidden_size, 2), bert.config.initializer_range)
+    def __init__(self, encoder: Encoder, packed: bool = True):
+        super().__init__(encoder, packed)
+        self.qa_outputs = self._init(nn.Linear(encoder.config.hidden_size, 2))
 
     def forward(self, input_ids, token_type_ids, attention_mask, start_positions=None, end_positions=None):
-        hidden, _, packing = _encode_packed(self.bert, input_ids, token_type_ids, attention_mask)
-        hidden = packing.unpack(hidden)  # (B, T, H), zeros at padding
-        start, end = self.qa_outputs(hidden).float().unbind(-1)
+        hidden, _, packing = self._encode(input_ids, token_type_ids, attention_mask)
+        start, end = self.qa_outputs(self._padded(hidden, packing)).float().unbind(-1)
         # Padding can never be an answer.
         start = start.masked_fill(attention_mask == 0, -1e4)
         end = end.masked_fill(attention_mask == 0, -1e4)
@@ -86,19 +142,17 @@ class SpanExtractor(nn.Module):
         return loss, (start, end)
 
 
-class TokenClassifier(nn.Module):
+class TokenClassifier(_Head):
     """CoNLL-2003: a label per token; only first sub-tokens carry labels (-100 elsewhere)."""
 
-    def __init__(self, bert: BertModel, num_labels: int, dropout: float = 0.1):
-        super().__init__()
-        self.bert = bert
+    def __init__(self, encoder: Encoder, num_labels: int, dropout: float = 0.1, packed: bool = True):
+        super().__init__(encoder, packed)
         self.dropout = nn.Dropout(dropout)
-        self.classifier = _init(nn.Linear(bert.config.hidden_size, num_labels), bert.config.initializer_range)
+        self.classifier = self._init(nn.Linear(encoder.config.hidden_size, num_labels))
 
     def forward(self, input_ids, token_type_ids, attention_mask, labels=None):
-        hidden, _, packing = _encode_packed(self.bert, input_ids, token_type_ids, attention_mask)
-        hidden = packing.unpack(hidden)  # (B, T, H), zeros at padding
-        logits = self.classifier(self.dropout(hidden)).float()
+        hidden, _, packing = self._encode(input_ids, token_type_ids, attention_mask)
+        logits = self.classifier(self.dropout(self._padded(hidden, packing))).float()
         if labels is None:
             return logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100), logits
@@ -119,3 +173,7 @@ def pad_batch(rows: list[dict], pad_id: int, multiple: int = 8) -> dict[str, tor
     batch["attention_mask"] = torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"]))
                                             for r in rows])
     return batch
+
+
+__all__ = ["FAMILY", "ElectraClassificationHead", "SequenceClassifier", "SpanExtractor", "TokenClassifier",
+           "load_encoder", "pad_batch"]

@@ -22,9 +22,9 @@ import json
 import logging
 from pathlib import Path
 
-from common.errors import StorageError, storage_failure
 from torch import nn
 
+from common.errors import StorageError, storage_failure
 from pretrain.albert import AlbertConfig, AlbertModel
 from pretrain.albert_hf import load_albert, load_albert_config
 from pretrain.electra import ElectraConfig, ElectraModel

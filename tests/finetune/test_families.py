@@ -1,0 +1,205 @@
+"""Finetuning reads Hugging Face BERT, ALBERT and ELECTRA directories alike (config.json's model_type).
+
+Each family's tiny, randomly initialised model is written by its own exporter with bert-base-uncased's
+vocabulary; its encoder must give transformers' outputs, its heads the outputs of transformers' task models,
+and `python -m finetune glue` must finetune it on the bundled sample and write a report.
+"""
+import json
+import math
+import pathlib
+import shutil
+
+import pytest
+import torch
+
+from finetune import checkpoint, cli
+from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
+from pretrain.hf_compat import CheckpointError
+
+SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
+FAMILIES = ("bert", "albert", "electra")
+VOCAB = 30522  # bert-base-uncased
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(bert_vocab, tmp_path_factory) -> pathlib.Path:
+    from common.tokenizer import load_tokenizer
+
+    directory = tmp_path_factory.mktemp("tokenizer")
+    load_tokenizer(str(bert_vocab), lowercase=True).save(str(directory))
+    return directory
+
+
+def _export(family: str, directory: pathlib.Path, tokenizer_dir: pathlib.Path) -> None:
+    torch.manual_seed(0)
+    if family == "bert":
+        from pretrain.hf_compat import export
+        from pretrain.model import BertConfig, BertForPreTraining
+
+        export(BertForPreTraining(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=64)), directory, tokenizer_dir)
+    elif family == "albert":
+        from pretrain.albert import AlbertForPreTraining, preset
+        from pretrain.albert_hf import export_albert
+
+        # Two layers sharing one group of two inner layers: the sharing is what differs from BERT.
+        cfg = preset("albert_tiny", vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_attention_heads=4,
+                     intermediate_size=64, inner_group_num=2)
+        export_albert(AlbertForPreTraining(cfg), directory, tokenizer_dir)
+    else:
+        from pretrain.electra import ElectraConfig, ElectraDiscriminator
+        from pretrain.electra_hf import export_discriminator
+
+        # embedding_size < hidden_size: the encoder projects (embeddings_project), as ELECTRA-small does.
+        cfg = ElectraConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=4, intermediate_size=64)
+        export_discriminator(ElectraDiscriminator(cfg), directory, tokenizer_dir)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_dir(request, tokenizer_dir, tmp_path_factory) -> tuple[str, pathlib.Path]:
+    directory = tmp_path_factory.mktemp(request.param) / "hf"
+    _export(request.param, directory, tokenizer_dir)
+    return request.param, directory
+
+
+def _batch(lengths=(5, 17, 9, 3)) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    rows = [{"input_ids": [101, *torch.randint(1000, VOCAB, (n - 2,), generator=generator).tolist(), 102],
+             "token_type_ids": [0] * (n // 2) + [1] * (n - n // 2)} for n in lengths]
+    return pad_batch(rows, 0)
+
+
+def test_the_family_comes_from_config_json(family_dir):
+    family, directory = family_dir
+    assert checkpoint.model_type(directory) == family
+    assert checkpoint.resolve(directory, directory.parent) == directory
+    tokenizer = checkpoint.load_tokenizer_for(directory)
+    assert tokenizer.vocab_size == VOCAB and tokenizer.pad_id == 0
+    encoder = checkpoint.load_encoder(directory)
+    assert encoder.config.hidden_size == 32 == checkpoint.load_model_config(directory).hidden_size
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_the_encoder_gives_transformers_automodel_outputs(family_dir, packed):
+    import transformers  # a dev dependency: a missing install fails here, it is never skipped
+
+    from pretrain.model import Packing
+
+    family, directory = family_dir
+    ours = checkpoint.load_encoder(directory).eval()
+    theirs = transformers.AutoModel.from_pretrained(str(directory), torch_dtype=torch.float32).eval()
+    assert type(theirs).__name__ == {"bert": "BertModel", "albert": "AlbertModel", "electra": "ElectraModel"}[family]
+    batch = _batch()
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        expected = theirs(**batch)
+        if packed:
+            packing = Packing.from_attention_mask(batch["attention_mask"])
+            hidden, pooled = ours(packing.pack(batch["input_ids"]), packing.pack(batch["token_type_ids"]),
+                                  packing=packing)
+            hidden = packing.unpack(hidden)
+        else:
+            hidden, pooled = ours(batch["input_ids"], batch["token_type_ids"], attention_mask=batch["attention_mask"])
+    torch.testing.assert_close(hidden[real], expected.last_hidden_state[real], rtol=1e-5, atol=1e-5)
+    if family == "electra":
+        assert pooled is None  # ELECTRA has no pooler
+    else:
+        torch.testing.assert_close(pooled, expected.pooler_output, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head", ["sequence", "token", "span"])
+def test_heads_give_the_outputs_of_transformers_task_models(family_dir, head):
+    """Our state dict loads name for name into the family's transformers task model (ELECTRA's sequence head is
+    its ElectraClassificationHead), and in training mode from the same random state gives the same loss."""
+    import transformers
+
+    family, directory = family_dir
+    torch.manual_seed(5)
+    encoder = checkpoint.load_encoder(directory)
+    batch = _batch()
+    if head == "sequence":
+        ours, kind = SequenceClassifier(encoder, 3), transformers.AutoModelForSequenceClassification
+        targets, options = {"labels": torch.tensor([0, 2, 1, 1])}, {"num_labels": 3}
+    elif head == "token":
+        ours, kind = TokenClassifier(encoder, 5), transformers.AutoModelForTokenClassification
+        labels = torch.randint(0, 5, batch["input_ids"].shape, generator=torch.Generator().manual_seed(2))
+        targets, options = {"labels": labels.masked_fill(batch["attention_mask"] == 0, -100)}, {"num_labels": 5}
+    else:
+        ours, kind = SpanExtractor(encoder), transformers.AutoModelForQuestionAnswering
+        targets, options = {"start_positions": torch.tensor([1, 4, 2, 0]),
+                            "end_positions": torch.tensor([3, 9, 2, 0])}, {}
+    theirs = kind.from_pretrained(str(directory), torch_dtype=torch.float32, **options)
+    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
+    # transformers' BERT token and span models have no pooler; ours keeps the checkpoint's (unused by those heads)
+    assert not missing and all(".pooler." in k for k in unexpected), (missing, unexpected)
+    # ALBERT's FFN dropout sits where google-research/albert puts it (transformers never applies it): equal only
+    # at the exported dropout, 0, where the two agree; the classifier dropout is on for every family.
+    assert family != "albert" or encoder.config.hidden_dropout_prob == 0.0
+    ours.train()
+    theirs.train()
+    torch.manual_seed(11)
+    loss, logits = ours(**batch, **targets)
+    torch.manual_seed(11)
+    out = theirs(**batch, **targets)
+    real = batch["attention_mask"].bool()
+    if head == "span":  # ours sets padding's logits to -1e4 (never an answer): compare real positions
+        torch.testing.assert_close(logits[0][real], out.start_logits[real], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(logits[1][real], out.end_logits[real], rtol=1e-4, atol=1e-5)
+    else:
+        got, expected = (logits[real], out.logits[real]) if head == "token" else (logits, out.logits)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(loss, out.loss, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("head", ["sequence", "token", "span"])
+def test_packed_and_padded_heads_agree(family_dir, head):
+    _, directory = family_dir
+    batch = _batch()
+    outputs = []
+    for packed in (True, False):
+        torch.manual_seed(3)  # the same head weights both times
+        encoder = checkpoint.load_encoder(directory)
+        model = {"sequence": lambda: SequenceClassifier(encoder, 2, packed=packed),
+                 "token": lambda: TokenClassifier(encoder, 4, packed=packed),
+                 "span": lambda: SpanExtractor(encoder, packed=packed)}[head]().eval()
+        with torch.no_grad():
+            result = model(**batch)
+        outputs.append(result if isinstance(result, tuple) else (result,))
+    real = batch["attention_mask"].bool()
+    for packed, padded in zip(*outputs):
+        if head == "sequence":
+            torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
+        else:
+            torch.testing.assert_close(packed[real], padded[real], rtol=1e-5, atol=1e-5)
+
+
+def test_glue_finetunes_the_family_and_writes_a_report(family_dir, tmp_path):
+    family, directory = family_dir
+    out = tmp_path / "report"
+    argv = ["glue", "--checkpoint", str(directory), "--tasks", "sst2", "--data", str(SAMPLES),
+            "--config", "configs/finetune/tiny.yaml", "--output", str(out),
+            "--set", "seeds=[3]", "--set", "glue.training.epochs=1"]
+    assert cli.main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    (result,) = report["results"]
+    assert result["task"] == "sst2" and result["seeds"] == [3] and result["runs"][0]["steps"] > 0
+    assert result["train_examples"] == 224 and result["eval_examples"] == 64
+    assert 0.0 <= result["mean"]["accuracy"] <= 1.0 and all(math.isfinite(v) for v in result["mean"].values())
+    assert report["checkpoint"] == str(directory) and (out / "report.md").is_file()
+
+
+def test_an_unknown_model_type_is_refused_in_one_line(family_dir, tmp_path, capsys):
+    _, directory = family_dir
+    other = tmp_path / "roberta"
+    shutil.copytree(directory, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
+    with pytest.raises(CheckpointError, match=r"config\.json: model_type 'roberta' cannot be finetuned here"):
+        checkpoint.load_encoder(other)
+    argv = ["glue", "--checkpoint", str(other), "--tasks", "sst2", "--data", str(SAMPLES),
+            "--config", "configs/finetune/tiny.yaml", "--output", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and str(other / "config.json") in lines[0] and "'roberta'" in lines[0], lines
+    assert not (tmp_path / "out" / "report.json").exists()

@@ -203,3 +203,31 @@ def test_an_unknown_model_type_is_refused_in_one_line(family_dir, tmp_path, caps
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and str(other / "config.json") in lines[0] and "'roberta'" in lines[0], lines
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+def _sentencepiece(path: pathlib.Path, pad: str, unk: str) -> None:
+    import sentencepiece as spm
+
+    text = (SAMPLES / "books" / "the-voyage-of-the-marigold.txt").read_text().splitlines()
+    with open(path, "wb") as handle:
+        spm.SentencePieceTrainer.Train(sentence_iterator=iter([line for line in text if line.strip()]),
+                                       model_writer=handle, vocab_size=200, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+                                       pad_piece=pad, unk_piece=unk, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+                                       num_threads=1, minloglevel=2)
+
+
+def test_an_albert_directory_with_only_spiece_model_reads_it(tmp_path):
+    from common.errors import InputError
+    from pretrain.albert import AlbertForPreTraining, preset
+    from pretrain.albert_hf import export_albert
+
+    directory = tmp_path / "albert"
+    export_albert(AlbertForPreTraining(preset("albert_tiny", vocab_size=200)), directory)  # no tokenizer
+    _sentencepiece(directory / "spiece.model", "[PAD]", "[UNK]")
+    tokenizer = checkpoint.load_tokenizer_for(directory)
+    assert tokenizer.kind == "sentencepiece" and tokenizer.vocab_size == 200 and tokenizer.pad_id == 0
+    # Google's releases name the pieces <pad> and <unk>: refused, naming the file and what it lacks.
+    _sentencepiece(directory / "spiece.model", "<pad>", "<unk>")
+    with pytest.raises(InputError, match=r"spiece\.model: the sentencepiece vocabulary lacks the BERT special "
+                                         r"token\(s\) \[PAD\], \[UNK\]"):
+        checkpoint.load_tokenizer_for(directory)

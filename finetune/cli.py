@@ -27,8 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m finetune", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("suite", *BENCHMARKS))
-    parser.add_argument("--checkpoint", required=True, help="a Hugging Face BERT directory, a pretraining run "
-                                                            "directory or one of its checkpoints")
+    parser.add_argument("--checkpoint", required=True, help="a Hugging Face BERT, ALBERT or ELECTRA directory "
+                        "(config.json model_type), a pretraining run directory or one of its checkpoints")
     parser.add_argument("--data", required=True, type=Path, help="the directory holding glue/, squad/, conll2003/")
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--tasks", default=None, help="suite: benchmarks (glue,squad,conll) and/or single GLUE "
@@ -101,8 +101,7 @@ def expected_error(error: BaseException, output: Path) -> tuple[str | None, bool
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune import suite
-    from finetune import checkpoint, report
+    from finetune import checkpoint, report, suite
     from finetune.config import load
 
     started = time.time()

@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from finetune import conll, glue, metrics, squad
+from finetune.checkpoint import load_encoder
 from finetune.config import FinetuneConfig, TrainingConfig, task_training
 from finetune.errors import DataError
-from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, load_encoder
+from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier
 from finetune.trainer import device_and_dtype, finetune, predict
 
 

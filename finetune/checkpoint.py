@@ -53,6 +53,8 @@ def model_type(directory: str | Path) -> str:
     """The family of a Hugging Face directory, from its config.json's ``model_type`` (absent: BERT, as older BERT
     files have none); a type we cannot finetune is refused here, before anything is loaded."""
     path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no config.json; pass a Hugging Face {', '.join(FAMILIES)} directory")
     try:
         raw = json.loads(path.read_text())
     except ValueError as error:

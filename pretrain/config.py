@@ -25,6 +25,7 @@ class ModelConfig:
     attention_probs_dropout_prob: float | None = None
     max_position_embeddings: int = 512
     activation_checkpointing: bool = False
+    padding_free: bool = False           # dense layers on real tokens only (pretrain.objective); equal to rounding
 
 
 @dataclass(frozen=True)

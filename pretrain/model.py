@@ -118,6 +118,16 @@ class Packing:
         grid = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy(0, self.index, x)
         return grid.view(self.batch, self.length, *x.shape[1:])
 
+    def positions(self, flat_positions: torch.Tensor) -> torch.Tensor:
+        """Flat positions into the padded ``(batch*length)`` grid (e.g. masked tokens) -> their rows of the packed
+        ``(N, ...)`` layout. Every position must be a real token: a padded one has no packed row."""
+        rows = torch.full((self.batch * self.length,), -1, dtype=torch.long, device=self.index.device)
+        packed = rows.index_copy_(0, self.index, torch.arange(len(self.index), device=self.index.device))[flat_positions]
+        if bool((packed < 0).any()):
+            raise ValueError("a masked position falls on padding, which packed mode drops; the batch's "
+                             "masked_positions must index real tokens (pretrain.data.pad makes them so)")
+        return packed
+
     def dropout(self, x: torch.Tensor, module: nn.Dropout) -> torch.Tensor:
         """``module`` on packed rows (N, C), with the mask it would draw for the padded (B*T, C) tensor.
 
@@ -370,16 +380,18 @@ class BertForPreTraining(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None, *,
-                position_ids: torch.Tensor | None = None,
-                document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
+                packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MLM logits and NSP logits.
 
         Args:
-            masked_positions: flat indices into the (B*T) tokens; the MLM head then runs on those rows only
-                and returns (N, V). Without it, logits for every position are returned as (B, T, V).
+            masked_positions: flat indices into the (B*T) tokens, or with ``packing`` into the packed (N) tokens
+                (``Packing.positions``); the MLM head then runs on those rows only and returns (M, V). Without
+                it, logits for every position are returned as (B, T, V), or (N, V) with ``packing``.
             position_ids, document_ids: packed documents kept apart (``BertModel.forward``).
+            packing: packed mode (``BertModel.forward``): every input shaped (N,), no ``attention_mask``.
         """
-        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask, position_ids=position_ids,
+        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask, packing, position_ids=position_ids,
                                    document_ids=document_ids)
         if masked_positions is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_positions)

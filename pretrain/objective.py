@@ -4,6 +4,13 @@ cross-entropy (NSP or SOP, one two-way head on the pooled [CLS]).
 Kept apart from the model so that the model stays a plain ``BertForPreTraining``; DeepSpeed wraps this
 module. Besides the loss it returns the sums that logging needs, so that metrics over many steps and
 ranks are exact ratios of sums rather than means of means.
+
+With ``padding_free`` the micro-batch, padded by the loader, is packed (``Packing.from_attention_mask``) before
+the encoder, so that every GEMM sees the real tokens only: the masked positions are mapped into the packed
+layout, the pair head reads each row's [CLS] (its first packed token), and ``document_ids``/``position_ids``
+travel packed too (the model puts them back on the padded grid for the embeddings and the attention mask).
+The losses and gradients equal the padded mode's to rounding (tests/pretrain/test_padding_free.py), not to the
+bit: the packed GEMMs have other shapes, and the query/key/value projections are one GEMM there.
 """
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.model import BertForPreTraining
+from pretrain.model import BertForPreTraining, Packing
 
 # Order of the entries of the statistics vector returned with the loss. ``pair_*`` are the sentence-pair
 # head's (NSP or SOP); ``pair_sequences`` counts the sequences it trained on: 0 when the objective has none.
@@ -19,17 +26,31 @@ STAT_NAMES = ("mlm_loss_sum", "mlm_correct", "mlm_tokens", "pair_loss_sum", "pai
               "sequences", "tokens", "nonfinite_losses")
 
 
+def packed_attention_kernel(device: torch.device) -> str:
+    """The attention kernel of the padding-free mode on ``device``, chosen once per run (``pretrain.train`` logs it).
+
+    The single place where a kernel taking ``Packing.cu_seqlens`` (flash-attn's varlen functions, FlexAttention
+    with a document mask) would be chosen for CUDA, for ``BertSelfAttention``'s packed branch to dispatch on.
+    Until one exists and is tested every device gets ``sdpa-padded-grid``: the projections and the FFN run on
+    the real tokens only, SDPA on the padded grid under the key (or document) mask.
+    """
+    del device  # no device has another kernel yet
+    return "sdpa-padded-grid"
+
+
 class PretrainingObjective(nn.Module):
     """``sentence_objective``: ``nsp`` or ``sop`` train the pair head on the rows' labels (the same two-way head;
     SOP's label says whether the segments were swapped); ``none`` trains no pair loss: the head and the pooler
-    stay as initialised (or loaded), untouched by any gradient."""
+    stay as initialised (or loaded), untouched by any gradient. ``padding_free``: run the encoder's dense layers on
+    the real tokens only (the module docstring)."""
 
-    def __init__(self, model: BertForPreTraining, sentence_objective: str = "nsp"):
+    def __init__(self, model: BertForPreTraining, sentence_objective: str = "nsp", padding_free: bool = False):
         super().__init__()
         if sentence_objective not in ("nsp", "sop", "none"):
             raise ValueError(f"sentence_objective {sentence_objective!r}: choose nsp, sop or none")
         self.model = model
         self.sentence_objective = sentence_objective
+        self.padding_free = padding_free
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                 masked_positions: torch.Tensor, masked_labels: torch.Tensor, next_sentence_labels: torch.Tensor,
@@ -41,8 +62,15 @@ class PretrainingObjective(nn.Module):
         the whole global batch (see ``PretrainingLoader``); ``position_ids`` and ``document_ids`` keep packed
         documents apart (document attention).
         """
-        mlm_logits, pair_logits = self.model(input_ids, token_type_ids, attention_mask, masked_positions,
-                                             position_ids=position_ids, document_ids=document_ids)
+        if self.padding_free:
+            packing = Packing.from_attention_mask(attention_mask)
+            packed = lambda t: None if t is None else packing.pack(t)  # noqa: E731
+            mlm_logits, pair_logits = self.model(
+                packing.pack(input_ids), packing.pack(token_type_ids), None, packing.positions(masked_positions),
+                position_ids=packed(position_ids), document_ids=packed(document_ids), packing=packing)
+        else:
+            mlm_logits, pair_logits = self.model(input_ids, token_type_ids, attention_mask, masked_positions,
+                                                 position_ids=position_ids, document_ids=document_ids)
         mlm_losses = F.cross_entropy(mlm_logits.float(), masked_labels, reduction="none")
         loss = mlm_losses.sum() * mlm_loss_scale
         zero = torch.zeros((), device=loss.device)

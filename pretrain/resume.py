@@ -28,6 +28,7 @@ APPLIED_FROM_RESUME = (
     "train.loss_scale_window", "train.hysteresis", "train.min_loss_scale",
     "optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay", "optimizer.torch_adam",
     "schedule.", "checkpoint.", "faults.", "logging.", "model.activation_checkpointing", "model.init_from",
+    "model.padding_free",  # how the same step is computed (equal to rounding), not what it computes
 )
 
 

@@ -35,7 +35,7 @@ from pretrain.launch import Rendezvous
 from pretrain.loop import DIVERGED, PREEMPTED, Diverged, LoopState, StopFlag
 from pretrain.model import BertForPreTraining, preset
 from pretrain.monitor import Monitor, log
-from pretrain.objective import PretrainingObjective
+from pretrain.objective import PretrainingObjective, packed_attention_kernel
 from pretrain.recipe import resolve
 
 LOCK_NAME = "writer.lock"  # in output_dir while a run writes it
@@ -205,7 +205,10 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
         shutil.copytree(data.tokenizer_dir, out / "tokenizer", dirs_exist_ok=True)
     seed_everything(cfg.seed, rank)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
-    engine = ds.Engine(ds.build(cfg, PretrainingObjective(model, recipe.sentence_objective), ds_config))
+    objective = PretrainingObjective(model, recipe.sentence_objective, padding_free=cfg.model.padding_free)
+    engine = ds.Engine(ds.build(cfg, objective, ds_config))
+    if cfg.model.padding_free and rank == 0:
+        log.info(f"padding-free pretraining: attention kernel {packed_attention_kernel(engine.device)}")
     if initial is not None and found is None:
         engine.restore_fp32_weights(initial)
     masking = (DynamicMasking.for_dataset(recipe.dynamic_masking, data.tokenizer_dir, cfg.seed)

@@ -1,0 +1,136 @@
+"""Padding-free pretraining (``PretrainingObjective(padding_free=True)``, ``model.padding_free``) against the padded
+step: the same losses, statistics and gradients, on the loader's real micro-batches of synthetic datasets.
+
+Tolerance (fp32, CPU): 1e-5 relative on the losses, and on each gradient 1e-5 of its largest entry. The two modes
+are not equal to the bit: the packed GEMMs have other shapes (other blockings) and the query/key/value projections
+are one GEMM there, so only summation order differs (tests/pretrain/test_packed.py bounds the encoder alone).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pretrain.data import PretrainingLoader, ShardedInstances
+from pretrain.model import BertConfig, BertForPreTraining, Packing
+from pretrain.objective import STAT_NAMES, PretrainingObjective, packed_attention_kernel
+
+TOLERANCE = 1e-5
+SEQ = 64
+
+
+def _config(vocab_size: int, dropout: float) -> BertConfig:
+    return BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=64, max_position_embeddings=SEQ, hidden_dropout_prob=dropout,
+                      attention_probs_dropout_prob=dropout)
+
+
+def _objectives(data: ShardedInstances, sentence: str, dropout: float = 0.0):
+    """The padded and the padding-free objective around two models with the same initial weights."""
+    vocab = -(-data.manifest.tokenizer.vocab_size // 8) * 8
+    made = []
+    for padding_free in (False, True):
+        torch.manual_seed(0)
+        made.append(PretrainingObjective(BertForPreTraining(_config(vocab, dropout)), sentence,
+                                         padding_free=padding_free).train())
+    return made
+
+
+def _micro_batches(dataset, steps: int = 1, documents: bool = False, micro_batch: int = 8):
+    data = ShardedInstances(dataset)
+    loader = PretrainingLoader(data, micro_batch=micro_batch, accumulation=2, world_size=1, rank=0, seed=5,
+                               document_attention=documents)
+    batches = [{k: torch.from_numpy(np.asarray(v)) for k, v in b.items()} for _ in range(steps)
+               for b in loader.next_step()]
+    assert any(bool((b["attention_mask"] == 0).any()) for b in batches), "the batches must hold padding"
+    return data, batches
+
+
+def _step(objective: PretrainingObjective, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    torch.manual_seed(11)  # the same dropout masks in both modes (Packing.dropout draws the padded ones)
+    loss, stats = objective(**batch)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in objective.model.named_parameters() if p.grad is not None}
+    objective.zero_grad(set_to_none=True)
+    return loss.detach(), stats, grads
+
+
+def _assert_same_step(padded: PretrainingObjective, packed: PretrainingObjective, batch: dict) -> dict:
+    loss, stats, grads = _step(padded, batch)
+    packed_loss, packed_stats, packed_grads = _step(packed, batch)
+    torch.testing.assert_close(packed_loss, loss, rtol=TOLERANCE, atol=0)
+    torch.testing.assert_close(packed_stats, stats, rtol=TOLERANCE, atol=TOLERANCE)
+    assert packed_grads.keys() == grads.keys()
+    # The key biases' gradients are zero but for rounding: softmax ignores a constant added to a row's scores.
+    for name in sorted(name for name in grads if not name.endswith("self.key.bias")):
+        atol = TOLERANCE * grads[name].abs().max().item()
+        torch.testing.assert_close(packed_grads[name], grads[name], rtol=TOLERANCE, atol=atol, msg=name)
+    return grads
+
+
+@pytest.mark.parametrize("sentence", ["nsp", "sop"])
+def test_padding_free_step_gives_the_padded_losses_and_gradients_with_a_pair_head(synthetic_dataset, sentence):
+    dataset = synthetic_dataset(400, max_seq_length=SEQ, max_predictions=10, sentence_objective=sentence)
+    data, batches = _micro_batches(dataset)
+    padded, packed = _objectives(data, sentence)
+    for batch in batches:
+        grads = _assert_same_step(padded, packed, batch)
+        assert grads["cls.seq_relationship.weight"].abs().max() > 0  # the pair head did train
+        assert _step(packed, batch)[1][STAT_NAMES.index("pair_sequences")] == len(batch["input_ids"])
+
+
+def test_padding_free_step_with_no_sentence_objective_leaves_the_pair_head_untouched(synthetic_dataset):
+    # Packed rows attending across their documents (objective.attention full), RoBERTa's FULL-SENTENCES.
+    dataset = synthetic_dataset(300, max_seq_length=SEQ, max_predictions=10, kind="full_sentences",
+                                document_tokens=20)
+    data, batches = _micro_batches(dataset)
+    padded, packed = _objectives(data, "none")
+    grads = _assert_same_step(padded, packed, batches[0])
+    assert not any(name.startswith(("cls.seq_relationship", "bert.pooler")) for name in grads)
+
+
+def test_padding_free_step_keeps_packed_documents_apart(synthetic_dataset):
+    dataset = synthetic_dataset(300, max_seq_length=SEQ, max_predictions=10, kind="full_sentences",
+                                document_tokens=20)
+    data, batches = _micro_batches(dataset, documents=True)
+    assert any(int(b["document_ids"].max()) > 0 for b in batches)  # rows of several documents
+    padded, packed = _objectives(data, "none")
+    for batch in batches:
+        _assert_same_step(padded, packed, batch)
+    # Document attention is in force in both modes: without the document ids the loss is another.
+    whole_rows = {k: v for k, v in batches[0].items() if k not in ("document_ids", "position_ids")}
+    with torch.no_grad():
+        assert abs(packed(**whole_rows)[0] - packed(**batches[0])[0]) > 1e-4
+
+
+def test_a_short_training_run_has_the_padded_loss_curve(synthetic_dataset):
+    dataset = synthetic_dataset(600, max_seq_length=SEQ, max_predictions=10)
+    data, batches = _micro_batches(dataset, steps=2)
+    batches = batches + batches  # four steps, each global batch seen twice: the loss must fall within a few steps
+    curves = []
+    for objective in _objectives(data, "nsp", dropout=0.1):  # dropout on: the packed mode draws the same masks
+        optimizer = torch.optim.AdamW(objective.parameters(), lr=3e-3, weight_decay=0.01)
+        torch.manual_seed(21)
+        curve = []
+        for first in range(0, len(batches), 2):  # two micro-batches per step, as the loader gave them
+            losses = [objective(**batch)[0] for batch in batches[first:first + 2]]
+            sum(losses).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            curve.append(float(sum(losses).detach()))
+        curves.append(curve)
+    padded, packed = curves
+    assert len(padded) == 4 and padded[2] < padded[0] and padded[3] < padded[1]  # it trained
+    np.testing.assert_allclose(packed, padded, rtol=1e-4)  # rounding differences grow a little over the steps
+
+
+def test_masked_positions_map_into_the_packed_layout_and_padding_is_refused():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    packing = Packing.from_attention_mask(mask)
+    assert packing.positions(torch.tensor([1, 4, 5, 8, 11])).tolist() == [1, 3, 4, 5, 8]
+    with pytest.raises(ValueError, match="masked position falls on padding"):
+        packing.positions(torch.tensor([3]))
+
+
+def test_the_attention_kernel_is_sdpa_on_the_padded_grid_on_cpu():
+    assert packed_attention_kernel(torch.device("cpu")) == "sdpa-padded-grid"

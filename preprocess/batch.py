@@ -130,8 +130,8 @@ def mask_instances(tokens: np.ndarray, candidate: np.ndarray, lengths: np.ndarra
 
 
 def masking_recipe(cfg: InstanceConfig) -> MaskingRecipe:
-    return MaskingRecipe(mode=cfg.mask_unit, rate=cfg.masked_lm_prob,
-                         max_predictions=cfg.max_predictions_per_seq)
+    return MaskingRecipe(mode=cfg.mask_unit, rate=cfg.masked_lm_prob, max_predictions=cfg.max_predictions_per_seq,
+                         mask_fraction=cfg.mask_token_fraction, random_fraction=cfg.random_token_fraction)
 
 
 def random_segments(boundaries: np.ndarray, first_sentence: np.ndarray, end_sentence: np.ndarray,

@@ -109,7 +109,8 @@ def objective_of(cfg: InstanceConfig) -> ObjectiveEntry:
     """What the dataset's rows are for (the manifest's ``objective``), from the instance recipe."""
     return ObjectiveEntry(kind=cfg.kind, sentence_objective=cfg.sentence_objective, masking=cfg.masking,
                           mask_unit=cfg.mask_unit, masked_lm_prob=cfg.masked_lm_prob,
-                          max_predictions_per_seq=cfg.max_predictions_per_seq)
+                          max_predictions_per_seq=cfg.max_predictions_per_seq,
+                          mask_token_fraction=cfg.mask_token_fraction, random_token_fraction=cfg.random_token_fraction)
 
 
 def _instance_statistics(cfg: InstanceConfig, stats: dict, total_rows: int) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common import configlib
-from common.objectives import MASK_UNITS, MASKING_TIMES, SENTENCE_OBJECTIVES
+from common.objectives import MASK_UNITS, MASKING_TIMES, SENTENCE_OBJECTIVES, check_replacement_split
 from pretrain.schedule import ScheduleConfig
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -57,6 +57,8 @@ class ObjectiveConfig:
     mask_unit: str | None = None         # token | whole_word | span
     masked_lm_prob: float | None = None  # share of a row's tokens to predict (0.15 BERT, 0.3-0.4 later recipes)
     max_predictions: int | None = None   # per row
+    mask_token_fraction: float | None = None    # chosen positions shown as [MASK] (0.8 BERT), a random token
+    random_token_fraction: float | None = None  # (0.1), else themselves
 
     def __post_init__(self):
         for name, allowed in (("masking", MASKING_TIMES), ("sentence_objective", SENTENCE_OBJECTIVES),
@@ -67,6 +69,9 @@ class ObjectiveConfig:
             raise ValueError(f"objective.mask_unit is {self.mask_unit!r}; choose one of {', '.join(MASK_UNITS)}")
         if self.masked_lm_prob is not None and not 0.0 < self.masked_lm_prob < 1.0:
             raise ValueError(f"objective.masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.mask_token_fraction is not None or self.random_token_fraction is not None:
+            check_replacement_split(0.8 if self.mask_token_fraction is None else self.mask_token_fraction,
+                                    0.1 if self.random_token_fraction is None else self.random_token_fraction)
         if self.max_predictions is not None and self.max_predictions < 1:
             raise ValueError(f"objective.max_predictions must be >= 1, got {self.max_predictions}")
 

@@ -31,8 +31,8 @@ class Recipe:
             masks = "static masks from the shards"
         else:
             m = self.dynamic_masking
-            masks = (f"dynamic {m.mode} masking of {m.rate:g} of the tokens (at most {m.max_predictions} a row), "
-                     "drawn anew every epoch")
+            masks = (f"dynamic {m.mode} masking of {m.rate:g} of the tokens (at most {m.max_predictions} a row; "
+                     f"[MASK] {m.mask_fraction:g}, random {m.random_fraction:g}), drawn anew every epoch")
         pair = "no sentence-pair loss" if self.sentence_objective == "none" else f"{self.sentence_objective} loss"
         attention = "attention within each document" if self.document_attention else "full attention"
         return f"objective: {masks}; {pair}; {attention}"
@@ -57,7 +57,8 @@ def resolve(objective: ObjectiveConfig, manifest: Manifest) -> Recipe:
                         "full_sentences or doc_sentences")
     if entry.masking == "static":
         stored = {"mask_unit": entry.mask_unit, "masked_lm_prob": entry.masked_lm_prob,
-                  "max_predictions": entry.max_predictions_per_seq}
+                  "max_predictions": entry.max_predictions_per_seq, "mask_token_fraction": entry.mask_token_fraction,
+                  "random_token_fraction": entry.random_token_fraction}
         for name, value in stored.items():
             given = getattr(objective, name)
             if given is not None and given != value:
@@ -77,7 +78,9 @@ def _dynamic(objective: ObjectiveConfig, manifest: Manifest) -> MaskingRecipe:
     unit = objective.mask_unit or manifest.objective.mask_unit
     rate = objective.masked_lm_prob if objective.masked_lm_prob is not None else manifest.objective.masked_lm_prob
     cap = objective.max_predictions or max(1, math.ceil(rate * manifest.max_seq_length))
-    return MaskingRecipe(mode=unit, rate=rate, max_predictions=cap)
+    split = {name: getattr(objective, key) if getattr(objective, key) is not None else getattr(manifest.objective, key)
+             for name, key in (("mask_fraction", "mask_token_fraction"), ("random_fraction", "random_token_fraction"))}
+    return MaskingRecipe(mode=unit, rate=rate, max_predictions=cap, **split)
 
 
 __all__ = ["Recipe", "resolve"]

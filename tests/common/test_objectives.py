@@ -24,6 +24,16 @@ def test_a_pair_objective_needs_pairs_and_packed_rows_need_none(kind, objective)
         InstanceConfig(kind=kind, sentence_objective=objective)
 
 
+def test_the_replacement_split_is_checked_and_recorded(tmp_path):
+    with pytest.raises(ValueError, match="mask_token_fraction 0.9 and random_token_fraction 0.2 must be >= 0 and add"):
+        InstanceConfig(mask_token_fraction=0.9, random_token_fraction=0.2)
+    chosen = {"kind": "pairs", "sentence_objective": "nsp", "masking": "static", "mask_token_fraction": 1.0,
+              "random_token_fraction": 0.0}
+    manifest = Manifest.parse(_document(2, objective=chosen), tmp_path / "manifest.json")
+    assert (manifest.objective.mask_token_fraction, manifest.objective.random_token_fraction) == (1.0, 0.0)
+    assert Manifest.parse(_document(1), tmp_path / "manifest.json").objective.mask_token_fraction == 0.8
+
+
 @pytest.mark.parametrize("field, value", [("mask_unit", "sentence"), ("masking", "per_step"), ("kind", "sentences")])
 def test_unknown_choices_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"{field}.*{value}"):

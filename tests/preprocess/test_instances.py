@@ -114,6 +114,20 @@ def test_masking_proportions_80_10_10_over_many_rows():
     assert abs(counts["same"] / total - 0.1) < 0.01 and abs(counts["random"] / total - 0.1) < 0.01
 
 
+def test_the_replacement_split_is_configurable():
+    n = 500
+    tokens = np.random.default_rng(8).integers(5, VOCAB_SIZE, size=n * 100).astype(np.uint16)
+    starts = np.arange(n) * 100
+    all_mask = ({"mask_token_fraction": 1.0, "random_token_fraction": 0.0}, lambda shown, labels: shown == MASK)
+    all_kept = ({"mask_token_fraction": 0.0, "random_token_fraction": 0.0}, lambda shown, labels: shown == labels)
+    for split, check in (all_mask, all_kept):
+        cfg = InstanceConfig(max_seq_length=128, masked_lm_prob=0.15, max_predictions_per_seq=20, **split)
+        batch = finalize_batch(tokens, np.stack([starts, starts + 50], 1), np.stack([starts + 50, starts + 100], 1),
+                               keys_for(n), cfg, make_vocab())
+        for ids, _, positions, labels, _ in rows(batch):
+            assert len(positions) and check(ids[positions], labels).all(), split
+
+
 def test_masked_positions_are_uniform_over_candidates():
     cfg = InstanceConfig(max_seq_length=64, masked_lm_prob=0.15, max_predictions_per_seq=5)
     n = 20000

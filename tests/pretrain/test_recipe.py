@@ -21,6 +21,7 @@ def test_objective_values_are_checked_by_name():
                                 ("mask_unit", "ngram", "choose one of token, whole_word, span"),
                                 ("masked_lm_prob", 1.5, r"masked_lm_prob must be in \(0, 1\)"),
                                 ("max_predictions", 0, "max_predictions must be >= 1"),
+                                ("mask_token_fraction", 0.95, "must be >= 0 and add up to at most 1"),
                                 ("pair_loss", 1, "unknown key 'objective.pair_loss'")):
         with pytest.raises(ConfigError, match=message):
             _objective(**{key: value})
@@ -42,6 +43,9 @@ def test_a_pair_dataset_trains_as_it_was_made_and_refuses_other_objectives(synth
                  "full", "masks are stored (mask_unit token) but objective.mask_unit is span: remove objective."
                  "mask_unit"):
         assert part in message, part
+    with pytest.raises(ConfigError, match="masks are stored \\(mask_token_fraction 0.8\\) but objective.mask_token_"
+                                          "fraction is 0.5"):
+        resolve(_objective(mask_token_fraction=0.5), manifest)
 
 
 def test_a_dynamic_dataset_takes_the_configs_recipe_and_the_manifests_for_what_is_unset(synthetic_dataset):
@@ -55,7 +59,9 @@ def test_a_dynamic_dataset_takes_the_configs_recipe_and_the_manifests_for_what_i
                                 attention="document"), manifest)
     assert chosen.dynamic_masking == MaskingRecipe(mode="token", rate=0.4, max_predictions=30)
     assert chosen.document_attention
-    assert "dynamic token masking of 0.4 of the tokens (at most 30 a row)" in chosen.describe()
+    assert "dynamic token masking of 0.4 of the tokens (at most 30 a row; [MASK] 0.8, random 0.1)" in chosen.describe()
+    split = resolve(_objective(**none, mask_token_fraction=1.0, random_token_fraction=0.0), manifest)
+    assert (split.dynamic_masking.mask_fraction, split.dynamic_masking.random_fraction) == (1.0, 0.0)
     with pytest.raises(ConfigError, match="masked dynamic but objective.masking is static.*instances.masking: static"):
         resolve(_objective(sentence_objective="none"), manifest)
     with pytest.raises(ConfigError, match="full_sentences with sentence objective none but objective.sentence_"

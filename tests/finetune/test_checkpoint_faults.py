@@ -18,19 +18,19 @@ SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 def killed_during_export(sample_dataset, tmp_path_factory):
     """A 4-step run (checkpoints at 2 and 4) killed while it wrote its Hugging Face export."""
     out = tmp_path_factory.mktemp("killed-export") / "run"
-    real_write = hf_compat._write_export
+    real_write = hf_compat._write_files  # write_export's writer, into <directory>.partial
 
-    def dying_write(model, directory, tokenizer_dir):
+    def dying_write(directory, *args):
         (directory / "config.json").write_text("{}")  # the first file is out...
         raise KeyboardInterrupt("killed during the export")  # ...and the job is gone
 
-    hf_compat._write_export = dying_write
+    hf_compat._write_files = dying_write
     try:
         with pytest.raises(KeyboardInterrupt):
             train.run(tiny_config(sample_dataset, out, 4, **{"checkpoint.export_hf": "true"}), start_one_rank(),
                       resume=False)
     finally:
-        hf_compat._write_export = real_write
+        hf_compat._write_files = real_write
     return out
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from bench import record
+from bench.cpu import CONTENDED_LOAD, OtherProcesses
 from bench.processes import child_env
 from bench.shards import vocab_path
 
@@ -135,7 +136,7 @@ def pretrain(run_dir: Path, dataset: Path, init: Path, switches: dict, steps: in
            *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")]]
     env = {**child_env(), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(os.cpu_count() or 2)}
     log.parent.mkdir(parents=True, exist_ok=True)
-    started, stopped, cpu = time.perf_counter(), False, 0.0
+    started, stopped, cpu, others = time.perf_counter(), False, 0.0, OtherProcesses()
     with open(log, "ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())
         out.flush()
@@ -153,7 +154,11 @@ def pretrain(run_dir: Path, dataset: Path, init: Path, switches: dict, steps: in
         status = child.wait()
     if status not in (0, 75):
         sys.exit(f"pretraining {run_dir.name} failed ({status}); see {log}")
+    # Other processes' CPU meanwhile: under contention OpenMP's waiting threads spin, so a step costs more CPU and
+    # the budget buys fewer steps (flagged; measure such a recipe again with --recipes on a quiet machine).
+    foreign = others.cores(children_cpu_s=cpu)
     return {"status": status, "stopped_at_budget": stopped, "cpu_s": round(cpu, 1),
+            "others_cores": round(foreign, 2), "contended": foreign > CONTENDED_LOAD,
             "wall_s": round(time.perf_counter() - started, 1), "steps_planned": steps,
             "last_logged_step": _last_logged_step(run_dir)}
 
@@ -208,7 +213,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-cpu-s", type=float, default=600.0, help="pretraining CPU seconds per recipe")
     parser.add_argument("--seeds", default="1,2", help="finetuning seeds")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help="a subset of " + ",".join(RECIPES))
+    parser.add_argument("--recipes", default=",".join(RECIPES),
+                        help="a subset of " + ",".join(RECIPES) + "; the results file keeps the other recipes' entries "
+                             "(e.g. to measure one again on a quiet machine)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny budget and subsamples")
     parser.add_argument("--work", type=Path, default=record.WORK / "objectives")
     parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
@@ -258,8 +265,14 @@ def main(argv=None) -> int:
         "results": results, "bench_wall_s": round(time.perf_counter() - started, 1),
     }
     out_file = record.results_file(args.results, "objectives", machine, "-quick" if args.quick else "")
+    if set(names) != set(RECIPES) and out_file.is_file():
+        earlier = json.loads(out_file.read_text())
+        kept = {k: v for k, v in earlier["results"].items() if k not in results}
+        document["results"] = {**kept, **results}
+        document["measured_again"] = {"recipes": names, "date": document["date"],
+                                      "earlier_date": earlier.get("date"), "earlier_command": earlier.get("command")}
     record.write_json(out_file, document)
-    print(objectives_probe.table(results))
+    print(objectives_probe.table(document["results"]))
     print(f"results: {record.shown(out_file)}")
     return 0
 

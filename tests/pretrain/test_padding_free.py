@@ -7,6 +7,8 @@ are one GEMM there, so only summation order differs (tests/pretrain/test_packed.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -134,3 +136,24 @@ def test_masked_positions_map_into_the_packed_layout_and_padding_is_refused():
 
 def test_the_attention_kernel_is_sdpa_on_the_padded_grid_on_cpu():
     assert packed_attention_kernel(torch.device("cpu")) == "sdpa-padded-grid"
+
+
+def test_the_switch_trains_the_padded_curve_logs_its_kernel_and_may_change_on_resume(one_rank, sample_dataset,
+                                                                                     tmp_path, caplog):
+    """``model.padding_free`` through ``pretrain.train`` (DeepSpeed, dropout on): the padded run's metrics; a run
+    resumed with the switch flipped continues (how a step is computed, not what it computes)."""
+    from pretrain import train
+    from tests.pretrain.test_training import _cfg
+
+    caplog.set_level("INFO", logger="pretrain")
+    curves = {}
+    for switch in ("false", "true"):
+        out = tmp_path / f"run-{switch}"
+        assert train.run(_cfg(sample_dataset, out, 3, **{"model.padding_free": switch}), one_rank, resume=False) == 0
+        curves[switch] = [json.loads(line)["mlm_loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(curves["false"]) == 3
+    np.testing.assert_allclose(curves["true"], curves["false"], rtol=1e-4)
+    assert caplog.text.count("padding-free pretraining: attention kernel sdpa-padded-grid") == 1
+    resumed = _cfg(sample_dataset, tmp_path / "run-false", 4, **{"model.padding_free": "true"})
+    assert train.run(resumed, one_rank, resume=True) == 0
+    assert "model.padding_free: false -> true" in caplog.text

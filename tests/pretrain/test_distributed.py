@@ -86,7 +86,7 @@ def test_dynamic_masks_train_alike_on_one_process_and_two_ranks_and_resume_bitwi
     full, part = tmp_path / "full", tmp_path / "part"
     two_ranks = {**common, "zero.stage": 1, "checkpoint.every_steps": CHECKPOINT_AT, "checkpoint.keep_last": 5}
     result = _ok(launch("torchrun", 2, settings(dataset, full, steps=STEPS, **two_ranks)))
-    assert "dynamic token masking of 0.3 of the tokens (at most 39 a row)" in result.stdout
+    assert "dynamic token masking of 0.3 of the tokens (at most 39 a row; [MASK] 0.8, random 0.1)" in result.stdout
     want, got = losses(single), losses(full)
     assert sorted(got) == list(range(1, STEPS + 1))
     assert all(got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-5) for step in want), (got, want)

@@ -10,14 +10,13 @@ and no heads. Reading weights (safetensors, or a ``.bin`` as weights only) and t
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
 
 from pretrain.albert import AlbertConfig, AlbertForPreTraining
 from pretrain.checkpoints import CheckpointError
-from pretrain.hf_compat import load_weights, non_finite, write_export
+from pretrain.hf_compat import load_weights, non_finite, read_config, write_export
 
 _TIED = ("predictions.decoder.weight", "predictions.decoder.bias")  # stored once, as transformers saves them
 _BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids")
@@ -25,21 +24,8 @@ _PREFIXES = ("albert.", "predictions.", "sop_classifier.")
 
 
 def load_albert_config(directory: str | Path) -> AlbertConfig:
-    """The ``AlbertConfig`` of a Hugging Face ALBERT directory's config.json (keys we do not model are ignored)."""
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no config.json; pass a Hugging Face ALBERT directory")
-    raw = json.loads(path.read_text())
-    if raw.get("model_type") != "albert":
-        raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not 'albert'; load a BERT directory "
-                              "with pretrain.hf_compat.load_pretrained")
-    if raw.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError(f"{path}: only absolute position embeddings are supported")
-    known = {f.name for f in dataclasses.fields(AlbertConfig)}
-    try:
-        return AlbertConfig(**{k: v for k, v in raw.items() if k in known})
-    except ValueError as error:
-        raise CheckpointError(f"{path}: {error}") from None
+    """The ``AlbertConfig`` of a Hugging Face ALBERT directory's config.json (``hf_compat.read_config``)."""
+    return read_config(directory, "albert", AlbertConfig)
 
 
 def to_albert_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -7,7 +7,6 @@ state dict as it is; the reading, the non-finite check and the storage errors ar
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -15,7 +14,7 @@ from torch import nn
 
 from pretrain.checkpoints import CheckpointError
 from pretrain.electra import ElectraConfig, ElectraDiscriminator, ElectraGenerator, ElectraModel, ElectraPair
-from pretrain.hf_compat import load_weights, non_finite, write_export
+from pretrain.hf_compat import load_weights, non_finite, read_config, write_export
 
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")  # older files store them; ours are computed
 
@@ -39,17 +38,8 @@ def export_generator(model: ElectraPair | ElectraGenerator, directory: str | Pat
 
 
 def load_config(directory: str | Path) -> ElectraConfig:
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no config.json; pass a Hugging Face ELECTRA directory")
-    raw = json.loads(path.read_text())
-    if raw.get("model_type") != "electra":
-        raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not 'electra'; load a BERT with "
-                              "pretrain.hf_compat.load_pretrained")
-    if raw.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError(f"{path}: only absolute position embeddings are supported")
-    known = {f.name for f in dataclasses.fields(ElectraConfig)}
-    return ElectraConfig(**{k: v for k, v in raw.items() if k in known})
+    """The ``ElectraConfig`` of a Hugging Face ELECTRA directory's config.json (``hf_compat.read_config``)."""
+    return read_config(directory, "electra", ElectraConfig)
 
 
 def load_discriminator(directory: str | Path) -> ElectraModel:

@@ -25,16 +25,26 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def load_config(directory: str | Path) -> BertConfig:
+    return read_config(directory, "bert", BertConfig)
+
+
+def read_config(directory: str | Path, model_type: str, config_cls):
+    """``config_cls`` from a Hugging Face directory's config.json, for every model family: the ``model_type`` must
+    be ``model_type`` (absent reads as BERT, as older BERT files omit it), positions absolute; keys the config does
+    not model are ignored, and a value it refuses is refused naming the file."""
     path = Path(directory) / "config.json"
     if not path.is_file():
-        raise CheckpointError(f"{directory}: no config.json; pass a Hugging Face BERT directory")
+        raise CheckpointError(f"{directory}: no config.json; pass a Hugging Face {model_type.upper()} directory")
     raw = json.loads(path.read_text())
-    if raw.get("model_type", "bert") != "bert":
-        raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not 'bert'")
+    if raw.get("model_type", "bert") != model_type:
+        raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not {model_type!r}")
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(f"{path}: only absolute position embeddings are supported")
-    known = {f.name for f in dataclasses.fields(BertConfig)}
-    return BertConfig(**{k: v for k, v in raw.items() if k in known})
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    try:
+        return config_cls(**{k: v for k, v in raw.items() if k in known})
+    except ValueError as error:
+        raise CheckpointError(f"{path}: {error}") from None
 
 
 def is_complete(directory: str | Path) -> bool:

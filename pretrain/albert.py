@@ -49,11 +49,7 @@ class AlbertConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
-                             f"{self.num_attention_heads}")
-        if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {sorted(_ACTIVATIONS)}")
+        _bert_view(self, self.hidden_size, self.num_attention_heads)  # BertConfig's checks: heads, activation
         if min(self.embedding_size, self.num_hidden_layers, self.num_hidden_groups, self.inner_group_num) < 1:
             raise ValueError("embedding_size, num_hidden_layers, num_hidden_groups and inner_group_num must each be "
                              "at least 1")
@@ -66,6 +62,17 @@ class AlbertConfig:
     def depth(self) -> int:
         """Transformer layers a token goes through: every application of a group runs its inner layers."""
         return self.num_hidden_layers * self.inner_group_num
+
+
+def _bert_view(cfg: AlbertConfig, width: int, heads: int) -> BertConfig:
+    """The BertConfig of the BERT modules ALBERT reuses, at ``width`` (E for the embeddings, H for attention)."""
+    return BertConfig(vocab_size=cfg.vocab_size, hidden_size=width, num_attention_heads=heads,
+                      intermediate_size=cfg.intermediate_size, hidden_act=cfg.hidden_act,
+                      hidden_dropout_prob=cfg.hidden_dropout_prob,
+                      attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
+                      max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
+                      layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.initializer_range,
+                      pad_token_id=cfg.pad_token_id)
 
 
 PRESETS = {  # ALBERT v2's released sizes; "albert_tiny" is for tests and smoke runs
@@ -86,17 +93,6 @@ def preset(name: str, **overrides) -> AlbertConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown ALBERT preset {name!r}; choose one of {sorted(PRESETS)}")
     return replace(PRESETS[name], **overrides)
-
-
-def _bert_view(cfg: AlbertConfig, width: int, heads: int) -> BertConfig:
-    """The BertConfig of the BERT modules ALBERT reuses, at ``width`` (E for the embeddings, H for attention)."""
-    return BertConfig(vocab_size=cfg.vocab_size, hidden_size=width, num_attention_heads=heads,
-                      intermediate_size=cfg.intermediate_size, hidden_act=cfg.hidden_act,
-                      hidden_dropout_prob=cfg.hidden_dropout_prob,
-                      attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
-                      max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
-                      layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.initializer_range,
-                      pad_token_id=cfg.pad_token_id)
 
 
 def _dropout(x: torch.Tensor, module: nn.Dropout, packing: Packing | None) -> torch.Tensor:

@@ -12,20 +12,70 @@ from common.objectives import MASK_UNITS, MASKING_TIMES, SENTENCE_OBJECTIVES, ch
 from pretrain.schedule import ScheduleConfig
 
 PRECISIONS = ("bf16", "fp16", "fp32")
+FAMILIES = ("bert", "albert", "electra")  # pretrain.families
 OPTIMIZERS = ("adamw", "lamb")
 ATTENTIONS = ("full", "document")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    preset: str = "base"                 # tiny | base | large (pretrain.model.PRESETS)
-    init_from: str | None = None         # a Hugging Face BERT directory or one of our run directories
+    family: str = "bert"                 # bert | albert | electra (pretrain.families)
+    preset: str = "base"                 # one of the family's presets: tiny | base | large for BERT, albert_base ...
+    init_from: str | None = None         # a Hugging Face directory of the family, or one of our run directories
     vocab_size: int | None = None        # default: the dataset's vocabulary, rounded up to a multiple of 8
     hidden_dropout_prob: float | None = None
     attention_probs_dropout_prob: float | None = None
     max_position_embeddings: int = 512
     activation_checkpointing: bool = False
     padding_free: bool = False           # dense layers on real tokens only (pretrain.objective); equal to rounding
+    compile: bool = False                # run the model through torch.compile (lengths bucketed: few recompiles)
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"model.family is {self.family!r}; choose one of {', '.join(FAMILIES)}")
+
+
+@dataclass(frozen=True)
+class ElectraTrainingConfig:
+    """ELECTRA's two settings beyond the model preset (``model.family: electra``)."""
+
+    generator_fraction: float | None = None  # generator width / discriminator width; None: the preset's (1/4, 1/3)
+    discriminator_weight: float = 50.0       # lambda in loss = generator MLM + lambda x discriminator (the paper's)
+
+    def __post_init__(self):
+        if self.generator_fraction is not None and not 0.0 < self.generator_fraction <= 1.0:
+            raise ValueError(f"electra.generator_fraction must be in (0, 1], got {self.generator_fraction}")
+        if self.discriminator_weight < 0:
+            raise ValueError(f"electra.discriminator_weight must be >= 0, got {self.discriminator_weight}")
+
+
+@dataclass(frozen=True)
+class DistillationConfig:
+    """Knowledge distillation (DistilBERT, Sanh et al. 2019): set ``teacher`` to distil it into the run's model.
+
+    loss = kl_weight x KL(teacher || student) of the masked-token distributions at ``temperature`` (times T^2)
+         + mlm_weight x the student's masked-LM loss + cosine_weight x (1 - cos) of the last hidden states.
+    The student is the teacher's architecture with ``student_layers`` layers (default: half), initialised from
+    every other teacher layer; ``model.preset`` and ``model.init_from`` are then not used.
+    """
+
+    teacher: str | None = None           # a Hugging Face BERT directory or one of our run directories
+    temperature: float = 2.0
+    kl_weight: float = 5.0               # DistilBERT's alpha_ce
+    mlm_weight: float = 2.0              # alpha_mlm
+    cosine_weight: float = 1.0           # alpha_cos
+    student_layers: int | None = None    # default: half the teacher's layers
+    teacher_precision: str = "bf16"      # bf16 | fp32: the dtype the teacher's no-grad forward runs in
+
+    def __post_init__(self):
+        if self.temperature <= 0:
+            raise ValueError(f"distillation.temperature must be > 0, got {self.temperature}")
+        if min(self.kl_weight, self.mlm_weight, self.cosine_weight) < 0:
+            raise ValueError("distillation weights (kl_weight, mlm_weight, cosine_weight) must be >= 0")
+        if self.student_layers is not None and self.student_layers < 1:
+            raise ValueError(f"distillation.student_layers must be >= 1, got {self.student_layers}")
+        if self.teacher_precision not in ("bf16", "fp32"):
+            raise ValueError(f"distillation.teacher_precision must be bf16 or fp32, got {self.teacher_precision!r}")
 
 
 @dataclass(frozen=True)
@@ -171,6 +221,8 @@ class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    electra: ElectraTrainingConfig = field(default_factory=ElectraTrainingConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(total_steps=1000, warmup_steps=0))
@@ -183,6 +235,15 @@ class PretrainConfig:
         if self.schedule.total_steps != self.train.max_steps:
             raise ValueError(f"schedule.total_steps ({self.schedule.total_steps}) differs from train.max_steps "
                              f"({self.train.max_steps}); set both (the schedule decays to the end of the run)")
+        if self.model.family == "electra" and self.objective.sentence_objective != "none":
+            raise ValueError(f"model.family electra trains no sentence-pair head, but objective.sentence_objective is "
+                             f"{self.objective.sentence_objective!r}: pretrain ELECTRA on a dataset made with "
+                             "sentence_objective none (e.g. configs/preprocess/electra_seq128.yaml)")
+        if self.distillation.teacher and self.model.family != "bert":
+            raise ValueError(f"distillation distils into a BERT student; model.family is {self.model.family!r}")
+        if self.distillation.teacher and self.model.init_from:
+            raise ValueError("distillation initialises the student from its teacher's layers; leave model.init_from "
+                             "unset")
         if self.optimizer.name == "lamb" and self.zero.stage > 0:
             raise ValueError("LAMB computes a trust ratio per parameter tensor, which ZeRO's flat partitions "
                              "break: use zero.stage 0 with lamb (fp16 or fp32), or adamw with ZeRO")

@@ -259,7 +259,9 @@ class PretrainingLoader:
     Each micro-batch carries ``mlm_loss_scale``: (micro-batches in the global batch) / (masked tokens in
     the global batch). Summed token losses times this scale, averaged over micro-steps and ranks the way
     DeepSpeed averages gradients, give the mean over every masked token of the global batch, so the loss
-    does not depend on how the batch is split across ranks and accumulation steps.
+    does not depend on how the batch is split across ranks and accumulation steps. ``token_loss_scale`` is the
+    same over every real token of the global batch (the row lengths, known to every rank without communicating),
+    for losses on all tokens: ELECTRA's discriminator, distillation's hidden-state alignment.
 
     With ``masking`` (a dynamically masked dataset) each rank masks only the rows it reads, and the global
     batch's masked count is their sum over ranks (``global_sum``, an all-reduce of one integer; required on
@@ -332,10 +334,13 @@ class PretrainingLoader:
             masked_total = int(block.counts.sum())
             if self.world_size > 1:
                 masked_total = int(self.global_sum(masked_total))
-        scale = self.accumulation * self.world_size / max(1, masked_total)
+        shares = self.accumulation * self.world_size
+        scale = shares / max(1, masked_total)
+        token_scale = shares / max(1, int(self.data.lengths_of(rows).sum()))
         micro = self.micro_batch
         return [{**pad(block, self.data.pad_id, a * micro, (a + 1) * micro, documents=self.document_attention),
-                 "mlm_loss_scale": np.float32(scale)} for a in range(self.accumulation)]
+                 "mlm_loss_scale": np.float32(scale), "token_loss_scale": np.float32(token_scale)}
+                for a in range(self.accumulation)]
 
 
 __all__ = ["PretrainingLoader", "RowBlock", "ShardedInstances", "collate",

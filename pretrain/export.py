@@ -1,4 +1,4 @@
-"""Export a pretraining checkpoint as a Hugging Face BERT directory.
+"""Export a pretraining checkpoint as a Hugging Face directory of the run's model family.
 
     python -m pretrain.export runs/bert-large-phase1 OUT_DIR            # the run's newest complete checkpoint
     python -m pretrain.export runs/bert-large-phase1/checkpoints/step_00002000 OUT_DIR
@@ -49,9 +49,7 @@ def find_checkpoint(path: Path) -> checkpoints.Checkpoint:
 def export_checkpoint(path: Path | checkpoints.Checkpoint, output: Path) -> Path:
     """Write ``output`` (config.json, model.safetensors, tokenizer) from the checkpoint at ``path`` (or from
     a checkpoint ``find_checkpoint`` already checked)."""
-    from pretrain import engine
-    from pretrain.hf_compat import export
-    from pretrain.model import BertConfig, BertForPreTraining
+    from pretrain import engine, families
 
     found = path if isinstance(path, checkpoints.Checkpoint) else find_checkpoint(path)
     run_dir = found.directory.parent
@@ -77,31 +75,15 @@ def export_checkpoint(path: Path | checkpoints.Checkpoint, output: Path) -> Path
             raise CheckpointError(f"{found.path}: DeepSpeed could not read it ({type(error).__name__}: "
                                   f"{str(error).splitlines()[0][:200] if str(error) else ''}); a file is damaged: "
                                   "export an earlier checkpoint of the run") from error
-    # The decoder is tied to the word embeddings: one parameter, which the conversion may list under both names.
-    state = {k.removeprefix("model."): v for k, v in state.items() if not k.endswith("cls.predictions.decoder.weight")}
-    model_config = _config_from_weights(cfg, state, BertConfig)
-    model = BertForPreTraining(model_config)
-    shapes = {k: v.shape for k, v in model.state_dict().items()}
-    state = {k: v.reshape(shapes[k]) if k in shapes and v.numel() == shapes[k].numel() else v for k, v in state.items()}
-    result = model.load_state_dict(state, strict=False)
-    if set(result.missing_keys) - {"cls.predictions.decoder.weight"} or result.unexpected_keys:
-        raise CheckpointError(f"{found.path}: weights do not fit the run's model config "
-                              f"(missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})")
+    family = families.for_config(cfg)
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    try:
+        model = family.model_from_state(state)
+    except CheckpointError as error:
+        raise CheckpointError(f"{found.path}: {error}") from None
     tokenizer_dir = run_dir / "tokenizer"  # copied there by the run from its dataset
-    export(model, output, tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None)
+    family.export(model, output, tokenizer_dir if tokenizer_dir.is_dir() else None)
     return output
-
-
-def _config_from_weights(cfg, state, config_cls):
-    from pretrain.hf_compat import finished_export, load_config
-    from pretrain.model import preset
-
-    if cfg.model.init_from:
-        return load_config(finished_export(cfg.model.init_from) or Path(cfg.model.init_from))
-    hidden = preset(cfg.model.preset).hidden_size
-    vocab = state["bert.embeddings.word_embeddings.weight"].numel() // hidden
-    positions = state["bert.embeddings.position_embeddings.weight"].numel() // hidden
-    return preset(cfg.model.preset, vocab_size=vocab, max_position_embeddings=positions)
 
 
 def main(argv=None) -> int:

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from pretrain.config import BatchPlan, PretrainConfig
-from pretrain.model import BertConfig, flops_per_token
+from pretrain.families import Family
 from pretrain.monitor import Monitor, peak_tflops
-from pretrain.objective import STAT_NAMES
 
 PREEMPTED, DIVERGED = 75, 3
 
@@ -60,7 +60,7 @@ class Engine(Protocol):
 
     def train_micro_batch(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Forward and backward of one micro-batch, and the optimizer step after the step's last one; the
-        micro-batch's statistics (``STAT_NAMES``)."""
+        micro-batch's statistics (``Family.stat_names``)."""
 
     def step_applied(self) -> bool:
         """False when the last step was skipped for a non-finite loss or gradient."""
@@ -85,31 +85,34 @@ class LoopState:
 
 
 def train(state: LoopState, engine: Engine, loader, monitor: Monitor, *, cfg: PretrainConfig, plan: BatchPlan,
-          model_config: BertConfig, stop: StopFlag, save: Callable[[LoopState], None]) -> int:
+          family: Family, model: nn.Module, rank: int = 0, stop: StopFlag, save: Callable[[LoopState], None]) -> int:
     """Step until ``train.max_steps`` or a stop; the status (0, ``PREEMPTED`` or ``DIVERGED``).
 
-    ``loader.next_step()`` gives this rank's micro-batches of the next step; ``save(state)`` writes a checkpoint
-    (every ``checkpoint.every_steps``, at the end and on a stop) and may raise ``Diverged``.
+    ``loader.next_step()`` gives this rank's micro-batches of the next step; ``family`` adds its inputs to each,
+    reads the statistics and counts ``model``'s FLOPs; ``save(state)`` writes a checkpoint (every
+    ``checkpoint.every_steps``, at the end and on a stop) and may raise ``Diverged``.
     """
     try:
-        return _steps(state, engine, loader, monitor, cfg=cfg, plan=plan, model_config=model_config, stop=stop,
-                      save=save)
+        return _steps(state, engine, loader, monitor, cfg=cfg, plan=plan, family=family, model=model, rank=rank,
+                      stop=stop, save=save)
     except Diverged as error:
         monitor.info(str(error))
         return DIVERGED
 
 
-def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, save) -> int:
+def _steps(state, engine, loader, monitor, *, cfg, plan, family, model, rank, stop, save) -> int:
     train, faults, ckpt_dir = cfg.train, cfg.faults, Path(cfg.output_dir) / "checkpoints"
     device = engine.device
     peak = cfg.logging.peak_tflops or peak_tflops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
-    window = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
+    names = family.stat_names
+    window = torch.zeros(len(names), dtype=torch.float64)
     window_started, window_width, window_steps, consecutive = time.time(), 0, 0, 0
     while state.step < train.max_steps:
-        stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=device)
+        stats = torch.zeros(len(names), dtype=torch.float64, device=device)
         lr = engine.lr()  # the rate this step uses
-        for micro in loader.next_step():
+        for index, micro in enumerate(loader.next_step()):
             batch = {k: torch.as_tensor(v).to(device, non_blocking=True) for k, v in micro.items()}
+            batch.update(family.micro_batch_inputs(step=state.step, micro=index, rank=rank))
             stats += engine.train_micro_batch(batch).double()
             window_width += micro["input_ids"].shape[1]
         applied = engine.step_applied()
@@ -120,7 +123,7 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, sav
         stats, signalled = reduced[:-1].cpu(), reduced[-1].item() > 0
         state.step += 1
         state.consumed += plan.global_batch
-        step, loss_value = state.step, loss(stats)
+        step, loss_value = state.step, family.summary(stats)["loss"]
         if not applied:
             state.skipped, consecutive = state.skipped + 1, consecutive + 1
             monitor.info(f"step {step}: non-finite loss or gradient; step skipped "
@@ -130,7 +133,7 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, sav
                                f"faults.max_consecutive_skips={faults.max_consecutive_skips}); stopping. "
                                f"The last good checkpoint is kept in {ckpt_dir}: resume from it with a lower "
                                "learning rate, or fp16 -> bf16")
-        elif stats[STAT_NAMES.index("nonfinite_losses")] > 0 or not math.isfinite(loss_value):
+        elif stats[names.index("nonfinite_losses")] > 0 or not math.isfinite(loss_value):
             raise Diverged(f"step {step}: the loss is not finite and {train.precision} has no overflow "
                            "check to skip the step; the weights are no longer usable. The last good checkpoint "
                            f"is kept in {ckpt_dir}: resume with bf16 or fp16, or a lower learning rate")
@@ -143,12 +146,11 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, sav
         if window_steps and (step % cfg.logging.log_every == 0 or last):
             elapsed = time.time() - window_started
             width = window_width / (window_steps * plan.accumulation)
-            monitor.record(metrics(window, step=step, lr=lr, grad_norm=engine.grad_norm(),
+            flops = family.flops_per_token(model, int(width), masked_fraction(window, names))
+            monitor.record(metrics(window, family, step=step, lr=lr, grad_norm=engine.grad_norm(),
                                    loss_scale=engine.loss_scale(), skipped=state.skipped, elapsed=elapsed,
-                                   consumed=state.consumed, flops_per_token=flops_per_token(
-                                       model_config, int(width), masked_fraction=masked_fraction(window)),
-                                   peak_tflops=peak, world=plan.world_size,
-                                   sentence_objective=cfg.objective.sentence_objective), line=True)
+                                   consumed=state.consumed, flops_per_token=flops, peak_tflops=peak,
+                                   world=plan.world_size), line=True)
             window.zero_()
             window_started, window_width, window_steps = time.time(), 0, 0
         if signalled:
@@ -164,31 +166,19 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, model_config, stop, sav
     return 0
 
 
-def loss(stats: torch.Tensor) -> float:
-    """The loss of a statistics vector (``STAT_NAMES``): token-mean MLM loss plus sequence-mean sentence-pair loss
-    (none when the objective trains no pair head)."""
-    s = dict(zip(STAT_NAMES, stats.tolist()))
-    return s["mlm_loss_sum"] / max(1.0, s["mlm_tokens"]) + s["pair_loss_sum"] / max(1.0, s["pair_sequences"])
-
-
-def masked_fraction(stats: torch.Tensor) -> float:
+def masked_fraction(stats: torch.Tensor, names: tuple[str, ...]) -> float:
     """The share of the real tokens the MLM head predicted (the recipe's rate, e.g. 0.15 or 0.3): its FLOPs."""
-    s = dict(zip(STAT_NAMES, stats.tolist()))
+    s = dict(zip(names, stats.tolist()))
     return s["mlm_tokens"] / max(1.0, s["tokens"])
 
 
-def metrics(window, *, step, lr, grad_norm, loss_scale, skipped, elapsed, consumed, flops_per_token,
-            peak_tflops, world, sentence_objective: str = "nsp") -> dict:
-    """One metrics.jsonl record from the statistics summed over the window's applied steps. The pair head's loss
-    and accuracy are named after the objective (``nsp_loss``, ``sop_loss``) and left out when it trains none."""
-    s = dict(zip(STAT_NAMES, window.tolist()))
+def metrics(window: torch.Tensor, family: Family, *, step, lr, grad_norm, loss_scale, skipped, elapsed, consumed,
+            flops_per_token, peak_tflops, world) -> dict:
+    """One metrics.jsonl record from the statistics summed over the window's applied steps: the family's ratios
+    (``Family.summary``), then the step's settings and the throughput."""
+    s = dict(zip(family.stat_names, window.tolist()))
     tokens_per_second = s["tokens"] / max(elapsed, 1e-9)
     mfu = tokens_per_second * flops_per_token / (peak_tflops * 1e12 * world) if peak_tflops else None
-    record = {"step": step, "loss": loss(window), "mlm_loss": s["mlm_loss_sum"] / max(1.0, s["mlm_tokens"]),
-              "mlm_accuracy": s["mlm_correct"] / max(1.0, s["mlm_tokens"])}
-    if sentence_objective != "none" and s["pair_sequences"] > 0:
-        record[f"{sentence_objective}_loss"] = s["pair_loss_sum"] / s["pair_sequences"]
-        record[f"{sentence_objective}_accuracy"] = s["pair_correct"] / s["pair_sequences"]
-    return {**record, "lr": lr, "grad_norm": grad_norm, "loss_scale": loss_scale, "skipped_steps": skipped,
-            "tokens_per_second": tokens_per_second, "sequences_per_second": s["sequences"] / max(elapsed, 1e-9),
-            "mfu": mfu, "consumed_samples": consumed}
+    return {"step": step, **family.summary(window), "lr": lr, "grad_norm": grad_norm, "loss_scale": loss_scale,
+            "skipped_steps": skipped, "tokens_per_second": tokens_per_second,
+            "sequences_per_second": s["sequences"] / max(elapsed, 1e-9), "mfu": mfu, "consumed_samples": consumed}

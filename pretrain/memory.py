@@ -144,9 +144,24 @@ def planned_model_config(model, vocab_size: int | None):
                               if getattr(model, k) is not None})
 
 
+def _family_parameters(cfg, vocab_size: int | None) -> int:
+    """Trainable parameters of the model ``pretrain.families`` builds for ``cfg`` (on the meta device)."""
+    import torch
+
+    from pretrain import families
+
+    vocab = cfg.model.vocab_size or (-(-vocab_size // 8) * 8 if vocab_size else DEFAULT_VOCAB)
+    with torch.device("meta"):
+        model = families.for_config(cfg).new_model(vocab_size=vocab, pad_token_id=0)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def estimate_for_run(cfg, world_size: int, vocab_size: int | None = None) -> MemoryEstimate:
-    """The estimate for a ``PretrainConfig`` at ``world_size`` ranks."""
-    parameters = count_parameters(planned_model_config(cfg.model, vocab_size))
+    """The estimate for a ``PretrainConfig`` at ``world_size`` ranks (a frozen teacher's weights not counted)."""
+    if cfg.model.family == "bert" and not cfg.distillation.teacher:
+        parameters = count_parameters(planned_model_config(cfg.model, vocab_size))
+    else:
+        parameters = _family_parameters(cfg, vocab_size)
     return estimate(parameters, world_size=world_size, zero_stage=cfg.zero.stage, precision=cfg.train.precision,
                     optimizer=cfg.optimizer.name, offload_optimizer=cfg.zero.offload_optimizer != "none",
                     offload_param=cfg.zero.offload_param != "none")

@@ -55,13 +55,16 @@ class PretrainingObjective(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                 masked_positions: torch.Tensor, masked_labels: torch.Tensor, next_sentence_labels: torch.Tensor,
                 mlm_loss_scale: torch.Tensor, position_ids: torch.Tensor | None = None,
-                document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                document_ids: torch.Tensor | None = None,
+                token_loss_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to back-propagate, detached statistics in the order of ``STAT_NAMES``).
 
         ``mlm_loss_scale`` turns this micro-batch's summed token losses into its share of the mean over
         the whole global batch (see ``PretrainingLoader``); ``position_ids`` and ``document_ids`` keep packed
-        documents apart (document attention).
+        documents apart (document attention). ``token_loss_scale`` (the loader's, for losses over every token)
+        is not used: BERT's losses are on masked tokens and sequences only.
         """
+        del token_loss_scale
         if self.padding_free:
             packing = Packing.from_attention_mask(attention_mask)
             packed = lambda t: None if t is None else packing.pack(t)  # noqa: E731

@@ -16,26 +16,22 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from common import configlib, writelock
 from common.manifest import Manifest, ModelRequirements
-from pretrain import checkpoints, loop
+from pretrain import checkpoints, families, loop
 from pretrain import engine as ds
 from pretrain import resume as resume_check
 from pretrain.config import BatchPlan, PretrainConfig, batch_plan
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.dynamic_masking import DynamicMasking
-from pretrain.hf_compat import (
-    export,
-    export_directory,
-    finished_export,
-    load_pretrained,
-)
+from pretrain.families import Family
+from pretrain.hf_compat import export_directory, finished_export
 from pretrain.launch import Rendezvous
 from pretrain.loop import DIVERGED, PREEMPTED, Diverged, LoopState, StopFlag
-from pretrain.model import BertForPreTraining, preset
 from pretrain.monitor import Monitor, log
-from pretrain.objective import PretrainingObjective, packed_attention_kernel
+from pretrain.objective import packed_attention_kernel
 from pretrain.recipe import resolve
 
 LOCK_NAME = "writer.lock"  # in output_dir while a run writes it
@@ -46,18 +42,16 @@ class CollectiveTimeout(RuntimeError):
     """A collective waited longer than ``faults.timeout_minutes``."""
 
 
-def build_model(cfg: PretrainConfig, manifest: Manifest) -> BertForPreTraining:
+def build_model(cfg: PretrainConfig, manifest: Manifest, family: Family | None = None) -> nn.Module:
+    family = family or families.for_config(cfg)
     m = cfg.model
     if m.init_from:
-        model, fresh = load_pretrained(_init_directory(m.init_from))
+        model, fresh = family.load_model(_init_directory(m.init_from))
         if fresh:
             log.info(f"initialised fresh (not in {m.init_from}): {', '.join(fresh)}")
         return model
     vocab = m.vocab_size or -(-manifest.tokenizer.vocab_size // 8) * 8  # a multiple of 8 for tensor cores
-    overrides = {k: getattr(m, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
-                 if getattr(m, k) is not None}
-    return BertForPreTraining(preset(m.preset, vocab_size=vocab, max_position_embeddings=m.max_position_embeddings,
-                                     pad_token_id=manifest.tokenizer.special_ids["[PAD]"], **overrides))
+    return family.new_model(vocab_size=vocab, pad_token_id=manifest.tokenizer.special_ids["[PAD]"])
 
 
 def _init_directory(init_from: str) -> Path:
@@ -113,7 +107,8 @@ def run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
 class Setup:
     """What set-up hands the loop: the built pieces and where the run stands."""
 
-    model: BertForPreTraining
+    model: nn.Module
+    family: Family
     data: ShardedInstances
     engine: ds.Engine
     loader: PretrainingLoader
@@ -129,15 +124,15 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     monitor = Monitor(out if rank == 0 else None, total_steps=cfg.train.max_steps, start_step=state.step,
                       progress=cfg.logging.progress, ds_monitor=engine.monitor)
     if state.step == 0:
-        monitor.info(f"{run.plan.describe()}; {sum(p.numel() for p in run.model.parameters()):,} parameters; "
+        monitor.info(f"{run.plan.describe()}; {run.family.describe(run.model)}; "
                      f"ZeRO {cfg.zero.stage}, {cfg.train.precision}, {cfg.optimizer.name}")
     stop = StopFlag().install()
     started = time.time()
     try:
         save = functools.partial(_save, engine=engine, cfg=cfg, loader=run.loader, world=world, monitor=monitor,
                                  timings=run.timings)
-        status = loop.train(state, engine, run.loader, monitor, cfg=cfg, plan=run.plan,
-                            model_config=run.model.config, stop=stop, save=save)
+        status = loop.train(state, engine, run.loader, monitor, cfg=cfg, plan=run.plan, family=run.family,
+                            model=run.model, rank=rank, stop=stop, save=save)
         if status == 0 and not engine.weights_finite():  # e.g. the last steps were skipped, so never saved
             monitor.info(f"the final weights hold NaN or inf: the run is not done and {export_directory(out)} is not "
                          f"exported. The last good checkpoint is kept in {out / 'checkpoints'}: resume from it with "
@@ -145,7 +140,7 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
             status = DIVERGED
         if status == 0 and cfg.checkpoint.export_hf:
             began = time.perf_counter()
-            _export(engine, run.model, out)
+            _export(engine, run.family, run.model, out)
             run.timings["export_hf_s"] = round(time.perf_counter() - began, 2)
     except RuntimeError as error:  # torch's DistBackendError included
         if "timed out" not in str(error).lower() and "timeout" not in str(error).lower():
@@ -178,11 +173,12 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
     if rank == 0:
         log.info(recipe.describe())
     _check_init_tokenizer(cfg, data.manifest)
+    family = families.for_config(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every run
-    model = build_model(cfg, data.manifest)
-    data.check(ModelRequirements(model.config.vocab_size, model.config.max_position_embeddings,
+    model = build_model(cfg, data.manifest, family)
+    data.check(ModelRequirements(family.vocab_size(model), family.positions(model),
                                  special_ids=data.manifest.tokenizer.special_ids))
-    model.bert.encoder.gradient_checkpointing = cfg.model.activation_checkpointing
+    family.set_activation_checkpointing(model, cfg.model.activation_checkpointing)
     ckpt_dir = out / "checkpoints"
     found = _resume_point(ckpt_dir, cfg.checkpoint.on_corrupt, rank) if resume else None
     if rank == 0:  # the rank that writes tokenizer/ (others could see it half copied)
@@ -205,8 +201,7 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
         shutil.copytree(data.tokenizer_dir, out / "tokenizer", dirs_exist_ok=True)
     seed_everything(cfg.seed, rank)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
-    objective = PretrainingObjective(model, recipe.sentence_objective, padding_free=cfg.model.padding_free)
-    engine = ds.Engine(ds.build(cfg, objective, ds_config))
+    engine = ds.Engine(ds.build(cfg, family.objective(model), ds_config))
     if cfg.model.padding_free and rank == 0:
         log.info(f"padding-free pretraining: attention kernel {packed_attention_kernel(engine.device)}")
     if initial is not None and found is None:
@@ -233,7 +228,7 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
                  "ranks")
     elif resume:
         log.info(f"no complete checkpoint in {ckpt_dir}; starting from scratch")
-    return Setup(model, data, engine, loader, plan, state, timings)
+    return Setup(model, family, data, engine, loader, plan, state, timings)
 
 
 def _sum_over_ranks(engine: ds.Engine, count: int) -> int:
@@ -332,16 +327,12 @@ def _intact(directory: Path, tag: str) -> bool:
         return False
 
 
-def _export(engine: ds.Engine, model: BertForPreTraining, out: Path) -> None:
+def _export(engine: ds.Engine, family: Family, model: nn.Module, out: Path) -> None:
     """The final weights (checked finite by the caller) as a Hugging Face directory (rank 0), with the dataset's
     tokenizer."""
     state = engine.consolidated_state_dict()
     if engine.rank == 0:
         state = {k.removeprefix("model."): v for k, v in state.items()}
-        cpu_model = BertForPreTraining(model.config)
-        missing = cpu_model.load_state_dict(state, strict=False).missing_keys
-        if set(missing) - {"cls.predictions.decoder.weight"}:
-            raise RuntimeError(f"export: weights missing from the engine: {missing[:5]}")
-        export(cpu_model, export_directory(out), tokenizer_dir=out / "tokenizer")
-        log.info(f"exported the final weights to {export_directory(out)} (Hugging Face BertForPreTraining)")
+        family.export(family.model_from_state(state, model.config), export_directory(out), out / "tokenizer")
+        log.info(f"exported the final weights to {export_directory(out)} (Hugging Face {family.architecture})")
     engine.barrier()

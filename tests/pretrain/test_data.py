@@ -85,9 +85,12 @@ def test_the_split_does_not_change_the_samples_or_the_loss_normaliser(sample_dat
         for a in range(2):
             assert (one[a]["input_ids"] == two[a]["input_ids"]).all()
             assert one[a]["mlm_loss_scale"] == two[a]["mlm_loss_scale"]
-        # scale x masked tokens summed over the micro-batches = number of micro-batches
+            assert one[a]["token_loss_scale"] == two[a]["token_loss_scale"]
+        # scale x masked (or real) tokens summed over the micro-batches = number of micro-batches
         total = sum(len(m["masked_labels"]) for m in one)
         assert abs(one[0]["mlm_loss_scale"] * total - 2) < 1e-5
+        real = sum(int(m["attention_mask"].sum()) for m in one)
+        assert abs(one[0]["token_loss_scale"] * real - 2) < 1e-5
 
 
 def test_resume_yields_the_same_next_batch(sample_dataset):

@@ -12,6 +12,7 @@ import torch
 
 from pretrain import config, loop
 from pretrain.data import PretrainingLoader, ShardedInstances
+from pretrain.families.bert import BertFamily
 from pretrain.model import BertForPreTraining, preset
 from pretrain.monitor import Monitor
 from pretrain.objective import STAT_NAMES, PretrainingObjective
@@ -138,8 +139,8 @@ def _run(tmp_path, dataset, *, poisoned=(), signal_at=None, overflow_check=True,
     monitor = Monitor(tmp_path, total_steps=cfg.train.max_steps, start_step=0, progress=False)
     stop = loop.StopFlag().install()
     try:
-        status = loop.train(state, engine, loader, monitor, cfg=cfg, plan=plan, model_config=model.config, stop=stop,
-                            save=record_save)
+        status = loop.train(state, engine, loader, monitor, cfg=cfg, plan=plan, family=BertFamily(cfg), model=model,
+                            stop=stop, save=record_save)
     finally:
         stop.restore()
         monitor.close()

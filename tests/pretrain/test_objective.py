@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from pretrain import config, loop, train
+from pretrain.families.bert import BertFamily
 from pretrain.hf_compat import load_pretrained
 from pretrain.model import BertConfig, BertForPreTraining
 from pretrain.monitor import format_line
@@ -59,8 +60,9 @@ def _record(objective):
         values.update(pair_loss_sum=2.0, pair_correct=3.0, pair_sequences=4.0)
     for name, value in values.items():
         stats[STAT_NAMES.index(name)] = value
-    return loop.metrics(stats, step=1, lr=1e-3, grad_norm=1.0, loss_scale=1.0, skipped=0, elapsed=1.0, consumed=4,
-                        flops_per_token=1.0, peak_tflops=None, world=1, sentence_objective=objective)
+    family = BertFamily(config.load(TINY, [f"objective.sentence_objective={objective}"]))
+    return loop.metrics(stats, family, step=1, lr=1e-3, grad_norm=1.0, loss_scale=1.0, skipped=0, elapsed=1.0,
+                        consumed=4, flops_per_token=1.0, peak_tflops=None, world=1)
 
 
 def test_records_name_the_pair_objective_and_leave_it_out_when_there_is_none():
@@ -101,4 +103,4 @@ def test_without_a_pair_objective_the_head_is_left_to_weight_decay(one_rank, syn
 def test_the_mfu_estimate_counts_the_mlm_head_on_the_share_of_tokens_it_predicted():
     stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
     stats[STAT_NAMES.index("mlm_tokens")], stats[STAT_NAMES.index("tokens")] = 300.0, 1000.0
-    assert loop.masked_fraction(stats) == 0.3  # a 30% recipe's head does twice the FLOPs of BERT's 15%
+    assert loop.masked_fraction(stats, STAT_NAMES) == 0.3  # a 30% recipe's head does twice the FLOPs of BERT's 15%

@@ -1,0 +1,103 @@
+"""What a pretraining run needs to know about the model it trains: one ``Family`` per kind of model.
+
+``pretrain.train`` builds, wraps, exports and counts FLOPs through ``for_config(cfg)`` only, and ``pretrain.loop``
+reads its statistics through it, so BERT, ALBERT, ELECTRA and a distilled BERT share one loop, one engine, one
+checkpoint format and one resume path. A family's statistics vector always holds ``REQUIRED_STATS`` (what the loop
+itself reads: throughput, the masked share behind the FLOPs, the non-finite check); the rest is its own, and its
+``summary`` turns sums over steps and ranks into the logged ratios (exact ratios of sums, never means of means).
+
+Nothing here imports DeepSpeed or torch.distributed: a family's objective is a plain ``nn.Module`` whose forward takes
+the loader's micro-batch (plus ``micro_batch_inputs``) and returns (loss to back-propagate, detached statistics).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+REQUIRED_STATS = ("mlm_tokens", "sequences", "tokens", "nonfinite_losses")
+
+
+class Family:
+    """The interface; ``pretrain.families.bert.BertFamily`` is the reference implementation."""
+
+    name: str = ""
+    stat_names: tuple[str, ...] = ()
+    architecture: str = ""  # what the Hugging Face export is, for the log line (e.g. "BertForPreTraining")
+
+    def new_model(self, *, vocab_size: int, pad_token_id: int) -> nn.Module:
+        """A freshly initialised model of the run's preset for a vocabulary of ``vocab_size`` ids (already rounded)."""
+        raise NotImplementedError
+
+    def load_model(self, directory: Path) -> tuple[nn.Module, list[str]]:
+        """``model.init_from``: the model with the directory's weights and the names of freshly initialised ones."""
+        raise NotImplementedError
+
+    def positions(self, model: nn.Module) -> int:
+        """The longest row the model embeds (``max_position_embeddings``), checked against the dataset."""
+        raise NotImplementedError
+
+    def vocab_size(self, model: nn.Module) -> int:
+        raise NotImplementedError
+
+    def set_activation_checkpointing(self, model: nn.Module, enabled: bool) -> None:
+        raise NotImplementedError
+
+    def objective(self, model: nn.Module) -> nn.Module:
+        """The module DeepSpeed wraps; ``forward(**micro_batch, **micro_batch_inputs(...))`` -> (loss, stats). Only
+        its parameters are trained and checkpointed (a teacher is kept outside them)."""
+        raise NotImplementedError
+
+    def micro_batch_inputs(self, *, step: int, micro: int, rank: int) -> dict[str, Any]:
+        """Inputs beyond the loader's for micro-batch ``micro`` of (0-based) optimizer step ``step`` on ``rank``:
+        e.g. ELECTRA's sampling seed, a stable function of the run's seed and these, so a resumed run draws what
+        the uninterrupted one did."""
+        return {}
+
+    def summary(self, stats: torch.Tensor) -> dict[str, float]:
+        """The logged ratios of a statistics vector summed over steps and ranks: ``loss`` first."""
+        raise NotImplementedError
+
+    def flops_per_token(self, model: nn.Module, seq_len: int, masked_fraction: float) -> float:
+        """Training FLOPs per real token of one step at padded width ``seq_len`` (every network the step runs:
+        generator and discriminator, the teacher's forward, each application of a shared layer), for MFU."""
+        raise NotImplementedError
+
+    def export(self, model: nn.Module, directory: Path, tokenizer_dir: Path | None) -> None:
+        """Write the Hugging Face directory of ``model`` (CPU, fp32, finite weights) through
+        ``pretrain.hf_compat.write_export``."""
+        raise NotImplementedError
+
+    def model_from_state(self, state: dict[str, torch.Tensor], config=None) -> nn.Module:
+        """A CPU model of ``config`` (default: the run's, as its config.yaml gives it) holding ``state`` (the
+        objective's parameters with the ``model.`` prefix removed, as the engine consolidates them); raises
+        ``pretrain.hf_compat.CheckpointError`` if they do not fit."""
+        raise NotImplementedError
+
+    def describe(self, model: nn.Module) -> str:
+        """One phrase for the run's first log line, e.g. '110,106,428 parameters'."""
+        return f"{sum(p.numel() for p in model.parameters()):,} parameters"
+
+
+def for_config(cfg) -> Family:
+    """The family of a ``PretrainConfig`` (``model.family``, with ``distillation.teacher`` set: a distilled BERT)."""
+    if cfg.distillation.teacher:
+        from pretrain.families.distillation import DistillationFamily
+
+        return DistillationFamily(cfg)
+    if cfg.model.family == "albert":
+        from pretrain.families.albert import AlbertFamily
+
+        return AlbertFamily(cfg)
+    if cfg.model.family == "electra":
+        from pretrain.families.electra import ElectraFamily
+
+        return ElectraFamily(cfg)
+    from pretrain.families.bert import BertFamily
+
+    return BertFamily(cfg)
+
+
+__all__ = ["REQUIRED_STATS", "Family", "for_config"]

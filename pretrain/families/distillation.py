@@ -1,0 +1,207 @@
+"""A BERT distilled from a larger BERT (DistilBERT, Sanh et al. 2019) as a ``Family``: ``distillation.teacher`` set.
+
+The teacher is any BERT this pipeline loads: a Hugging Face BERT directory or one of our run directories (its
+finished export). The student is the teacher's architecture (width, heads, FFN, vocabulary, positions) with
+``distillation.student_layers`` layers (default: half), initialised from the teacher: its embeddings, pooler and
+heads, and teacher layers 0, s, 2s, ... for stride s = teacher layers / student layers, i.e. every other layer at
+the default half (0, 2, 4, 6, 8, 10 of BERT-base; DistilBERT's extraction script took 0, 2, 4, 7, 9, 11, keeping
+the top layer). ``model.preset`` is not used. The loss is ``distillation_objective``'s.
+
+Every rank loads the teacher; it is never trained, checkpointed or partitioned (it is no parameter of the module
+DeepSpeed wraps) and runs in ``distillation.teacher_precision`` (bf16 where the device has it). Resuming needs the
+same teacher: its path is in the run's recorded settings (``pretrain.resume``: a changed one is refused) and the
+sha256 of its weights file in ``<output_dir>/teacher.json``, checked when a run with checkpoints starts again.
+Export, finetuning and ``pretrain.export`` see the student as a plain BERT.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pretrain.families.bert import BertFamily
+from pretrain.families.distillation_objective import STAT_NAMES, DistillationObjective, Weights
+from pretrain.hf_compat import CheckpointError, finished_export, load_config, load_pretrained, weights_file
+from pretrain.model import BertConfig, BertForPreTraining, flops_per_token
+
+RECORD_NAME = "teacher.json"  # in output_dir: which teacher the run's checkpoints were distilled from
+
+
+def teacher_directory(teacher: str) -> Path:
+    """``distillation.teacher`` may name one of our run directories; its finished Hugging Face export is used."""
+    return finished_export(teacher) or Path(teacher)
+
+
+def student_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
+    """The teacher layer each student layer starts from: 0, s, 2s, ... with s = teacher / student layers."""
+    if not 1 <= student_layers <= teacher_layers:
+        raise ValueError(f"distillation.student_layers is {student_layers}; the teacher has {teacher_layers} layers "
+                         f"(choose 1 to {teacher_layers})")
+    return [i * teacher_layers // student_layers for i in range(student_layers)]
+
+
+def student_state(teacher: dict[str, torch.Tensor], layers: list[int]) -> dict[str, torch.Tensor]:
+    """The student's weights from the teacher's state dict: every non-layer tensor as is, student layer i from
+    teacher layer ``layers[i]``."""
+    prefix, state = "bert.encoder.layer.", {}
+    for key, value in teacher.items():
+        if not key.startswith(prefix):
+            state[key] = value
+    for student_index, teacher_index in enumerate(layers):
+        source = f"{prefix}{teacher_index}."
+        for key, value in teacher.items():
+            if key.startswith(source):
+                state[f"{prefix}{student_index}.{key[len(source):]}"] = value
+    return state
+
+
+def weights_sha256(directory: Path) -> tuple[str, str]:
+    """(weights file name, its sha256): what names a teacher whatever its path."""
+    path = weights_file(directory)
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    return path.name, digest.hexdigest()
+
+
+class DistillationFamily(BertFamily):
+    name = "distillation"
+    stat_names = STAT_NAMES
+    architecture = "BertForPreTraining"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.settings = cfg.distillation
+        self.data_path = cfg.data.path
+        self.output_dir = Path(cfg.output_dir)
+        self.teacher_dir = teacher_directory(cfg.distillation.teacher)
+        self.teacher_config = load_config(self.teacher_dir)
+        layers = self.teacher_config.num_hidden_layers
+        self.layers = student_layer_map(layers, self.settings.student_layers or max(1, layers // 2))
+        self._teacher: BertForPreTraining | None = None
+
+    def student_config(self) -> BertConfig:
+        """The teacher's config with the student's depth (and the run's dropout overrides, if any)."""
+        m = self.model_cfg
+        return replace(self.teacher_config, num_hidden_layers=len(self.layers),
+                       **{k: getattr(m, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
+                          if getattr(m, k) is not None})
+
+    def teacher(self) -> BertForPreTraining:
+        """The frozen teacher (CPU, fp32, eval mode), loaded once and checked against the dataset's vocabulary and
+        the loss: soft targets need the teacher's MLM head."""
+        if self._teacher is None:
+            self._check_vocabulary()
+            model, fresh = load_pretrained(self.teacher_dir)
+            if self.settings.kl_weight > 0 and any(k.startswith("cls.predictions.") for k in fresh):
+                raise CheckpointError(f"{self.teacher_dir} has no masked-LM head (an encoder-only checkpoint), so its "
+                                      "soft targets would be random: set distillation.kl_weight=0 (hidden-state and "
+                                      "MLM losses only), or give a teacher with its MLM head (e.g. a run's export)")
+            self._teacher = model.eval().requires_grad_(False)
+        return self._teacher
+
+    def new_model(self, *, vocab_size: int, pad_token_id: int) -> BertForPreTraining:
+        """The student initialised from the teacher (module docstring); on the meta device (the memory plan) its
+        shape only. The teacher's vocabulary is the student's whatever ``vocab_size`` says (they share logits)."""
+        del vocab_size, pad_token_id
+        student = BertForPreTraining(self.student_config())
+        if torch.empty(0).device.type == "meta":
+            return student
+        state = student_state(self.teacher().state_dict(), self.layers)
+        missing = student.load_state_dict(state, strict=False).missing_keys
+        if set(missing) - {"cls.predictions.decoder.weight"}:
+            raise CheckpointError(f"{self.teacher_dir}: the student could not take {sorted(missing)[:3]} from it")
+        return student
+
+    def objective(self, model: nn.Module) -> nn.Module:
+        self._check_record()
+        s = self.settings
+        return DistillationObjective(model, self.teacher(), Weights(s.temperature, s.kl_weight, s.mlm_weight,
+                                                                    s.cosine_weight),
+                                     sentence_objective=self.sentence_objective, padding_free=self.padding_free,
+                                     teacher_dtype=self.teacher_dtype())
+
+    def teacher_dtype(self) -> torch.dtype:
+        """bf16 when asked for and the device has it (every CPU runs it; CUDA from Ampere on), else fp32."""
+        if self.settings.teacher_precision != "bf16":
+            return torch.float32
+        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+            return torch.float32
+        return torch.bfloat16
+
+    def summary(self, stats: torch.Tensor) -> dict[str, float]:
+        """The weighted loss and each term (token means, ``kl_loss`` with its T^2), the student's MLM accuracy, its
+        top-1 agreement with the teacher on the masked tokens, and the pair head's metrics when it trains one."""
+        s = dict(zip(STAT_NAMES, stats.tolist()))
+        masked, tokens, w = max(1.0, s["mlm_tokens"]), max(1.0, s["tokens"]), self.settings
+        mlm, kl, cosine = s["mlm_loss_sum"] / masked, s["kl_loss_sum"] / masked, s["cosine_loss_sum"] / tokens
+        pair = s["pair_loss_sum"] / max(1.0, s["pair_sequences"])
+        record = {"loss": w.kl_weight * kl + w.mlm_weight * mlm + w.cosine_weight * cosine + pair,
+                  "mlm_loss": mlm, "mlm_accuracy": s["mlm_correct"] / masked, "kl_loss": kl, "cosine_loss": cosine,
+                  "teacher_agreement": s["agreement"] / masked}
+        if self.sentence_objective != "none" and s["pair_sequences"] > 0:
+            record[f"{self.sentence_objective}_loss"] = pair
+            record[f"{self.sentence_objective}_accuracy"] = s["pair_correct"] / s["pair_sequences"]
+        return record
+
+    def flops_per_token(self, model: nn.Module, seq_len: int, masked_fraction: float) -> float:
+        """The student's training FLOPs plus the teacher's forward (a third of BERT's training count)."""
+        return (flops_per_token(model.config, seq_len, masked_fraction=masked_fraction)
+                + flops_per_token(self.teacher_config, seq_len, masked_fraction=masked_fraction) / 3.0)
+
+    def describe(self, model: nn.Module) -> str:
+        teacher = sum(p.numel() for p in self.teacher().parameters())
+        return (f"{super().describe(model)} (a {len(self.layers)}-layer student from teacher layers "
+                f"{', '.join(map(str, self.layers))}); teacher {self.teacher_dir}, {teacher:,} parameters, frozen, "
+                f"{str(self.teacher_dtype()).removeprefix('torch.')}")
+
+    def _config_from_weights(self, state: dict[str, torch.Tensor]) -> BertConfig:
+        """``pretrain.export`` of a checkpoint: the student's config, from the teacher's."""
+        return self.student_config()
+
+    def _check_vocabulary(self) -> None:
+        """The teacher's logits index the dataset's vocabulary: the same vocab.txt (hash) or refused."""
+        from common.manifest import Manifest
+        from common.tokenizer import load_tokenizer
+
+        if not self.data_path or not (Path(self.data_path) / "manifest.json").is_file():
+            return  # e.g. the memory plan of a config without data: the run itself checks at set-up
+        manifest = Manifest.read(self.data_path)
+        for candidate in (self.teacher_dir / "tokenizer", self.teacher_dir / "vocab.txt"):
+            if candidate.exists():
+                theirs = load_tokenizer(str(candidate), lowercase=manifest.tokenizer.lowercase).identity()
+                if theirs["vocab_sha256"] == manifest.tokenizer.vocab_sha256:
+                    return
+                raise CheckpointError(f"{candidate} is not the vocabulary the dataset {self.data_path} was made "
+                                      "with: the teacher's soft targets would name other tokens; preprocess with "
+                                      "the teacher's vocab.txt (--tokenizer) to distil it")
+        raise CheckpointError(f"{self.teacher_dir}: no vocab.txt or tokenizer/ to check against the dataset's "
+                              "vocabulary; copy the teacher's vocab.txt into it")
+
+    def _check_record(self) -> None:
+        """Rank 0 records the teacher's weights hash in ``output_dir``; a run that already has checkpoints and a
+        record of another teacher is refused (its checkpoints were distilled from that one)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return
+        name, digest = weights_sha256(self.teacher_dir)
+        now = {"teacher": str(self.teacher_dir), "weights": name, "sha256": digest}
+        record = self.output_dir / RECORD_NAME
+        if record.is_file() and any((self.output_dir / "checkpoints").glob("step_*")):
+            before = json.loads(record.read_text())
+            if before.get("sha256") != digest:
+                raise CheckpointError(
+                    f"{record}: this run's checkpoints were distilled from {before.get('teacher')} (weights "
+                    f"{str(before.get('sha256'))[:12]}…), but {self.teacher_dir} holds weights {digest[:12]}…; "
+                    "point distillation.teacher at the run's teacher, or start a new output_dir")
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(now, indent=2) + "\n")
+
+
+__all__ = ["DistillationFamily", "student_layer_map", "student_state", "teacher_directory", "weights_sha256"]

@@ -9,8 +9,9 @@ ALBERT is BERT with two parameter reductions and a different sentence objective:
   is applied every time). Shared weights still cost their FLOPs at every application (``flops_per_token``);
 - sentence-order prediction on the pooled [CLS] (``sop_classifier``), in place of next-sentence prediction.
 
-The attention is our BERT's (``pretrain.model.BertSelfAttention``: SDPA, and the packed mode of
-``pretrain.model.Packing``), and so are the embeddings, at width E. One deliberate difference from
+The attention is our BERT's (``pretrain.model.BertSelfAttention``: SDPA, the packed mode of
+``pretrain.model.Packing``, packed documents kept apart by ``document_ids``/``position_ids``), and so are the
+embeddings, at width E; the forward takes BERT's arguments, so ``pretrain.objective`` trains it unchanged. One deliberate difference from
 ``transformers``: the FFN output gets its dropout before the residual, as in google-research/albert's
 ``attention_ffn_block`` (Hugging Face defines that dropout but never applies it). ALBERT v2 trains with dropout 0,
 where the two agree exactly. Nothing here imports DeepSpeed or torch.distributed.
@@ -23,7 +24,15 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from pretrain.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertForPreTraining, BertSelfAttention, Packing
+from pretrain.model import (
+    _ACTIVATIONS,
+    BertConfig,
+    BertEmbeddings,
+    BertForPreTraining,
+    BertSelfAttention,
+    Packing,
+    document_mask,
+)
 
 
 @dataclass(frozen=True)
@@ -184,19 +193,29 @@ class AlbertModel(nn.Module):
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if add_pooling_layer else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attention_mask: torch.Tensor | None = None, packing: Packing | None = None, *,
+                position_ids: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The modes and the ``position_ids``/``document_ids`` (packed documents kept apart) of
+        ``pretrain.model.BertModel.forward``, each shaped like ``input_ids``."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if packing is None:
-            # Boolean (B, 1, 1, T): True where a key may be attended to. None lets SDPA use its fastest path.
-            attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-            x = self.embeddings(input_ids, token_type_ids)
+            if document_ids is not None:
+                real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+                attn_mask = document_mask(document_ids, real)
+            else:  # Boolean (B, 1, 1, T): True where a key may be attended to. None: SDPA's fastest path.
+                attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+            x = self.embeddings(input_ids, token_type_ids, position_ids)
         elif attention_mask is not None:
             raise ValueError("give attention_mask (padded mode) or packing (packed mode), not both")
         else:
             attn_mask = packing.key_mask
-            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids)))
+            if document_ids is not None:
+                attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
+            if position_ids is not None:
+                position_ids = packing.unpack(position_ids)
+            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids), position_ids))
         hidden = self.encoder(x, attn_mask, packing)
         if self.pooler is None:
             return hidden, None
@@ -247,15 +266,21 @@ class AlbertForPreTraining(nn.Module):
         self.predictions.decoder.weight = self.albert.embeddings.word_embeddings.weight
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                masked_positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """MLM logits and sentence-order logits (B, 2).
+                attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None, *,
+                position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
+                packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """MLM logits and sentence-order logits (B, 2); the arguments of ``pretrain.model.BertForPreTraining``'s
+        forward, so that ``pretrain.objective.PretrainingObjective`` trains either model.
 
         Args:
-            masked_positions: flat indices into the (B*T) tokens; the MLM head then runs on those rows only
-                and returns (N, V). Without it, logits for every position are returned as (B, T, V).
+            masked_positions: flat indices into the (B*T) tokens, or with ``packing`` into the packed (N) tokens
+                (``Packing.positions``); the MLM head then runs on those rows only and returns (M, V). Without
+                it, logits for every position are returned as (B, T, V), or (N, V) with ``packing``.
+            position_ids, document_ids: packed documents kept apart (``AlbertModel.forward``).
+            packing: packed mode: every input shaped (N,), no ``attention_mask``.
         """
-        hidden, pooled = self.albert(input_ids, token_type_ids, attention_mask)
+        hidden, pooled = self.albert(input_ids, token_type_ids, attention_mask, packing, position_ids=position_ids,
+                                     document_ids=document_ids)
         if masked_positions is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_positions)
         return self.predictions(hidden), self.sop_classifier(pooled)

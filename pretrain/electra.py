@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertEncoder, Packing
+from pretrain.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertEncoder, Packing, document_mask
 from pretrain.model import flops_per_token as bert_flops_per_token
 
 
@@ -149,20 +149,31 @@ class ElectraModel(nn.Module):
         self.encoder = BertEncoder(cfg.encoder_config())
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                packing: Packing | None = None) -> tuple[torch.Tensor, None]:
+                attention_mask: torch.Tensor | None = None, packing: Packing | None = None, *,
+                position_ids: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
         """Padded: ``input_ids`` (B, T) with ``attention_mask`` (B, T) or None. Packed: ``input_ids`` (N,), the real
-        tokens back to back, with their ``packing`` (see ``pretrain.model.BertModel``)."""
+        tokens back to back, with their ``packing``. ``position_ids`` and ``document_ids`` (shaped like
+        ``input_ids``) keep packed documents apart, as in ``pretrain.model.BertModel``."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if packing is None:
-            attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-            x = self.embeddings(input_ids, token_type_ids)  # (B, T, E)
+            if document_ids is not None:
+                real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+                attn_mask = document_mask(document_ids, real)
+            else:
+                attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+            x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, E)
         elif attention_mask is not None:
             raise ValueError("give attention_mask (padded mode) or packing (packed mode), not both")
         else:
             attn_mask = packing.key_mask
-            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids)))  # (N, E)
+            if document_ids is not None:
+                attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
+            if position_ids is not None:
+                position_ids = packing.unpack(position_ids)
+            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids),
+                                             position_ids))  # (N, E)
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)  # (..., H)
         return self.encoder(x, attn_mask, packing), None
@@ -190,8 +201,10 @@ class ElectraDiscriminator(nn.Module):
         _init_weights(self, cfg.initializer_range, keep=embeddings)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden, _ = self.electra(input_ids, token_type_ids, attention_mask)
+                attention_mask: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        hidden, _ = self.electra(input_ids, token_type_ids, attention_mask, position_ids=position_ids,
+                                 document_ids=document_ids)
         return self.discriminator_predictions(hidden)  # (B, T)
 
 
@@ -220,9 +233,11 @@ class ElectraGenerator(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
-                masked_positions: torch.Tensor | None = None) -> torch.Tensor:
+                masked_positions: torch.Tensor | None = None, *, position_ids: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V); with ``masked_positions`` (flat indices into the B*T tokens) only those rows, (N, V)."""
-        hidden, _ = self.electra(input_ids, token_type_ids, attention_mask)
+        hidden, _ = self.electra(input_ids, token_type_ids, attention_mask, position_ids=position_ids,
+                                 document_ids=document_ids)
         if masked_positions is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_positions)
         return self.generator_lm_head(self.generator_predictions(hidden))

@@ -1,6 +1,10 @@
 """Hugging Face interop for ELECTRA: export our discriminator (or generator) as a ``transformers`` directory, and
 load the encoder of one (ours or Google's ``electra-*-discriminator``) for finetuning.
 
+A pretraining run exports the pair (``export_pair``): the discriminator, what finetuning reads, as the directory
+itself, and the generator in its ``generator/`` subdirectory (``ElectraForMaskedLM``, e.g. for a fill-mask
+pipeline). ``load_pair`` reads such a directory back to continue pretraining (``model.init_from``).
+
 Names already match ``transformers``' ``ElectraForPreTraining`` / ``ElectraForMaskedLM``, so the export writes the
 state dict as it is; the reading, the non-finite check and the storage errors are ``pretrain.hf_compat``'s.
 """
@@ -13,10 +17,20 @@ import torch
 from torch import nn
 
 from pretrain.checkpoints import CheckpointError
-from pretrain.electra import ElectraConfig, ElectraDiscriminator, ElectraGenerator, ElectraModel, ElectraPair
-from pretrain.hf_compat import load_weights, non_finite, read_config, write_export
+from pretrain.electra import (
+    ElectraConfig,
+    ElectraDiscriminator,
+    ElectraGenerator,
+    ElectraModel,
+    ElectraPair,
+    ElectraPairConfig,
+    generator_config,
+)
+from pretrain.hf_compat import is_complete, load_weights, non_finite, read_config, write_export
 
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")  # older files store them; ours are computed
+GENERATOR = "generator"  # the generator's subdirectory of a pair's export
+_TIED_HEAD = "generator_lm_head.weight"  # the word embeddings, stored once
 
 
 def export_discriminator(model: ElectraPair | ElectraDiscriminator, directory: str | Path,
@@ -35,6 +49,80 @@ def export_generator(model: ElectraPair | ElectraGenerator, directory: str | Pat
     generator = model.generator if isinstance(model, ElectraPair) else model
     state = {k: v for k, v in generator.state_dict().items() if k != "generator_lm_head.weight"}
     _export(generator, "ElectraForMaskedLM", state, directory, tokenizer_dir)
+
+
+def export_pair(model: ElectraPair, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
+    """The discriminator as ``directory`` and the generator as ``directory/generator``, both with the tokenizer.
+    The discriminator goes first: it replaces an earlier export whole (generator included), so a kill between
+    the two leaves a finished discriminator without a generator, which ``load_pair`` reports."""
+    export_discriminator(model, directory, tokenizer_dir)
+    export_generator(model, Path(directory) / GENERATOR, tokenizer_dir)
+
+
+def pair_config(directory: str | Path, generator_fraction: float | None, fallback_fraction: float) -> ElectraPairConfig:
+    """The pair of an ELECTRA directory: its discriminator and the generator of its ``generator/`` subdirectory,
+    else one of ``generator_fraction`` (``fallback_fraction`` when None) of the discriminator's width."""
+    discriminator, generator_dir = load_config(directory), Path(directory) / GENERATOR
+    if not is_complete(generator_dir):
+        fraction = fallback_fraction if generator_fraction is None else generator_fraction
+        return ElectraPairConfig.from_discriminator(discriminator, fraction)
+    generator = load_config(generator_dir)
+    if generator_fraction is not None and generator != generator_config(discriminator, generator_fraction):
+        raise CheckpointError(f"{generator_dir}: its generator is {generator.hidden_size} wide, not "
+                              f"electra.generator_fraction {generator_fraction:g} of {discriminator.hidden_size}; "
+                              "leave electra.generator_fraction unset to continue with it")
+    try:
+        return ElectraPairConfig(discriminator=discriminator, generator=generator)
+    except ValueError as error:
+        raise CheckpointError(f"{generator_dir}: {error}") from None
+
+
+def load_pair(directory: str | Path, generator_fraction: float | None = None,
+              fallback_fraction: float = 0.25) -> tuple[ElectraPair, list[str]]:
+    """The pair of ``directory`` (``pair_config``) with its weights, and the names of what was initialised fresh:
+    the generator when the directory has none (a released ``electra-*-discriminator``: a new generator learns
+    beside it, sharing its embeddings). A generator whose embeddings are not the discriminator's is refused:
+    the two share one table, so it is not the pair of this discriminator."""
+    directory = Path(directory)
+    pair = ElectraPair(pair_config(directory, generator_fraction, fallback_fraction))
+    discriminator = _read_state(directory, drop=("generator_",))
+    _load_strict(pair.discriminator, discriminator, directory, allowed_missing=())
+    generator_dir = directory / GENERATOR
+    if not is_complete(generator_dir):
+        return pair, [f"the generator (no {generator_dir}; its embeddings are the discriminator's)"]
+    generator = _read_state(generator_dir, drop=(_TIED_HEAD,))
+    shared = [k for k in generator if k.startswith("electra.embeddings.")]
+    differ = [k for k in shared if k not in discriminator or not torch.equal(generator[k], discriminator[k])]
+    if differ:
+        raise CheckpointError(f"{generator_dir}: its embeddings ({differ[0]}) are not the discriminator's in "
+                              f"{directory}; pass the directory of one ELECTRA pair (our run's hf/)")
+    _load_strict(pair.generator, {k: v for k, v in generator.items() if k not in shared}, generator_dir,
+                 allowed_missing=(*(f"electra.embeddings.{k}" for k in pair.embeddings.state_dict()), _TIED_HEAD))
+    return pair, []
+
+
+def _read_state(directory: Path, drop: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The directory's weights without the computed buffers and the ``drop`` prefixes, finite or refused."""
+    state = {k: v for k, v in load_weights(directory).items()
+             if not k.startswith(drop) and not k.endswith(_BUFFERS)}
+    bad = non_finite(state)
+    if bad:
+        raise CheckpointError(f"{directory}: {len(bad)} weight tensors hold NaN or inf (first {bad[0]}); export an "
+                              "earlier checkpoint of the run")
+    return state
+
+
+def _load_strict(module: nn.Module, state: dict[str, torch.Tensor], directory: Path,
+                 allowed_missing: tuple[str, ...]) -> None:
+    try:
+        result = module.load_state_dict(state, strict=False)
+    except RuntimeError as error:
+        raise CheckpointError(f"{directory}: weights do not fit its config.json "
+                              f"({str(error).splitlines()[-1].strip()})") from None
+    missing = [k for k in result.missing_keys if k not in allowed_missing]
+    if missing or result.unexpected_keys:
+        raise CheckpointError(f"{directory}: weights do not match an ELECTRA model of its config.json: unexpected "
+                              f"{result.unexpected_keys[:5]}, missing {missing[:5]}")
 
 
 def load_config(directory: str | Path) -> ElectraConfig:
@@ -71,4 +159,5 @@ def _export(model: nn.Module, architecture: str, state: dict[str, torch.Tensor],
                  tokenizer_class="ElectraTokenizer")
 
 
-__all__ = ["export_discriminator", "export_generator", "load_config", "load_discriminator"]
+__all__ = ["GENERATOR", "export_discriminator", "export_generator", "export_pair", "load_config", "load_discriminator",
+           "load_pair", "pair_config"]

@@ -89,13 +89,16 @@ class ElectraObjective(nn.Module):
         return terms.generator_loss + self.discriminator_weight * terms.discriminator_loss, terms.stats
 
     def terms(self, input_ids, token_type_ids, attention_mask, masked_positions, masked_labels, *, sample_seed,
-              mlm_loss_scale=None, disc_loss_scale=None) -> ElectraTerms:
-        """The losses apart (``forward``'s arguments): what tests and diagnostics look at."""
-        gen_logits = self.model.generator(input_ids, token_type_ids, attention_mask, masked_positions)  # (N, V)
+              mlm_loss_scale=None, disc_loss_scale=None, position_ids=None, document_ids=None) -> ElectraTerms:
+        """The losses apart (``forward``'s arguments; ``position_ids`` and ``document_ids``: packed documents kept
+        apart in both networks, see ``pretrain.model.BertModel``): what tests and diagnostics look at."""
+        documents = {"position_ids": position_ids, "document_ids": document_ids}
+        gen_logits = self.model.generator(input_ids, token_type_ids, attention_mask, masked_positions,
+                                          **documents)  # (N, V)
         mlm_losses = F.cross_entropy(gen_logits.float(), masked_labels, reduction="none")
         sampled = sample_replacements(gen_logits, sample_seed)
         corrupted, replaced = corrupt(input_ids, masked_positions, masked_labels, sampled)
-        disc_logits = self.model.discriminator(corrupted, token_type_ids, attention_mask).float()  # (B, T)
+        disc_logits = self.model.discriminator(corrupted, token_type_ids, attention_mask, **documents).float()  # (B, T)
         real = attention_mask.bool()
         disc_losses = F.binary_cross_entropy_with_logits(disc_logits, replaced.float(), reduction="none") * real
         if mlm_loss_scale is None:

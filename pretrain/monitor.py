@@ -108,8 +108,8 @@ class Monitor:
 
 def format_line(m: dict) -> str:
     parts = [f"step {m['step']}", f"loss {m['loss']:.4f}", f"mlm {m['mlm_loss']:.4f} (acc {m['mlm_accuracy']:.3f})"]
-    parts += [f"{pair} {m[f'{pair}_loss']:.4f} (acc {m[f'{pair}_accuracy']:.3f})" for pair in ("nsp", "sop")
-              if f"{pair}_loss" in m]
+    parts += [f"{head} {m[f'{head}_loss']:.4f} (acc {m[f'{head}_accuracy']:.3f})" for head in ("nsp", "sop", "disc")
+              if f"{head}_loss" in m]  # disc: ELECTRA's discriminator (mlm is then its generator)
     parts += [f"lr {m['lr']:.3g}", f"grad-norm {m['grad_norm']:.3g}", f"{m['tokens_per_second']:,.0f} tok/s"]
     if m.get("loss_scale") not in (None, 1.0):
         parts.append(f"scale {m['loss_scale']:g}")

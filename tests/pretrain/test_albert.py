@@ -155,6 +155,33 @@ def test_packed_mode_matches_padded_mode_on_the_real_tokens(dropout):
     _close(packed_pooled, pooled)
 
 
+def test_packed_documents_are_encoded_as_if_each_were_alone_in_padded_and_packed_mode():
+    """document_ids and position_ids as BERT takes them (the loader's document attention): a document's tokens
+    attend to their own document, at positions counted from its start."""
+    encoder = _ours().albert
+    ids, types, mask = _inputs(padded=False)
+    types.zero_()
+    cut = 8  # row 0 holds two documents: tokens 0-7 and 8-19; the other rows one each
+    documents = torch.zeros_like(ids)
+    documents[0, cut:] = 1
+    positions = torch.arange(ids.shape[1]).repeat(3, 1)
+    positions[0, cut:] -= cut
+    with torch.no_grad():
+        hidden, _ = encoder(ids, types, mask, position_ids=positions, document_ids=documents)
+        alone, _ = encoder(ids[:1, cut:], types[:1, cut:])
+        whole, _ = encoder(ids, types, mask)
+        packing = Packing.from_attention_mask(mask)
+        packed, _ = encoder(packing.pack(ids), packing.pack(types), packing=packing,
+                            position_ids=packing.pack(positions), document_ids=packing.pack(documents))
+    _close(hidden[0, cut:], alone[0])
+    _close(hidden[1:], whole[1:])  # one document a row: as without the ids
+    _close(packed, packing.pack(hidden))
+    model = _ours()
+    with torch.no_grad():  # the pretraining model passes them through (pretrain.objective gives them so)
+        mlm, _ = model(ids, types, mask, position_ids=positions, document_ids=documents)
+    _close(mlm[0, cut:], model.predictions(alone[0]))
+
+
 def test_gradient_checkpointing_leaves_the_gradients_unchanged():
     grads = []
     for checkpointing in (False, True):

@@ -33,6 +33,7 @@ import transformers
 from bench import record
 from bench.cpu import CONTENDED_LOAD, OtherProcesses, wait_for_quiet
 from bench.shards import CONFIGS, ensure_dataset
+from pretrain import attention
 from pretrain.data import (
     PAD_MULTIPLE,
     PretrainingLoader,
@@ -43,7 +44,7 @@ from pretrain.data import (
     split_global_batch,
 )
 from pretrain.model import BertConfig, BertForPreTraining
-from pretrain.objective import PretrainingObjective, packed_attention_kernel
+from pretrain.objective import PretrainingObjective
 
 # Small enough for CPU, shaped like BERT; vocab rounded up to a multiple of 8 as for tensor cores.
 MODEL = dict(vocab_size=30528, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
@@ -258,7 +259,8 @@ def padding_free_section(datasets: dict, quick: bool) -> dict:
     return {"method": "forward + MLM/NSP loss + backward (no optimizer) of one BertForPreTraining wrapped padded and "
                       "padding-free, same micro-batches; rounds alternate who goes first; median over uncontended "
                       "rounds; 'grouped': the loader's length-grouped micro-batches, 'random': rows drawn uniformly",
-            "attention_kernel": packed_attention_kernel(torch.device("cpu")), "rounds": rounds, "steps": steps,
+            "attention_kernel": attention.choose(torch.device("cpu"), MODEL["attention_probs_dropout_prob"])[0],
+            "rounds": rounds, "steps": steps,
             **{f"seq{seq}": measure_padding_free(datasets[seq], seq, rounds, steps, 5 if quick else 120)
                for seq in CONFIGS}}
 

@@ -7,9 +7,9 @@ embeddings. Nothing here imports DeepSpeed or torch.distributed: parallelism is 
 The encoder runs in two modes with the same modules and weights: padded, ``(B, T)`` tokens and an attention
 mask, or packed, the real tokens of every row back to back as ``(N,)`` with a ``Packing`` that says where
 each row's tokens are. In packed mode every GEMM sees only the real tokens; the embeddings (lookups and a
-LayerNorm) and attention, which mixes positions, run on the padded grid (``Packing.unpack``). A padding-free
-attention kernel taking ``cu_seqlens`` (flash-attn's varlen functions, nested tensors' offsets) would replace
-that one step of ``BertSelfAttention``.
+LayerNorm) run on the padded grid (``Packing.unpack``), and attention, which mixes positions, through the kernel
+``pretrain.attention`` chose: on the padded grid under a mask, or on the packed tokens (variable-length flash
+attention on CUDA).
 
 Packed documents (rows ``[CLS] d1 [SEP] d2 [SEP] …``) may be kept apart: with ``document_ids`` a token attends
 only to the tokens of its own document (a block-diagonal mask), and ``position_ids`` restart the positions at
@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
+
+from pretrain.attention import SDPA_PADDED_GRID, VARLEN, Packing, document_mask, varlen_attention
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -70,78 +72,6 @@ def preset(name: str, **overrides) -> BertConfig:
     return replace(PRESETS[name], **overrides)
 
 
-@dataclass(frozen=True)
-class Packing:
-    """Where the real tokens of a right-padded ``(batch, length)`` batch lie once packed back to back as ``(N, ...)``.
-
-    Built once per batch (``from_attention_mask``, or ``from_lengths`` for data that was never padded) and passed
-    to every module of the packed forward. ``cu_seqlens`` and ``max_seqlen`` are the row boundaries that
-    padding-free attention kernels take; ``index`` and ``key_mask`` place the rows on the padded grid, where the
-    embeddings and attention run today and where dropout draws its masks.
-    """
-
-    index: torch.Tensor       # (N,) flat positions of the real tokens in the batch*length grid, row by row
-    cu_seqlens: torch.Tensor  # (batch+1,) int32: row b is packed rows cu_seqlens[b]:cu_seqlens[b+1]
-    max_seqlen: int
-    batch: int
-    length: int               # the padded grid's width (>= max_seqlen)
-    key_mask: torch.Tensor    # (batch, 1, 1, length) bool, True at real tokens: the padded attention's mask
-
-    @classmethod
-    def from_lengths(cls, lengths: torch.Tensor, length: int | None = None) -> Packing:
-        """Rows of ``lengths`` real tokens each, padded on the right to ``length`` (default: the longest)."""
-        shortest, max_seqlen = int(lengths.min()), int(lengths.max())
-        length = max_seqlen if length is None else length
-        if shortest < 1 or max_seqlen > length:
-            raise ValueError(f"row lengths run from {shortest} to {max_seqlen}; each must be between 1 and the "
-                             f"padded length {length}")
-        real = torch.arange(length, device=lengths.device) < lengths[:, None]  # (B, T)
-        return cls(index=real.reshape(-1).nonzero().squeeze(1),
-                   cu_seqlens=F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0)), max_seqlen=max_seqlen,
-                   batch=real.shape[0], length=length, key_mask=real[:, None, None, :])
-
-    @classmethod
-    def from_attention_mask(cls, attention_mask: torch.Tensor) -> Packing:
-        """The packing of a padded batch's ``(B, T)`` attention mask: 1 at real tokens, which come first."""
-        real = attention_mask.bool()
-        if not bool(real[:, 0].all()) or bool((real[:, 1:] & ~real[:, :-1]).any()):
-            raise ValueError("packed mode needs every row padded on the right and starting with a real token "
-                             "(attention_mask rows like 1 1 1 0 0); pad on the right, or run the padded mode")
-        return cls.from_lengths(real.sum(1), real.shape[1])
-
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, ...) -> (N, ...): the real tokens only."""
-        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
-
-    def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, ...) -> (B, T, ...), zeros at padded positions."""
-        grid = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy(0, self.index, x)
-        return grid.view(self.batch, self.length, *x.shape[1:])
-
-    def positions(self, flat_positions: torch.Tensor) -> torch.Tensor:
-        """Flat positions into the padded ``(batch*length)`` grid (e.g. masked tokens) -> their rows of the packed
-        ``(N, ...)`` layout. Every position must be a real token: a padded one has no packed row."""
-        rows = torch.full((self.batch * self.length,), -1, dtype=torch.long, device=self.index.device)
-        packed = rows.index_copy_(0, self.index, torch.arange(len(self.index), device=self.index.device))[flat_positions]
-        if bool((packed < 0).any()):
-            raise ValueError("a masked position falls on padding, which packed mode drops; the batch's "
-                             "masked_positions must index real tokens (pretrain.data.pad makes them so)")
-        return packed
-
-    def dropout(self, x: torch.Tensor, module: nn.Dropout) -> torch.Tensor:
-        """``module`` on packed rows (N, C), with the mask it would draw for the padded (B*T, C) tensor.
-
-        On CPU ``F.dropout`` draws ``bernoulli_(1 - p)`` over the whole tensor; drawing the same and keeping the
-        real rows leaves the random stream, and so every later mask, as in the padded forward. The mask is
-        float32 so that 1 / (1 - p) is not rounded to bf16 under autocast.
-        """
-        p = module.p
-        if not module.training or p == 0.0:
-            return x
-        keep = torch.empty(self.batch * self.length, x.shape[-1], dtype=torch.float32, device=x.device)
-        return (x * keep.bernoulli_(1 - p).index_select(0, self.index).div_(1 - p)).to(x.dtype)
-
-
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -169,9 +99,18 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
+        self.packed_kernel = SDPA_PADDED_GRID  # packed mode's kernel (``pretrain.attention.use``)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
-        """x: (B, T, H), or packed (N, H): then the projections see the real tokens and attention the padded grid."""
+        """x: (B, T, H), or packed (N, H): then the projections see the real tokens, and attention the padded grid
+        (``sdpa-padded-grid``) or the packed tokens within each segment (``varlen``)."""
+        if packing is not None and self.packed_kernel == VARLEN:
+            if self.training and self.dropout_p > 0:
+                raise ValueError("the varlen attention kernel has no dropout; pretrain.attention.choose gives it "
+                                 "only to models without attention dropout")
+            qkv = self._packed_projections(x).view(x.shape[0], 3, self.num_heads, -1)
+            out = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], packing.segment_starts, packing.longest_segment)
+            return out.reshape(x.shape)
         if packing is None:
             batch, length, hidden = x.shape
             heads = lambda t: t.view(batch, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)  # noqa: E731
@@ -192,10 +131,13 @@ class BertSelfAttention(nn.Module):
         over training into different scores. The parameters stay three (the checkpoints' names, and the operation
         order of the padded mode that pretraining's losses come from), so their weights are joined for the GEMM.
         """
+        qkv = packing.unpack(self._packed_projections(x))  # (B, T, 3H)
+        return qkv.view(packing.batch, packing.length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+
+    def _packed_projections(self, x: torch.Tensor) -> torch.Tensor:
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = packing.unpack(F.linear(x, weight, bias))  # (B, T, 3H)
-        return qkv.view(packing.batch, packing.length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        return F.linear(x, weight, bias)  # (N, 3H)
 
 
 class BertSelfOutput(nn.Module):
@@ -274,14 +216,6 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(first))  # the [CLS] position
 
 
-def document_mask(document_ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """(B, 1, T, T) bool, True where query t may attend to key s: both real tokens of the same document. A padded
-    query attends to every real token of its row (never to nothing, which SDPA would turn into NaN; its output is
-    not read)."""
-    same = document_ids[:, :, None] == document_ids[:, None, :]
-    return ((same | ~real[:, :, None]) & real[:, None, :])[:, None]
-
-
 class BertModel(nn.Module):
     """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``, or in packed mode ``((N, H), (B, H))``."""
 
@@ -315,6 +249,7 @@ class BertModel(nn.Module):
             attn_mask = packing.key_mask
             if document_ids is not None:
                 attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
+                packing = packing.within_documents(document_ids)
             if position_ids is not None:
                 position_ids = packing.unpack(position_ids)
             # The embeddings (lookups and a LayerNorm, no GEMM) run on the padded grid: their gradients are sums

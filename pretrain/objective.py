@@ -26,18 +26,6 @@ STAT_NAMES = ("mlm_loss_sum", "mlm_correct", "mlm_tokens", "pair_loss_sum", "pai
               "sequences", "tokens", "nonfinite_losses")
 
 
-def packed_attention_kernel(device: torch.device) -> str:
-    """The attention kernel of the padding-free mode on ``device``, chosen once per run (``pretrain.train`` logs it).
-
-    The single place where a kernel taking ``Packing.cu_seqlens`` (flash-attn's varlen functions, FlexAttention
-    with a document mask) would be chosen for CUDA, for ``BertSelfAttention``'s packed branch to dispatch on.
-    Until one exists and is tested every device gets ``sdpa-padded-grid``: the projections and the FFN run on
-    the real tokens only, SDPA on the padded grid under the key (or document) mask.
-    """
-    del device  # no device has another kernel yet
-    return "sdpa-padded-grid"
-
-
 class PretrainingObjective(nn.Module):
     """``sentence_objective``: ``nsp`` or ``sop`` train the pair head on the rows' labels (the same two-way head;
     SOP's label says whether the segments were swapped); ``none`` trains no pair loss: the head and the pooler

@@ -20,7 +20,7 @@ from torch import nn
 
 from common import configlib, writelock
 from common.manifest import Manifest, ModelRequirements
-from pretrain import checkpoints, families, loop
+from pretrain import attention, checkpoints, families, loop
 from pretrain import engine as ds
 from pretrain import resume as resume_check
 from pretrain.config import BatchPlan, PretrainConfig, batch_plan
@@ -31,7 +31,6 @@ from pretrain.hf_compat import export_directory, finished_export
 from pretrain.launch import Rendezvous
 from pretrain.loop import DIVERGED, PREEMPTED, Diverged, LoopState, StopFlag
 from pretrain.monitor import Monitor, log
-from pretrain.objective import packed_attention_kernel
 from pretrain.recipe import resolve
 
 LOCK_NAME = "writer.lock"  # in output_dir while a run writes it
@@ -202,8 +201,10 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
     seed_everything(cfg.seed, rank)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
     engine = ds.Engine(ds.build(cfg, family.objective(model), ds_config))
-    if cfg.model.padding_free and rank == 0:
-        log.info(f"padding-free pretraining: attention kernel {packed_attention_kernel(engine.device)}")
+    if cfg.model.padding_free:
+        kernel, why = attention.configure(model, engine.device)
+        if rank == 0:
+            log.info(f"padding-free pretraining: attention kernel {kernel} ({why})")
     if initial is not None and found is None:
         engine.restore_fp32_weights(initial)
     masking = (DynamicMasking.for_dataset(recipe.dynamic_masking, data.tokenizer_dir, cfg.seed)

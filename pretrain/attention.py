@@ -1,0 +1,185 @@
+"""Which kernel the padding-free (packed) forward attends with, and the variable-length one.
+
+``sdpa-padded-grid``: the projections and the FFN run on the real tokens only; attention puts query, key and value
+back on the padded grid and runs SDPA under the key (or block-diagonal document) mask. Works everywhere, with
+attention dropout.
+
+``varlen``: PyTorch's variable-length flash attention (``torch.nn.attention.varlen.varlen_attn``) on the packed
+tokens themselves, one segment per row, or per document when rows are packed documents: no compute and no memory
+on padding, and no (T, T) mask. CUDA only, and without attention dropout (the kernel has none), so BERT's recipes
+(attention dropout 0.1) keep SDPA and the recipes without it (``configs/pretrain/modern_base.yaml``) get it.
+
+The choice is made once per run (``choose``), logged by ``pretrain.train``, and set on the model's attention modules
+(``use``); nothing else decides it.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SDPA_PADDED_GRID, VARLEN = "sdpa-padded-grid", "varlen"
+KERNELS = (SDPA_PADDED_GRID, VARLEN)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where the real tokens of a right-padded ``(batch, length)`` batch lie once packed back to back as ``(N, ...)``.
+
+    Built once per batch (``from_attention_mask``, or ``from_lengths`` for data that was never padded) and passed
+    to every module of the packed forward. ``cu_seqlens`` and ``max_seqlen`` are the row boundaries that the
+    variable-length kernel takes (``segment_starts``: the documents' with ``within_documents``); ``index`` and
+    ``key_mask`` place the rows on the padded grid, where the embeddings and SDPA run and dropout draws its masks.
+    """
+
+    index: torch.Tensor       # (N,) flat positions of the real tokens in the batch*length grid, row by row
+    cu_seqlens: torch.Tensor  # (batch+1,) int32: row b is packed rows cu_seqlens[b]:cu_seqlens[b+1]
+    max_seqlen: int
+    batch: int
+    length: int               # the padded grid's width (>= max_seqlen)
+    key_mask: torch.Tensor    # (batch, 1, 1, length) bool, True at real tokens: the padded attention's mask
+    document_ids: torch.Tensor | None = None  # (N,): packed documents, each its own attention segment
+
+    def within_documents(self, document_ids: torch.Tensor) -> Packing:
+        """This packing with its attention segments cut where the packed ``document_ids`` (N,) change in a row."""
+        return replace(self, document_ids=document_ids)
+
+    @functools.cached_property
+    def _segments(self) -> tuple[torch.Tensor, int]:
+        return segments(self.cu_seqlens, self.document_ids)  # computed (one device sync) only by a kernel that asks
+
+    @property
+    def segment_starts(self) -> torch.Tensor:
+        """(segments+1,) int32 starts of what the packed kernel attends within: rows, or their documents."""
+        return self.cu_seqlens if self.document_ids is None else self._segments[0]
+
+    @property
+    def longest_segment(self) -> int:
+        return self.max_seqlen if self.document_ids is None else self._segments[1]
+
+    @classmethod
+    def from_lengths(cls, lengths: torch.Tensor, length: int | None = None) -> Packing:
+        """Rows of ``lengths`` real tokens each, padded on the right to ``length`` (default: the longest)."""
+        shortest, max_seqlen = int(lengths.min()), int(lengths.max())
+        length = max_seqlen if length is None else length
+        if shortest < 1 or max_seqlen > length:
+            raise ValueError(f"row lengths run from {shortest} to {max_seqlen}; each must be between 1 and the "
+                             f"padded length {length}")
+        real = torch.arange(length, device=lengths.device) < lengths[:, None]  # (B, T)
+        return cls(index=real.reshape(-1).nonzero().squeeze(1),
+                   cu_seqlens=F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0)), max_seqlen=max_seqlen,
+                   batch=real.shape[0], length=length, key_mask=real[:, None, None, :])
+
+    @classmethod
+    def from_attention_mask(cls, attention_mask: torch.Tensor) -> Packing:
+        """The packing of a padded batch's ``(B, T)`` attention mask: 1 at real tokens, which come first."""
+        real = attention_mask.bool()
+        if not bool(real[:, 0].all()) or bool((real[:, 1:] & ~real[:, :-1]).any()):
+            raise ValueError("packed mode needs every row padded on the right and starting with a real token "
+                             "(attention_mask rows like 1 1 1 0 0); pad on the right, or run the padded mode")
+        return cls.from_lengths(real.sum(1), real.shape[1])
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (N, ...): the real tokens only."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...), zeros at padded positions."""
+        grid = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy(0, self.index, x)
+        return grid.view(self.batch, self.length, *x.shape[1:])
+
+    def positions(self, flat_positions: torch.Tensor) -> torch.Tensor:
+        """Flat positions into the padded ``(batch*length)`` grid (e.g. masked tokens) -> their rows of the packed
+        ``(N, ...)`` layout. Every position must be a real token: a padded one has no packed row."""
+        rows = torch.full((self.batch * self.length,), -1, dtype=torch.long, device=self.index.device)
+        packed = rows.index_copy_(0, self.index, torch.arange(len(self.index), device=self.index.device))[flat_positions]
+        if bool((packed < 0).any()):
+            raise ValueError("a masked position falls on padding, which packed mode drops; the batch's "
+                             "masked_positions must index real tokens (pretrain.data.pad makes them so)")
+        return packed
+
+    def dropout(self, x: torch.Tensor, module: nn.Dropout) -> torch.Tensor:
+        """``module`` on packed rows (N, C), with the mask it would draw for the padded (B*T, C) tensor.
+
+        On CPU ``F.dropout`` draws ``bernoulli_(1 - p)`` over the whole tensor; drawing the same and keeping the
+        real rows leaves the random stream, and so every later mask, as in the padded forward. The mask is
+        float32 so that 1 / (1 - p) is not rounded to bf16 under autocast.
+        """
+        p = module.p
+        if not module.training or p == 0.0:
+            return x
+        keep = torch.empty(self.batch * self.length, x.shape[-1], dtype=torch.float32, device=x.device)
+        return (x * keep.bernoulli_(1 - p).index_select(0, self.index).div_(1 - p)).to(x.dtype)
+
+
+
+def document_mask(document_ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool, True where query t may attend to key s: both real tokens of the same document. A padded
+    query attends to every real token of its row (never to nothing, which SDPA would turn into NaN; its output is
+    not read)."""
+    same = document_ids[:, :, None] == document_ids[:, None, :]
+    return ((same | ~real[:, :, None]) & real[:, None, :])[:, None]
+
+
+def varlen_available() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
+def choose(device: torch.device, attention_dropout: float) -> tuple[str, str]:
+    """(kernel, why): ``varlen`` on CUDA when the model has no attention dropout and this torch has the kernel,
+    ``sdpa-padded-grid`` otherwise."""
+    if device.type != "cuda":
+        return SDPA_PADDED_GRID, f"{device.type} has no variable-length kernel"
+    if attention_dropout > 0:
+        return SDPA_PADDED_GRID, (f"attention dropout {attention_dropout:g} (the variable-length kernel has none; "
+                                  "set model.attention_probs_dropout_prob=0 to use it)")
+    if not varlen_available():
+        return SDPA_PADDED_GRID, f"torch {torch.__version__} has no torch.nn.attention.varlen"
+    return VARLEN, "CUDA, no attention dropout"
+
+
+def configure(model: nn.Module, device: torch.device) -> tuple[str, str]:
+    """Choose the packed kernel for ``model`` on ``device`` (its largest attention dropout decides) and set it on
+    every attention module; (kernel, why), for the run's log line."""
+    dropout = max((m.dropout_p for m in model.modules() if hasattr(m, "packed_kernel")), default=0.0)
+    kernel, why = choose(device, dropout)
+    use(model, kernel)
+    return kernel, why
+
+
+def use(model: nn.Module, kernel: str) -> int:
+    """Set ``kernel`` on every attention module of ``model`` that has a packed branch; how many there were."""
+    if kernel not in KERNELS:
+        raise ValueError(f"attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    modules = [m for m in model.modules() if hasattr(m, "packed_kernel")]
+    for module in modules:
+        module.packed_kernel = kernel
+    return len(modules)
+
+
+def segments(cu_seqlens: torch.Tensor, document_ids: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """(cumulative segment starts (S+1,) int32, longest segment) of packed tokens: a segment is a row
+    (``cu_seqlens``), or with ``document_ids`` (N,) a run of one document within a row."""
+    total = int(cu_seqlens[-1])
+    starts = torch.zeros(total, dtype=torch.bool, device=cu_seqlens.device)
+    starts[cu_seqlens[:-1].long()] = True
+    if document_ids is not None:
+        starts[1:] |= document_ids[1:] != document_ids[:-1]
+    bounds = torch.cat([starts.nonzero().squeeze(1), torch.tensor([total], device=cu_seqlens.device)])
+    return bounds.to(torch.int32), int((bounds[1:] - bounds[:-1]).max())
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                     max_seqlen: int) -> torch.Tensor:
+    """Attention of packed (N, heads, head_size) query, key and value within each segment of ``cu_seqlens``."""
+    from torch.nn.attention.varlen import varlen_attn  # CUDA's flash kernel; imported where it is used
+
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+
+
+__all__ = ["KERNELS", "SDPA_PADDED_GRID", "VARLEN", "Packing", "choose", "configure", "document_mask", "segments", "use",
+           "varlen_attention", "varlen_available"]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pretrain import config, train
 from pretrain.families import for_config
 from pretrain.families.distillation import DistillationFamily, student_layer_map
-from pretrain.families.distillation_objective import STAT_NAMES, DistillationObjective, Weights
+from pretrain.families.distillation_objective import STAT_NAMES
 from pretrain.hf_compat import CheckpointError, export, load_pretrained
 from pretrain.memory import estimate_for_run
 from pretrain.model import BertConfig, BertForPreTraining, flops_per_token

@@ -30,6 +30,7 @@ class TrainingConfig:
     # stage in one process, with offload_optimizer putting the optimizer state in CPU memory (ZeRO-Offload).
     deepspeed_zero_stage: int = -1
     offload_optimizer: bool = False
+    compile: bool = False            # torch.compile the task model (pretrain.compiling): the eager losses to rounding
 
     def __post_init__(self):
         if self.precision not in ("auto", "bf16", "fp32"):

@@ -8,6 +8,7 @@ run through DeepSpeed ZeRO with the optimizer state offloaded to CPU memory (``d
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
@@ -20,8 +21,12 @@ import torch
 
 from finetune.config import TrainingConfig
 from finetune.models import pad_batch
+from pretrain.compiling import compile_module
+from pretrain.compiling import describe as describe_compile
 from pretrain.schedule import ScheduleConfig, lr_at
 from pretrain.weight_decay import parameter_groups
+
+logger = logging.getLogger("finetune")
 
 
 @dataclass
@@ -71,6 +76,9 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
     rng = np.random.default_rng(seed)
     device, dtype = device_and_dtype(cfg.precision)
     model.to(device)
+    if cfg.compile:  # in place, before DeepSpeed wraps it: the state_dict names stay the eager model's
+        compile_module(model)
+        logger.info(describe_compile(model))
     engine = None
     if cfg.deepspeed_zero_stage >= 0:  # DeepSpeed owns the optimizer, precision and clipping
         from finetune.engine import finetuning_engine

@@ -23,6 +23,8 @@ from common.manifest import Manifest, ModelRequirements
 from pretrain import attention, checkpoints, families, loop
 from pretrain import engine as ds
 from pretrain import resume as resume_check
+from pretrain.compiling import compile_module
+from pretrain.compiling import describe as describe_compile
 from pretrain.config import BatchPlan, PretrainConfig, batch_plan
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.dynamic_masking import DynamicMasking
@@ -200,7 +202,12 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
         shutil.copytree(data.tokenizer_dir, out / "tokenizer", dirs_exist_ok=True)
     seed_everything(cfg.seed, rank)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
-    engine = ds.Engine(ds.build(cfg, family.objective(model), ds_config))
+    objective = family.objective(model)
+    if cfg.model.compile:
+        objective = compile_module(objective)
+        if rank == 0:
+            log.info(describe_compile(objective))
+    engine = ds.Engine(ds.build(cfg, objective, ds_config))
     if cfg.model.padding_free:
         kernel, why = attention.configure(model, engine.device)
         if rank == 0:

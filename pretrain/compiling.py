@@ -1,0 +1,54 @@
+"""``model.compile``: the module a run trains, run through ``torch.compile`` (TorchInductor) in place.
+
+What is compiled: the module DeepSpeed wraps, i.e. the family's objective (the model and its losses in one
+graph), or in finetuning the task model. This is what DeepSpeed's own ``engine.compile()`` compiles too
+(``self.module.compile(...)``); doing it before ``deepspeed.initialize`` keeps our engine wrapper the only holder
+of DeepSpeed's object. ``nn.Module.compile`` compiles in place: the module stays the same object with the same
+``state_dict`` names (no ``_orig_mod.`` prefix, which ``torch.compile(module)`` would add), so checkpoints and
+Hugging Face exports of a compiled run are those of an eager run, and either resumes from the other.
+
+Code that TorchDynamo cannot trace is not an error: the graph breaks there and that part runs eagerly (ELECTRA's
+sampling from a ``torch.Generator``; a distillation teacher reached through a plain attribute is traced like any
+other call). Activation checkpointing (``torch.utils.checkpoint``, non-reentrant) is traced as one region and
+recomputed in backward as in eager mode.
+
+Shapes: a micro-batch's width (its longest row, rounded up to 8) and its number of masked positions change from
+batch to batch. Compiled with static shapes, every new (width, masked count) pair would compile another graph,
+and after ``torch._dynamo.config.recompile_limit`` of them the module would silently run eagerly. Compiled with
+``dynamic=True`` every size but the parameters' is symbolic from the first call, so one graph serves every
+batch: a run compiles one graph for training and one for evaluation (no_grad), plus one where a size of 1
+specialises (a last batch of one row). Bucketing the widths coarser than 8 is therefore not needed; it would
+only add padded compute (tests/pretrain/test_compiling.py counts the graphs over many widths).
+"""
+from __future__ import annotations
+
+from torch import nn
+
+BACKEND = "inductor"
+
+
+def compile_module(module: nn.Module) -> nn.Module:
+    """``module`` itself, compiled in place (its ``state_dict`` names unchanged) with symbolic sizes."""
+    module.compile(backend=BACKEND, dynamic=True)
+    return module
+
+
+def describe(module: nn.Module) -> str:
+    """The log line of the compile choice, e.g. for rank 0 at start-up."""
+    return (f"model.compile: torch.compile ({BACKEND}, dynamic shapes) of {type(module).__name__}, in place; the "
+            "first steps compile its graphs")
+
+
+def graphs_compiled() -> int:
+    """Graphs TorchDynamo has compiled in this process so far (each recompilation counts)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def is_compiled(module: nn.Module) -> bool:
+    """Whether ``module`` was compiled in place (``nn.Module.compile``)."""
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+__all__ = ["BACKEND", "compile_module", "describe", "graphs_compiled", "is_compiled"]

@@ -1,0 +1,166 @@
+"""``model.compile`` (``pretrain.compiling``): the compiled module trains the eager one's losses, keeps its
+checkpoint names (a compiled run resumes from an eager checkpoint and the other way round), and compiles a bounded
+number of graphs over micro-batches of many widths and masked counts.
+
+Tolerance: fp32 on CPU, dropout off (inductor draws its own dropout masks), losses to 1e-4 relative (gradients summed
+over three micro-batches to 1e-3 of their largest entry): the compiled kernels sum in another order (fused
+reductions), so the steps agree to rounding, not to the bit.
+Compiling takes most of these tests' time (tens of seconds per module on two cores); it is what they test.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pretrain import compiling, config, families
+from pretrain.data import RowBlock, pad
+from pretrain.model import BertConfig, BertForPreTraining
+from pretrain.objective import PretrainingObjective
+from tests.pretrain.launching import TINY
+
+TOLERANCE = 1e-4
+SEQ = 64
+VOCAB = 30528  # the teacher's (bert-base-uncased, rounded up to 8): distillation's student shares it
+NO_DROPOUT = {"model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0, "train.precision": "fp32"}
+
+
+def _objective(vocab_size: int) -> PretrainingObjective:
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return PretrainingObjective(BertForPreTraining(config), "nsp").train()
+
+
+def _dropout_off(model: torch.nn.Module) -> None:
+    """Dropout off whatever the family's config took (a distillation student copies its teacher's)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "dropout_p"):
+            module.dropout_p = 0.0
+
+
+def _micro_batches(count: int, vocab_size: int) -> list[dict]:
+    """Micro-batches of two rows of random lengths (8 to ``SEQ`` tokens, 15% masked), padded by the loader's ``pad``:
+    many widths and masked counts."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(count):
+        lengths = rng.integers(8, SEQ + 1, size=2)
+        counts = np.maximum(1, (lengths * 0.15).astype(np.int64))
+        positions = np.concatenate([np.sort(rng.choice(np.arange(1, n - 1), c, replace=False))
+                                    for n, c in zip(lengths, counts)])
+        block = RowBlock(tokens=rng.integers(5, vocab_size - 8, size=lengths.sum()), lengths=lengths,
+                         positions=positions, counts=counts, labels=rng.integers(5, vocab_size - 8, size=counts.sum()),
+                         segment_a_len=lengths // 2, next_sentence_label=rng.integers(0, 2, size=2))
+        padded = {**pad(block, pad_id=0), "mlm_loss_scale": np.float32(1 / counts.sum())}
+        batches.append({k: torch.from_numpy(np.asarray(v)) for k, v in padded.items()})
+    return batches
+
+
+def test_compiling_keeps_the_module_and_its_state_dict_names():
+    eager, compiled = _objective(64), _objective(64)
+    assert compiling.compile_module(compiled) is compiled and compiling.is_compiled(compiled)
+    assert not compiling.is_compiled(eager)
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # no "_orig_mod." prefix
+    compiled.load_state_dict(eager.state_dict())  # an eager checkpoint loads as it is
+
+
+def test_many_widths_compile_a_bounded_number_of_graphs_and_give_the_eager_losses():
+    vocab = 96
+    batches = _micro_batches(16, vocab)
+    shapes = {(b["input_ids"].shape[1], len(b["masked_positions"])) for b in batches}
+    assert len({width for width, _ in shapes}) >= 5 and len(shapes) >= 10  # what would recompile with static shapes
+    eager, compiled = _objective(vocab), compiling.compile_module(_objective(vocab))
+    torch._dynamo.reset()
+    before = compiling.graphs_compiled()
+    for batch in batches:
+        expected, expected_stats = eager(**batch)
+        loss, stats = compiled(**batch)
+        loss.backward()
+        torch.testing.assert_close(loss, expected, rtol=TOLERANCE, atol=0)
+        torch.testing.assert_close(stats, expected_stats, rtol=TOLERANCE, atol=TOLERANCE)
+    assert 1 <= compiling.graphs_compiled() - before <= 2  # one graph for every shape (two if a size of 1 specialises)
+    torch.testing.assert_close(  # the gradients flow through the compiled backward
+        compiled.model.cls.seq_relationship.weight.grad.abs().sum() > 0, torch.tensor(True))
+
+
+FAMILIES = {  # each family's tiny model, dropout off (inductor draws its own masks)
+    "bert": {},
+    "bert_activation_checkpointing": {"model.activation_checkpointing": "true"},
+    "albert": {"model.family": "albert", "model.preset": "albert_tiny"},
+    "electra": {"model.family": "electra", "model.preset": "electra_tiny"},
+    "distillation": {"distillation.teacher": "MINILM", "distillation.student_layers": 1,
+                     "distillation.teacher_precision": "fp32"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_familys_objective_compiles_to_its_eager_losses(name, minilm_dir, tmp_path):
+    """What ``pretrain.train`` compiles is ``family.objective(model)``: for each family the compiled objective gives
+    the eager one's loss and statistics over micro-batches of several widths, with the family's own inputs
+    (ELECTRA's sampling seed: its sampling from a ``torch.Generator`` runs eagerly between two graphs), and with
+    activation checkpointing (recomputed in the compiled backward)."""
+    overrides = {**FAMILIES[name], "model.hidden_dropout_prob": 0.0,
+                 "model.attention_probs_dropout_prob": 0.0, "data.path": tmp_path, "output_dir": tmp_path}
+    overrides = {k: str(minilm_dir) if v == "MINILM" else v for k, v in overrides.items()}
+    cfg = config.load(TINY, [f"{k}={v}" for k, v in overrides.items()])
+    family = families.for_config(cfg)
+    made = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = family.new_model(vocab_size=VOCAB, pad_token_id=0)
+        _dropout_off(model)
+        family.set_activation_checkpointing(model, cfg.model.activation_checkpointing)
+        made.append(family.objective(model).train())
+    eager, compiled = made[0], compiling.compile_module(made[1])
+    for step, batch in enumerate(_micro_batches(3, VOCAB)):
+        inputs = {**batch, "token_loss_scale": batch["mlm_loss_scale"] / 8,
+                  **family.micro_batch_inputs(step=step, micro=0, rank=0)}
+        expected, expected_stats = eager(**inputs)
+        loss, stats = compiled(**inputs)
+        (expected + loss).backward()  # separate graphs: each objective gets its own gradients
+        torch.testing.assert_close(loss, expected, rtol=TOLERANCE, atol=0)
+        torch.testing.assert_close(stats, expected_stats, rtol=TOLERANCE, atol=TOLERANCE)
+    grads = {n: p.grad for n, p in compiled.named_parameters() if p.grad is not None}
+    assert grads and grads.keys() == {n for n, p in eager.named_parameters() if p.grad is not None}
+    for n, p in eager.named_parameters():
+        if p.grad is not None:
+            atol = 1e-3 * max(p.grad.abs().max().item(), 1e-6)  # three steps' rounding, relative to the largest
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-3, atol=atol, msg=n)
+
+
+def _losses(out) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_compiled_run_has_the_eager_losses_and_resumes_from_an_eager_checkpoint(one_rank, sample_dataset,
+                                                                                  tmp_path, caplog):
+    """``model.compile`` through ``pretrain.train`` (DeepSpeed ZeRO 1, fp32, dropout off): the eager run's losses;
+    a compiled run resumed from the eager run's step-2 checkpoint continues its curve, and an eager run resumed
+    from the compiled run's checkpoint too (the checkpoint names are the same)."""
+    from pretrain import train
+    from tests.pretrain.test_training import _cfg
+
+    caplog.set_level("INFO", logger="pretrain")
+    runs = {}
+    for switch in ("false", "true"):
+        out = tmp_path / f"run-{switch}"
+        cfg = _cfg(sample_dataset, out, 4, **NO_DROPOUT, **{"model.compile": switch, "checkpoint.every_steps": 2})
+        assert train.run(cfg, one_rank, resume=False) == 0
+        runs[switch] = _losses(out)
+    assert len(runs["false"]) == 4
+    np.testing.assert_allclose(runs["true"], runs["false"], rtol=TOLERANCE)
+    assert caplog.text.count("model.compile: torch.compile (inductor, dynamic shapes) of PretrainingObjective") == 1
+    for switch, other in (("false", "true"), ("true", "false")):  # resume each run's step-2 checkpoint the other way
+        out = tmp_path / f"run-{switch}"
+        for stale in sorted((out / "checkpoints").glob("step_00000004*")):
+            stale.rename(stale.with_name(stale.name + ".old"))  # step 2 is then the newest checkpoint
+        resumed = _cfg(sample_dataset, out, 4, **NO_DROPOUT, **{"model.compile": other, "checkpoint.every_steps": 2})
+        assert train.run(resumed, one_rank, resume=True) == 0
+        assert f"model.compile: {switch} -> {other}" in caplog.text
+        np.testing.assert_allclose(_losses(out)[-2:], runs["false"][2:], rtol=TOLERANCE)

@@ -95,6 +95,26 @@ def test_packed_encoder_equals_padded():
     _close(packed, padded[mask.bool()])
 
 
+def test_packed_documents_kept_apart_are_encoded_as_if_alone():
+    """document_ids (attention within a document) and position_ids (restarting per document) reach both networks:
+    a row holding two documents gives each document's outputs alone, in padded and in packed mode."""
+    pair = _pair().eval()
+    first, second = torch.randint(5, VOCAB, (1, 7)), torch.randint(5, VOCAB, (1, 9))
+    row = torch.cat([first, second], dim=1)
+    documents = {"document_ids": torch.tensor([[0] * 7 + [1] * 9]),
+                 "position_ids": torch.cat([torch.arange(7), torch.arange(9)])[None]}
+    types, mask = torch.zeros_like(row), torch.ones_like(row)
+    packing = Packing.from_attention_mask(mask)
+    with torch.no_grad():
+        alone = torch.cat([pair.discriminator(first), pair.discriminator(second)], dim=1)
+        _close(pair.discriminator(row, types, mask, **documents), alone)
+        hidden, _ = pair.discriminator.electra(packing.pack(row), packing.pack(types), packing=packing,
+                                               **{k: packing.pack(v) for k, v in documents.items()})
+        _close(pair.discriminator.discriminator_predictions(hidden), alone[0])
+        alone = torch.cat([pair.generator(first), pair.generator(second)], dim=1)
+        _close(pair.generator(row, types, mask, **documents), alone)
+
+
 def test_presets_are_the_papers_sizes():
     small, base = preset("electra_small"), preset("electra_base")
     sizes = lambda c: (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size,  # noqa: E731

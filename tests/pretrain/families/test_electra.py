@@ -168,6 +168,45 @@ def test_sample_seeds_differ_per_rank_micro_batch_and_step_and_are_the_same_in_a
     assert other.micro_batch_inputs(step=0, micro=0, rank=0)["sample_seed"] != seeds[0]
 
 
+def test_the_losses_are_global_batch_means_however_the_batch_is_split():
+    """Two micro-batches with the loader's scales (micro-batches / masked tokens, micro-batches / real tokens of the
+    global batch), averaged as DeepSpeed averages them, give the loss of the whole batch at once."""
+    from pretrain.electra import ElectraPair, preset
+    from pretrain.families.electra import ElectraPretrainingObjective
+
+    torch.manual_seed(0)
+    objective = ElectraPretrainingObjective(ElectraPair(preset("electra_tiny", vocab_size=120,
+                                                               hidden_dropout_prob=0.0,
+                                                               attention_probs_dropout_prob=0.0)))
+    ids = torch.randint(5, 120, (4, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 5:], mask[2, 9:] = 0, 0
+    chosen = [torch.tensor([1, 3]), torch.tensor([2]), torch.tensor([0, 4, 7, 8]), torch.tensor([6])]
+    rows = [{"input_ids": ids[i:i + 1].clone(), "token_type_ids": torch.zeros_like(ids[i:i + 1]),
+             "attention_mask": mask[i:i + 1], "masked_positions": chosen[i], "masked_labels": ids[i, chosen[i]]}
+            for i in range(4)]
+    for row in rows:
+        row["input_ids"][0, row["masked_positions"]] = 4
+
+    def batch(part: list[dict], micro_batches: int) -> dict:
+        width = part[0]["input_ids"].shape[1]
+        positions = torch.cat([r["masked_positions"] + i * width for i, r in enumerate(part)])
+        return {"input_ids": torch.cat([r["input_ids"] for r in part]),
+                "token_type_ids": torch.cat([r["token_type_ids"] for r in part]),
+                "attention_mask": torch.cat([r["attention_mask"] for r in part]), "masked_positions": positions,
+                "masked_labels": torch.cat([r["masked_labels"] for r in part]),
+                "mlm_loss_scale": torch.tensor(micro_batches / 8), "token_loss_scale": torch.tensor(
+                    micro_batches / float(mask.sum())), "next_sentence_labels": torch.zeros(len(part))}
+
+    # Sampling draws per micro-batch, so compare at a generator that always samples token 4 ([MASK] here): the
+    # discriminator then sees the same input in both splits. Its losses stay of the size of the generator's.
+    with torch.no_grad():
+        objective.model.generator.generator_lm_head.bias.zero_()[4] = 30.0
+    whole, _ = objective(**batch(rows, 1), sample_seed=1)
+    halves = [objective(**batch(rows[:2], 2), sample_seed=2)[0], objective(**batch(rows[2:], 2), sample_seed=3)[0]]
+    torch.testing.assert_close(sum(halves) / 2, whole, rtol=1e-5, atol=1e-6)
+
+
 def test_what_the_family_cannot_train_is_refused():
     with pytest.raises(ValueError, match=r"model.preset 'base' is not an ELECTRA preset; choose one of electra_base"):
         families.for_config(config.load(CONFIGS / "electra_small.yaml", ["model.preset=base"]))
@@ -187,7 +226,7 @@ def test_document_attention_trains(one_rank, synthetic_dataset, tmp_path):
 
 def test_a_resumed_run_on_two_ranks_repeats_every_loss_bitwise(synthetic_dataset, tmp_path):
     """Dropout on and bf16 at ZeRO 1: the ranks' RNG states, the loader and the sampling seeds must all resume.
-    About 40 s: two 2-rank launches are what the claim is about."""
+    About 20 s: two 2-rank launches are what the claim is about."""
     dataset = synthetic_dataset(600, kind="full_sentences", masking="dynamic", document_tokens=60)
     common = {"model.family": "electra", "model.preset": "electra_tiny", "objective.masking": "dynamic",
               "objective.sentence_objective": "none", "zero.stage": 1, "train.precision": "bf16",

@@ -29,6 +29,7 @@ APPLIED_FROM_RESUME = (
     "optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay", "optimizer.torch_adam",
     "schedule.", "checkpoint.", "faults.", "logging.", "model.activation_checkpointing", "model.init_from",
     "model.padding_free",  # how the same step is computed (equal to rounding), not what it computes
+    "model.compile",  # likewise (pretrain.compiling: in place, the checkpoint's names unchanged)
 )
 
 

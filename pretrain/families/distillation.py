@@ -80,6 +80,10 @@ class DistillationFamily(BertFamily):
         self.data_path = cfg.data.path
         self.output_dir = Path(cfg.output_dir)
         self.teacher_dir = teacher_directory(cfg.distillation.teacher)
+        if not (self.teacher_dir / "config.json").is_file():
+            raise CheckpointError(f"distillation.teacher {cfg.distillation.teacher}: no config.json (nor a finished "
+                                  "run's hf/ export) there; set it to a Hugging Face BERT directory or one of our run "
+                                  "directories")
         self.teacher_config = load_config(self.teacher_dir)
         layers = self.teacher_config.num_hidden_layers
         self.layers = student_layer_map(layers, self.settings.student_layers or max(1, layers // 2))

@@ -93,9 +93,9 @@ FAMILIES = {  # each family's tiny model, dropout off (inductor draws its own ma
     "bert": {},
     "bert_activation_checkpointing": {"model.activation_checkpointing": "true"},
     "albert": {"model.family": "albert", "model.preset": "albert_tiny"},
-    "electra": {"model.family": "electra", "model.preset": "electra_tiny"},
-    "distillation": {"distillation.teacher": "MINILM", "distillation.student_layers": 1,
-                     "distillation.teacher_precision": "fp32"},
+    "electra": {"model.family": "electra", "model.preset": "electra_tiny", "objective.sentence_objective": "none"},
+    "distillation": {"distillation.teacher": "MINILM", "distillation.student_layers": 1,  # MiniLM has no MLM head:
+                     "distillation.kl_weight": 0.0, "distillation.teacher_precision": "fp32"},  # hidden-state loss
 }
 
 

@@ -2,11 +2,15 @@
 
     python -m bench.pretrain_gpu                                   # BERT-Large, phase 1 and 2, bf16, ZeRO 1
     python -m bench.pretrain_gpu --data128 DIR --data512 DIR       # real shards instead of full-length rows
+    python -m bench.pretrain_gpu --modes padded,padding-free,padded+compile,padding-free+compile
     DS_ACCELERATOR=cpu python -m bench.pretrain_gpu --preset tiny --steps 3 --warmup 1   # smoke run on CPU
 
 Each phase: the model preset at that sequence length, one rank, bf16 (DeepSpeed's bf16 with ZeRO 1 and
-fp32 master weights), AdamW; ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps.
-Reports sequences/s, tokens/s and MFU = tokens/s x training FLOPs per token (``pretrain.model.flops_per_token``)
+fp32 master weights), AdamW; ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps; once per mode:
+``padded`` or ``padding-free`` (``model.padding_free``, with the attention kernel ``pretrain.attention`` picks),
+each eager or ``+compile`` (``model.compile``; its compilation falls in the warm-up steps). Phase 2's rows are
+packed documents when ``--data512`` is a packed dataset (``full_sentences``, document attention).
+Reports sequences/s, tokens/s and MFU = tokens/s x training FLOPs per token (the family's ``flops_per_token``)
 / the GPU's dense bf16 peak. Writes bench/results/pretrain-gpu-<device>.json with the machine (and its GPU) and
 the versions.
 """
@@ -23,12 +27,17 @@ import numpy as np
 import torch
 
 from bench import record
-from pretrain import config as config_module, engine as ds
+from pretrain import attention, families
+from pretrain import config as config_module
+from pretrain import engine as ds
+from pretrain.compiling import compile_module
 from pretrain.data import PretrainingLoader, ShardedInstances
+from pretrain.dynamic_masking import DynamicMasking
 from pretrain.launch import Rendezvous
-from pretrain.model import BertForPreTraining, flops_per_token, preset
 from pretrain.monitor import peak_tflops
-from pretrain.objective import PretrainingObjective
+from pretrain.recipe import resolve
+
+MODES = ("padded", "padding-free", "padded+compile", "padding-free+compile")
 
 
 def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: int = 0):
@@ -49,21 +58,35 @@ def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: i
         yield batches
 
 
-def measure(args, seq: int, micro: int, data_dir: str | None) -> dict:
+def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict:
+    padding_free, compiled = mode.startswith("padding-free"), mode.endswith("+compile")
     overrides = [f"model.preset={args.preset}", "model.max_position_embeddings=512", f"train.micro_batch_size={micro}",
                  f"train.global_batch_size={micro * args.accumulation}", "train.precision=bf16", "zero.stage=1",
                  "optimizer.name=adamw", f"optimizer.torch_adam={str(not torch.cuda.is_available()).lower()}",
                  f"train.max_steps={args.steps + args.warmup}", f"schedule.total_steps={args.steps + args.warmup}",
-                 "logging.tensorboard=false", f"model.activation_checkpointing={str(args.checkpointing).lower()}"]
+                 "logging.tensorboard=false", f"model.activation_checkpointing={str(args.checkpointing).lower()}",
+                 f"model.padding_free={str(padding_free).lower()}", f"model.compile={str(compiled).lower()}"]
+    data = ShardedInstances(data_dir) if data_dir else None
+    documents = data is not None and data.packed
+    if documents:
+        overrides += ["objective.attention=document", "objective.sentence_objective=none",
+                      f"objective.masking={data.manifest.objective.masking}"]
     cfg = config_module.load(None, overrides)
     plan = config_module.batch_plan(cfg.train, 1)
     torch.manual_seed(0)
-    model = BertForPreTraining(preset(args.preset, vocab_size=30528))
-    model.bert.encoder.gradient_checkpointing = args.checkpointing
-    engine = ds.build(cfg, PretrainingObjective(model), ds.deepspeed_config(cfg, plan, record.WORK))
-    if data_dir:
-        loader = PretrainingLoader(ShardedInstances(data_dir), micro_batch=micro, accumulation=args.accumulation,
-                                   world_size=1, rank=0, seed=0)
+    family = families.for_config(cfg)
+    model = family.new_model(vocab_size=30528, pad_token_id=0)
+    family.set_activation_checkpointing(model, args.checkpointing)
+    objective = family.objective(model)
+    if compiled:
+        compile_module(objective)
+    engine = ds.build(cfg, objective, ds.deepspeed_config(cfg, plan, record.WORK))
+    kernel = attention.configure(model, engine.device)[0] if padding_free else None
+    if data is not None:
+        masking = (DynamicMasking.for_dataset(resolve(cfg.objective, data.manifest).dynamic_masking,
+                                              data.tokenizer_dir, 0) if cfg.objective.masking == "dynamic" else None)
+        loader = PretrainingLoader(data, micro_batch=micro, accumulation=args.accumulation, world_size=1, rank=0,
+                                   seed=0, masking=masking, document_attention=documents)
         steps = iter(loader.next_step, None)
     else:
         steps = synthetic_steps(micro, seq, 30528, args.accumulation)
@@ -83,12 +106,12 @@ def measure(args, seq: int, micro: int, data_dir: str | None) -> dict:
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     peak = peak_tflops(device_name if torch.cuda.is_available() else None)
     tokens_per_s = tokens / elapsed
-    mfu = tokens_per_s * flops_per_token(model.config, seq) / (peak * 1e12) if peak else None
-    result = {"seq": seq, "micro_batch": micro, "accumulation": args.accumulation, "steps": args.steps,
+    mfu = tokens_per_s * family.flops_per_token(model, seq, 0.15) / (peak * 1e12) if peak else None
+    result = {"mode": mode, "attention_kernel": kernel, "packed_documents": documents, "seq": seq, "micro_batch": micro, "accumulation": args.accumulation, "steps": args.steps,
               "data": data_dir or "synthetic full-length rows", "sequences_per_s": sequences / elapsed,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "peak_tflops": peak, "step_s": elapsed / args.steps,
               "max_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None}
-    print(f"seq {seq}: {result['sequences_per_s']:,.1f} seq/s, {tokens_per_s:,.0f} tok/s"
+    print(f"seq {seq} {mode}: {result['sequences_per_s']:,.1f} seq/s, {tokens_per_s:,.0f} tok/s"
           + (f", MFU {100 * mfu:.1f}%" if mfu else ""), flush=True)
     del engine
     if torch.cuda.is_available():
@@ -109,11 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     parser.add_argument("--data128")
     parser.add_argument("--data512")
+    parser.add_argument("--modes", default="padded,padding-free",
+                        help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--results", type=Path, default=record.RESULTS)
     args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    if set(modes) - set(MODES):
+        parser.error(f"--modes: choose from {', '.join(MODES)}")
     port = int(os.environ.get("MASTER_PORT", 29555))
     ds.init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", port, "single"), timeout_minutes=10)
-    phases = [measure(args, 128, args.micro128, args.data128), measure(args, 512, args.micro512, args.data512)]
+    phases = [measure(args, seq, micro, data, mode) for seq, micro, data in
+              ((128, args.micro128, args.data128), (512, args.micro512, args.data512)) for mode in modes]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     versions = record.versions(("torch", "deepspeed"), ("pretrain", "bench/pretrain_gpu.py"))
     result = {"benchmark": "pretrain-gpu", "date": record.utc_now(), "command": record.command_line(),

@@ -10,11 +10,11 @@ ALBERT is BERT with two parameter reductions and a different sentence objective:
 - sentence-order prediction on the pooled [CLS] (``sop_classifier``), in place of next-sentence prediction.
 
 The attention is our BERT's (``pretrain.model.BertSelfAttention``: SDPA, the packed mode of
-``pretrain.model.Packing``, packed documents kept apart by ``document_ids``/``position_ids``), and so are the
-embeddings, at width E; the forward takes BERT's arguments, so ``pretrain.objective`` trains it unchanged. One deliberate difference from
-``transformers``: the FFN output gets its dropout before the residual, as in google-research/albert's
-``attention_ffn_block`` (Hugging Face defines that dropout but never applies it). ALBERT v2 trains with dropout 0,
-where the two agree exactly. Nothing here imports DeepSpeed or torch.distributed.
+``pretrain.attention.Packing`` and its kernels, packed documents kept apart by ``document_ids``/``position_ids``),
+and so are the embeddings, at width E; the forward takes BERT's arguments, so ``pretrain.objective`` trains it
+unchanged. One deliberate difference from ``transformers``: the FFN output gets its dropout before the residual,
+as in google-research/albert's ``attention_ffn_block`` (Hugging Face defines that dropout but never applies it).
+ALBERT v2 trains with dropout 0, where the two agree exactly. Nothing here imports DeepSpeed or torch.distributed.
 """
 from __future__ import annotations
 
@@ -24,15 +24,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from pretrain.model import (
-    _ACTIVATIONS,
-    BertConfig,
-    BertEmbeddings,
-    BertForPreTraining,
-    BertSelfAttention,
-    Packing,
-    document_mask,
-)
+from pretrain.attention import Packing, document_mask
+from pretrain.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertForPreTraining, BertSelfAttention
 
 
 @dataclass(frozen=True)
@@ -213,6 +206,7 @@ class AlbertModel(nn.Module):
             attn_mask = packing.key_mask
             if document_ids is not None:
                 attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
+                packing = packing.within_documents(document_ids)  # the varlen kernel's segments: the documents
             if position_ids is not None:
                 position_ids = packing.unpack(position_ids)
             x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids), position_ids))

@@ -13,8 +13,9 @@ import transformers
 
 from pretrain import albert_hf
 from pretrain.albert import AlbertConfig, AlbertForPreTraining, flops_per_token, preset
+from pretrain.attention import Packing
 from pretrain.checkpoints import CheckpointError
-from pretrain.model import BertConfig, Packing
+from pretrain.model import BertConfig
 from pretrain.model import flops_per_token as bert_flops_per_token
 
 # Factorized (E 16 < H 64), two groups of two inner layers, each group applied twice: every mapping is exercised.

@@ -15,12 +15,14 @@ import pytest
 import torch
 import transformers
 
-from pretrain import albert, config, families, train
+from pretrain import albert, attention, config, families, train
+from pretrain import model as model_module
 from pretrain.albert_hf import load_albert
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.families.albert import AlbertFamily
 from pretrain.hf_compat import CheckpointError
 from pretrain.objective import STAT_NAMES
+from tests.pretrain.test_attention import _segment_by_segment
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "configs" / "pretrain" / "albert_base.yaml"
@@ -160,12 +162,12 @@ def test_the_exported_run_finetunes_on_glue(albert_run, tmp_path):
     assert all(math.isfinite(v) for v in result["mean"].values())
 
 
-def _objectives(data: ShardedInstances, sentence: str):
+def _objectives(data: ShardedInstances, sentence: str, **more):
     """The padded and the padding-free objective of the family around models with equal initial weights."""
     made = []
     for padding_free in (False, True):
-        cfg = config.load(SHIPPED, [f"{k}={v}" for k, v in {**TINY, "model.padding_free": padding_free,
-                                                              "objective.sentence_objective": sentence}.items()])
+        values = {**TINY, "model.padding_free": padding_free, "objective.sentence_objective": sentence, **more}
+        cfg = config.load(SHIPPED, [f"{k}={v}" for k, v in values.items()])
         family = families.for_config(cfg)
         torch.manual_seed(0)
         made.append(family.objective(family.new_model(vocab_size=-(-data.manifest.tokenizer.vocab_size // 8) * 8,
@@ -182,10 +184,15 @@ def _step(objective, batch):
     return loss.detach(), stats, grads
 
 
+@pytest.mark.parametrize("kernel", [attention.SDPA_PADDED_GRID, attention.VARLEN])
 @pytest.mark.parametrize("documents", [False, True], ids=["pairs", "documents"])
-def test_padding_free_albert_gives_the_padded_losses_and_gradients(synthetic_dataset, documents):
+def test_padding_free_albert_gives_the_padded_losses_and_gradients(synthetic_dataset, documents, kernel,
+                                                                    monkeypatch):
     """Tolerance as tests/pretrain/test_padding_free.py states it (fp32): 1e-5 relative on the losses and
-    statistics, and on each gradient 1e-5 of its largest entry; dropout 0.1 on."""
+    statistics, and on each gradient 1e-5 of its largest entry; dropout 0.1 on (hidden only with varlen, which has
+    no attention dropout: ALBERT v2's presets have none, so a CUDA run of them gets it). The varlen kernel is CUDA's:
+    on CPU it is replaced by SDPA on each segment alone, as tests/pretrain/test_attention.py does."""
+    monkeypatch.setattr(model_module, "varlen_attention", _segment_by_segment)
     spec = ({"kind": "full_sentences", "document_tokens": 20, "sentence_objective": "none"} if documents
             else {"sentence_objective": "sop"})
     dataset = synthetic_dataset(300 if documents else 400, max_seq_length=64, max_predictions=10, **spec)
@@ -194,7 +201,9 @@ def test_padding_free_albert_gives_the_padded_losses_and_gradients(synthetic_dat
                                document_attention=documents)
     batches = [{k: torch.from_numpy(np.asarray(v)) for k, v in b.items()} for b in loader.next_step()]
     assert any(bool((b["attention_mask"] == 0).any()) for b in batches)
-    padded, packed = _objectives(data, spec["sentence_objective"])
+    padded, packed = _objectives(data, spec["sentence_objective"],
+                                 **({"model.attention_probs_dropout_prob": 0.0} if kernel == attention.VARLEN else {}))
+    assert attention.use(packed.model, kernel) == 1  # the one shared group's attention, applied twice
     for batch in batches:
         loss, stats, grads = _step(padded, batch)
         packed_loss, packed_stats, packed_grads = _step(packed, batch)
@@ -216,8 +225,8 @@ def test_padding_free_albert_gives_the_padded_losses_and_gradients(synthetic_dat
 
 def test_activation_checkpointing_recomputes_the_shared_applications_with_equal_gradients(synthetic_dataset):
     data = ShardedInstances(synthetic_dataset(400, max_seq_length=64, max_predictions=10, sentence_objective="sop"))
-    batch = {k: torch.from_numpy(np.asarray(v)) for k, v in
-             PretrainingLoader(data, micro_batch=8, accumulation=1, world_size=1, rank=0, seed=5).next_step()[0].items()}
+    loader = PretrainingLoader(data, micro_batch=8, accumulation=1, world_size=1, rank=0, seed=5)
+    batch = {k: torch.from_numpy(np.asarray(v)) for k, v in loader.next_step()[0].items()}
     padded, _ = _objectives(data, "sop")
     family = families.for_config(config.load(SHIPPED, ["model.preset=albert_tiny"]))
     _, _, plain = _step(padded, batch)

@@ -4,7 +4,8 @@
 
 1. Pretraining: one AdamW step (forward, MLM + NSP loss, backward, optimizer) of ``PretrainingObjective`` around
    ``BertForPreTraining`` of ``--preset`` (base: BERT-Base), eager and compiled in place from the same initial
-   weights, on the loader's micro-batches of the real seq-128 shards (``bench.shards``, as ``bench.pretrain``).
+   weights, on the loader's micro-batches of the real seq-128 and seq-512 shards (``bench.shards``, as
+   ``bench.pretrain``; micro-batches of 8 and 2 rows).
    Both see the same batches; rounds alternate which goes first; per step = round wall / steps; medians over the
    rounds no other process contended (over all of them, flagged, when none was quiet). Also the compile time (the
    first compiled steps' wall minus as many eager steps) and the graphs TorchDynamo compiled over all the steps.
@@ -34,7 +35,7 @@ from pretrain.model import BertForPreTraining, preset
 from pretrain.objective import PretrainingObjective
 
 SEED = 1234
-PRETRAIN_MICRO = 8
+PRETRAIN_MICRO = {128: 8, 512: 2}  # the same tokens per micro-batch at both lengths
 FINETUNE_BATCH, FINETUNE_SEQ = 32, 128
 
 
@@ -101,14 +102,14 @@ def measure(modules: dict[str, torch.nn.Module], batches: list[dict], rounds: in
             "speedup": round(medians["eager"] / medians["compiled"], 3)}
 
 
-def pretraining(dataset: Path, preset_name: str, rounds: int, steps: int, quiet_budget: float) -> dict:
+def pretraining(dataset: Path, seq: int, preset_name: str, rounds: int, steps: int, quiet_budget: float) -> dict:
     data = ShardedInstances(dataset)
-    loader = PretrainingLoader(data, micro_batch=PRETRAIN_MICRO, accumulation=1, world_size=1, rank=0, seed=SEED)
+    loader = PretrainingLoader(data, micro_batch=PRETRAIN_MICRO[seq], accumulation=1, world_size=1, rank=0, seed=SEED)
     batches = [{k: torch.from_numpy(np.asarray(v)) for k, v in loader.next_step()[0].items()} for _ in range(steps)]
     vocab = -(-data.manifest.tokenizer.vocab_size // 8) * 8
     config = preset(preset_name, vocab_size=vocab, max_position_embeddings=512)
     result = measure(_pair(lambda: PretrainingObjective(BertForPreTraining(config))), batches, rounds, quiet_budget)
-    return {"preset": preset_name, "micro_batch": PRETRAIN_MICRO, "seq_length": 128, **result}
+    return {"preset": preset_name, "micro_batch": PRETRAIN_MICRO[seq], "seq_length": seq, **result}
 
 
 def finetuning(data_dir: Path, rounds: int, steps: int, quiet_budget: float) -> dict:
@@ -140,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = record.machine_info()
     torch.set_num_threads(machine["usable_cores"])
     rounds, steps, quiet = (2, 3, 5.0) if args.quick else (3, 3, 60.0)
-    dataset, build = ensure_dataset(128, args.data, args.work)
-    sections = {"pretraining": pretraining(dataset, "tiny" if args.quick else args.preset, rounds, steps, quiet),
+    size = "tiny" if args.quick else args.preset
+    datasets = {seq: ensure_dataset(seq, args.data, args.work) for seq in PRETRAIN_MICRO}
+    sections = {**{f"pretraining_seq{seq}": pretraining(dataset, seq, size, rounds, steps, quiet)
+                   for seq, (dataset, _) in datasets.items()},
                 "finetuning": finetuning(args.data, rounds, steps, quiet)}
     results = {
         "benchmark": "compile", "date": record.utc_now(), "mode": "quick" if args.quick else "full",
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"torch_threads": torch.get_num_threads(), "rounds": rounds, "steps_per_round": steps,
                    "compile": f"nn.Module.compile(backend={compiling.BACKEND!r}, dynamic=True)", "precision": "fp32",
                    "dropout": 0.0, "optimizer": "torch.optim.AdamW(lr=1e-5, weight_decay=0.01)", "seed": SEED},
-        "dataset": {"path": os.path.relpath(dataset, record.REPO), **build},
+        "datasets": {f"seq{seq}": {"path": os.path.relpath(dataset, record.REPO), **build}
+                     for seq, (dataset, build) in datasets.items()},
         "method": "eager and compiled modules from the same weights, the same batches; 2 warm-up steps each (the "
                   "compiled ones compile); rounds alternate who goes first; per step = round wall / steps; medians "
                   "over rounds with foreign_load_cores <= 0.25 (all rounds, flagged, when none); loadavg_1min is the "

@@ -59,7 +59,7 @@ class ElectraPretrainingObjective(ElectraObjective):
 class ElectraFamily(Family):
     name = "electra"
     stat_names = STAT_NAMES
-    architecture = "ElectraForPreTraining (the discriminator; the generator in generator/ as ElectraForMaskedLM)"
+    architecture = "ElectraForPreTraining discriminator, ElectraForMaskedLM generator in generator/"
 
     def __init__(self, cfg):
         if cfg.model.preset not in PRESETS:
@@ -137,8 +137,8 @@ class ElectraFamily(Family):
 
     def describe(self, model: nn.Module) -> str:
         count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-        return (f"{count(model):,} parameters (generator {count(model.generator):,}, discriminator "
-                f"{count(model.discriminator):,}, the embeddings shared)")
+        return (f"{count(model):,} parameters (generator {count(model.generator):,} and discriminator "
+                f"{count(model.discriminator):,}, each counting the embeddings they share)")
 
 
 __all__ = ["ElectraFamily", "ElectraPretrainingObjective", "sample_seed"]

@@ -129,7 +129,8 @@ def test_every_familys_objective_compiles_to_its_eager_losses(name, minilm_dir, 
     grads = {n: p.grad for n, p in compiled.named_parameters() if p.grad is not None}
     assert grads and grads.keys() == {n for n, p in eager.named_parameters() if p.grad is not None}
     for n, p in eager.named_parameters():
-        if p.grad is not None:
+        # The key biases' gradients are zero but for rounding: softmax ignores a constant added to a row's scores.
+        if p.grad is not None and not n.endswith("self.key.bias"):
             atol = 1e-3 * max(p.grad.abs().max().item(), 1e-6)  # three steps' rounding, relative to the largest
             torch.testing.assert_close(grads[n], p.grad, rtol=1e-3, atol=atol, msg=n)
 

@@ -51,7 +51,8 @@ def test_batches_of_new_widths_compile_no_new_graphs():
     rng = np.random.default_rng(0)
     widths, counts = set(), []
     for size in (16, 16, 16, 12, 16, 7, 16, 16, 3, 16):
-        rows = [{"input_ids": [2, *rng.integers(5, 60, size=int(rng.integers(2, 60))).tolist(), 3],
+        longest = int(rng.integers(3, 60))
+        rows = [{"input_ids": [2, *rng.integers(5, 60, size=int(rng.integers(2, longest + 1))).tolist(), 3],
                  "labels": int(rng.integers(0, 2))} for _ in range(size)]
         for row in rows:
             row["token_type_ids"] = [0] * len(row["input_ids"])

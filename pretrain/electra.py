@@ -170,6 +170,7 @@ class ElectraModel(nn.Module):
             attn_mask = packing.key_mask
             if document_ids is not None:
                 attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
+                packing = packing.within_documents(document_ids)  # a varlen kernel's segments, as in BertModel
             if position_ids is not None:
                 position_ids = packing.unpack(position_ids)
             x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids),

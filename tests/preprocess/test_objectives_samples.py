@@ -94,7 +94,8 @@ def test_sentence_order_pairs_end_to_end(bert_vocab, tmp_path):
     assert stats["instances"]["sentence_order"] == {"in_order": int((labels == 0).sum()), "swapped": int(labels.sum())}
 
 
-@pytest.mark.parametrize("name", ["roberta_seq512", "spanbert_seq512", "albert_sop_seq128", "modern_seq512"])
+@pytest.mark.parametrize("name", ["roberta_seq512", "spanbert_seq512", "albert_sop_seq128", "albert_sop_seq512",
+                                  "modern_seq512", "electra_seq128", "electra_seq512"])
 def test_each_recipe_config_builds_its_dataset(bert_vocab, tmp_path, name):
     cfg = config_module.load(f"configs/preprocess/{name}.yaml")
     out = tmp_path / name

@@ -24,8 +24,15 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from pretrain.attention import Packing, document_mask
-from pretrain.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertForPreTraining, BertSelfAttention
+from pretrain.attention import Packing
+from pretrain.model import (
+    _ACTIVATIONS,
+    BertConfig,
+    BertEmbeddings,
+    BertForPreTraining,
+    BertSelfAttention,
+    embed,
+)
 
 
 @dataclass(frozen=True)
@@ -191,25 +198,8 @@ class AlbertModel(nn.Module):
                 document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The modes and the ``position_ids``/``document_ids`` (packed documents kept apart) of
         ``pretrain.model.BertModel.forward``, each shaped like ``input_ids``."""
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        if packing is None:
-            if document_ids is not None:
-                real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-                attn_mask = document_mask(document_ids, real)
-            else:  # Boolean (B, 1, 1, T): True where a key may be attended to. None: SDPA's fastest path.
-                attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-            x = self.embeddings(input_ids, token_type_ids, position_ids)
-        elif attention_mask is not None:
-            raise ValueError("give attention_mask (padded mode) or packing (packed mode), not both")
-        else:
-            attn_mask = packing.key_mask
-            if document_ids is not None:
-                attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
-                packing = packing.within_documents(document_ids)  # the varlen kernel's segments: the documents
-            if position_ids is not None:
-                position_ids = packing.unpack(position_ids)
-            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids), position_ids))
+        x, attn_mask, packing = embed(self.embeddings, input_ids, token_type_ids, attention_mask, packing,
+                                      position_ids=position_ids, document_ids=document_ids)
         hidden = self.encoder(x, attn_mask, packing)
         if self.pooler is None:
             return hidden, None

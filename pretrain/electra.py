@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertEncoder, Packing, document_mask
+from pretrain.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertEncoder, Packing, embed
 from pretrain.model import flops_per_token as bert_flops_per_token
 
 
@@ -155,26 +155,8 @@ class ElectraModel(nn.Module):
         """Padded: ``input_ids`` (B, T) with ``attention_mask`` (B, T) or None. Packed: ``input_ids`` (N,), the real
         tokens back to back, with their ``packing``. ``position_ids`` and ``document_ids`` (shaped like
         ``input_ids``) keep packed documents apart, as in ``pretrain.model.BertModel``."""
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        if packing is None:
-            if document_ids is not None:
-                real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-                attn_mask = document_mask(document_ids, real)
-            else:
-                attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-            x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, E)
-        elif attention_mask is not None:
-            raise ValueError("give attention_mask (padded mode) or packing (packed mode), not both")
-        else:
-            attn_mask = packing.key_mask
-            if document_ids is not None:
-                attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
-                packing = packing.within_documents(document_ids)  # a varlen kernel's segments, as in BertModel
-            if position_ids is not None:
-                position_ids = packing.unpack(position_ids)
-            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids),
-                                             position_ids))  # (N, E)
+        x, attn_mask, packing = embed(self.embeddings, input_ids, token_type_ids, attention_mask, packing,
+                                      position_ids=position_ids, document_ids=document_ids)  # (B, T, E) or (N, E)
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)  # (..., H)
         return self.encoder(x, attn_mask, packing), None

@@ -216,6 +216,35 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(first))  # the [CLS] position
 
 
+def embed(embeddings: BertEmbeddings, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+          attention_mask: torch.Tensor | None, packing: Packing | None, *, position_ids: torch.Tensor | None = None,
+          document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Packing | None]:
+    """An encoder's input in either mode (``BertModel.forward``'s arguments): the embedded tokens, (B, T, E) or
+    packed (N, E), the attention mask, and the packing (cut into documents for the varlen kernel when
+    ``document_ids`` keep packed documents apart). BERT's, ALBERT's and ELECTRA's encoders all start here."""
+    if token_type_ids is None:
+        token_type_ids = torch.zeros_like(input_ids)
+    if packing is None:
+        if document_ids is not None:
+            real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+            attn_mask = document_mask(document_ids, real)
+        else:  # Boolean (B, 1, 1, T): True where a key may be attended to. None: SDPA's fastest path.
+            attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        return embeddings(input_ids, token_type_ids, position_ids), attn_mask, None
+    if attention_mask is not None:
+        raise ValueError("give attention_mask (padded mode) or packing (packed mode), not both")
+    attn_mask = packing.key_mask
+    if document_ids is not None:
+        attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
+        packing = packing.within_documents(document_ids)
+    if position_ids is not None:
+        position_ids = packing.unpack(position_ids)
+    # The embeddings (lookups and a LayerNorm, no GEMM) run on the padded grid: their gradients are sums over its
+    # rows, in the order every finetuning result so far was trained with.
+    return (packing.pack(embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids), position_ids)),
+            attn_mask, packing)
+
+
 class BertModel(nn.Module):
     """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``, or in packed mode ``((N, H), (B, H))``."""
 
@@ -234,27 +263,8 @@ class BertModel(nn.Module):
         Packed: ``input_ids`` (N,), every row's real tokens back to back, with their ``packing`` (no mask).
         ``position_ids`` (default 0, 1, … along the row) and ``document_ids`` (default: one document per row; a
         token attends to its own document only) are shaped like ``input_ids``."""
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        if packing is None:
-            if document_ids is not None:
-                real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-                attn_mask = document_mask(document_ids, real)
-            else:  # Boolean (B, 1, 1, T): True where a key may be attended to. None: SDPA's fastest path.
-                attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-            x = self.embeddings(input_ids, token_type_ids, position_ids)
-        elif attention_mask is not None:
-            raise ValueError("give attention_mask (padded mode) or packing (packed mode), not both")
-        else:
-            attn_mask = packing.key_mask
-            if document_ids is not None:
-                attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
-                packing = packing.within_documents(document_ids)
-            if position_ids is not None:
-                position_ids = packing.unpack(position_ids)
-            # The embeddings (lookups and a LayerNorm, no GEMM) run on the padded grid: their gradients are sums
-            # over its rows, in the order every finetuning result so far was trained with.
-            x = packing.pack(self.embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids), position_ids))
+        x, attn_mask, packing = embed(self.embeddings, input_ids, token_type_ids, attention_mask, packing,
+                                      position_ids=position_ids, document_ids=document_ids)
         hidden = self.encoder(x, attn_mask, packing)
         return hidden, (self.pooler(hidden, packing) if self.pooler is not None else None)
 
@@ -341,5 +351,5 @@ def flops_per_token(cfg: BertConfig, seq_len: int, masked_fraction: float = 0.15
     return 3.0 * (layers * per_layer + head)
 
 
-__all__ = ["BertConfig", "BertForPreTraining", "BertModel", "PRESETS", "Packing", "document_mask", "flops_per_token",
-           "preset"]
+__all__ = ["BertConfig", "BertForPreTraining", "BertModel", "PRESETS", "Packing", "document_mask", "embed",
+           "flops_per_token", "preset"]

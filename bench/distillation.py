@@ -25,17 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
-
 from bench import objectives, record
-from bench.cpu import CONTENDED_LOAD, OtherProcesses
-from bench.processes import child_env
 from bench.shards import vocab_path
 
 STUDENT_LAYERS = 3
@@ -48,36 +42,10 @@ HEAD_DATA_RECIPE = "bert"  # static masks: the teacher's head fit reads them as 
 
 def pretrain(run_dir: Path, settings: dict, steps: int, budget_cpu_s: float | None, log: Path) -> dict:
     """One single-process ``pretrain/run.py`` of ``steps`` steps with ``settings`` (over the objectives benchmark's
-    training settings), stopped by SIGTERM when its CPU reaches the budget."""
+    training settings), stopped by SIGTERM when its CPU reaches the budget; with its last metrics record."""
     settings = {**objectives.TRAINING, **objectives.RECIPES[DATA_RECIPE][1], **settings, "output_dir": str(run_dir),
                 "train.max_steps": steps, "schedule.total_steps": steps, "schedule.warmup_steps": max(1, steps // 10)}
-    cmd = [sys.executable, "pretrain/run.py", "--config", objectives.PRETRAIN_CONFIG,
-           *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")]]
-    env = {**child_env(), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(os.cpu_count() or 2)}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started, stopped, cpu, others = time.perf_counter(), False, 0.0, OtherProcesses()
-    with open(log, "ab") as out:
-        out.write(f"\n$ {' '.join(cmd)}\n".encode())
-        out.flush()
-        child = subprocess.Popen(cmd, cwd=record.REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
-        watched = psutil.Process(child.pid)
-        while child.poll() is None:
-            try:
-                cpu = max(cpu, objectives._tree_cpu(watched))
-            except psutil.NoSuchProcess:
-                break
-            if budget_cpu_s is not None and cpu >= budget_cpu_s and not stopped:
-                child.send_signal(signal.SIGTERM)
-                stopped = True
-            time.sleep(0.2)
-        status = child.wait()
-    if status not in (0, 75):
-        sys.exit(f"pretraining {run_dir.name} failed ({status}); see {log}")
-    foreign = others.cores(children_cpu_s=cpu)
-    return {"status": status, "stopped_at_budget": stopped, "cpu_s": round(cpu, 1), "others_cores": round(foreign, 2),
-            "contended": foreign > CONTENDED_LOAD, "wall_s": round(time.perf_counter() - started, 1),
-            "steps_planned": steps, "last_logged_step": objectives._last_logged_step(run_dir),
-            "last_record": _last_record(run_dir)}
+    return {**objectives.run_budgeted(run_dir, settings, steps, budget_cpu_s, log), "last_record": _last_record(run_dir)}
 
 
 def _last_record(run_dir: Path) -> dict | None:

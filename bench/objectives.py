@@ -132,6 +132,12 @@ def pretrain(run_dir: Path, dataset: Path, init: Path, switches: dict, steps: in
     settings = {**TRAINING, **switches, "output_dir": str(run_dir), "data.path": str(dataset),
                 "model.init_from": str(init), "train.max_steps": steps, "schedule.total_steps": steps,
                 "schedule.warmup_steps": warmup}
+    return run_budgeted(run_dir, settings, steps, budget_cpu_s, log)
+
+
+def run_budgeted(run_dir: Path, settings: dict, steps: int, budget_cpu_s: float | None, log: Path) -> dict:
+    """``pretrain/run.py`` with ``settings`` (``--set`` values over ``PRETRAIN_CONFIG``) in one process, stopped by
+    SIGTERM when its CPU reaches ``budget_cpu_s``; its status, CPU, the others' load and the last logged step."""
     cmd = [sys.executable, "pretrain/run.py", "--config", PRETRAIN_CONFIG,
            *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")]]
     env = {**child_env(), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(os.cpu_count() or 2)}

@@ -30,6 +30,11 @@ class ModelConfig:
     padding_free: bool = False           # dense layers on real tokens only (pretrain.objective); equal to rounding
     compile: bool = False                # run the model through torch.compile (lengths bucketed: few recompiles)
 
+    def dropout_overrides(self) -> dict[str, float]:
+        """The dropout rates this config sets over the preset's (those left unset keep the preset's)."""
+        return {k: getattr(self, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
+                if getattr(self, k) is not None}
+
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"model.family is {self.family!r}; choose one of {', '.join(FAMILIES)}")

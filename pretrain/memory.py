@@ -140,8 +140,7 @@ def planned_model_config(model, vocab_size: int | None):
             return load_config(directory)
     vocab = model.vocab_size or (-(-vocab_size // 8) * 8 if vocab_size else DEFAULT_VOCAB)
     config = preset(model.preset, vocab_size=vocab, max_position_embeddings=model.max_position_embeddings)
-    return replace(config, **{k: getattr(model, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
-                              if getattr(model, k) is not None})
+    return replace(config, **model.dropout_overrides())
 
 
 def _family_parameters(cfg, vocab_size: int | None) -> int:

@@ -44,8 +44,7 @@ class AlbertFamily(Family):
         """The preset at the dataset's vocabulary and the run's positions, with the run's dropout overrides
         (ALBERT v2's presets train without dropout)."""
         m = self.model_cfg
-        dropout = {k: getattr(m, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
-                   if getattr(m, k) is not None}
+        dropout = m.dropout_overrides()
         return preset(m.preset, vocab_size=vocab_size, max_position_embeddings=m.max_position_embeddings,
                       pad_token_id=pad_token_id, **dropout)
 

@@ -29,8 +29,7 @@ class BertFamily(Family):
         m = self.model_cfg
         config = preset(m.preset, vocab_size=vocab_size, max_position_embeddings=m.max_position_embeddings,
                         pad_token_id=pad_token_id)
-        return replace(config, **{k: getattr(m, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
-                                  if getattr(m, k) is not None})
+        return replace(config, **m.dropout_overrides())
 
     def new_model(self, *, vocab_size: int, pad_token_id: int) -> BertForPreTraining:
         return BertForPreTraining(self.model_config(vocab_size=vocab_size, pad_token_id=pad_token_id))

@@ -92,9 +92,7 @@ class DistillationFamily(BertFamily):
     def student_config(self) -> BertConfig:
         """The teacher's config with the student's depth (and the run's dropout overrides, if any)."""
         m = self.model_cfg
-        return replace(self.teacher_config, num_hidden_layers=len(self.layers),
-                       **{k: getattr(m, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
-                          if getattr(m, k) is not None})
+        return replace(self.teacher_config, num_hidden_layers=len(self.layers), **m.dropout_overrides())
 
     def teacher(self) -> BertForPreTraining:
         """The frozen teacher (CPU, fp32, eval mode), loaded once and checked against the dataset's vocabulary and

@@ -77,8 +77,7 @@ class ElectraFamily(Family):
 
     def pair_config(self, *, vocab_size: int, pad_token_id: int) -> ElectraPairConfig:
         m = self.model_cfg
-        dropouts = {k: getattr(m, k) for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
-                    if getattr(m, k) is not None}
+        dropouts = m.dropout_overrides()
         return preset(m.preset, generator_fraction=self.fraction, vocab_size=vocab_size, pad_token_id=pad_token_id,
                       max_position_embeddings=m.max_position_embeddings, **dropouts)
 

@@ -17,7 +17,8 @@ from common import storage
 from common.errors import InputError
 from common.preprocess_config import InstanceConfig, OutputConfig
 from preprocess import packing, shards
-from preprocess.transforms import INDEX_NAME, CountBucket
+from preprocess.file_dofns import CountBucket
+from preprocess.transforms import INDEX_NAME
 
 SHARD_PLAN_NAME = "shard_plan.json"
 ROWS_PER_GROUP = 16384  # instances per key-range group (bounds what one shard writer sorts)

@@ -14,6 +14,7 @@ from common import storage
 from common.hashing import document_hash
 from preprocess import docstore, handoff
 from preprocess.batch import InstanceKeys, key_bases, keys_from_bases, ragged_arange
+from preprocess.file_dofns import WritePieceGroup
 from preprocess.packing import (
     Pieces,
     document_pieces,
@@ -24,7 +25,7 @@ from preprocess.packing import (
     stream_order,
     stream_pieces,
 )
-from preprocess.transforms import CHUNK_ROWS, BuildsInstances, WritePieceGroup
+from preprocess.transforms import CHUNK_ROWS, BuildsInstances
 
 
 class BuildPackedInstances(BuildsInstances):

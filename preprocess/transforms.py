@@ -1,4 +1,5 @@
-"""Beam PTransforms of the preprocessing stage. Each DoFn is thin and delegates to pure modules.
+"""Beam PTransforms of the preprocessing stage, and its DoFns that tokenize and build instances (those that only read
+and write files are in ``preprocess.file_dofns``). Each DoFn is thin and delegates to pure modules.
 
 Only portable primitives are used (Create, ParDo, GroupByKey, Reshuffle), so the same pipeline runs
 on the DirectRunner, Dask, Flink, Spark and Dataflow. Run-wide facts (bucket offsets, corpus size,
@@ -11,7 +12,6 @@ import itertools
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 
@@ -19,8 +19,9 @@ from common import schema, storage
 from common.hashing import document_hash, rng_for
 from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig, SourceConfig
-from preprocess import books, docstore, dumpsplit, handoff, shards, sources, text
+from preprocess import docstore, handoff, shards, text
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
+from preprocess.file_dofns import ReadSourceFile, SplitLargeDumps, WriteDocumentBucket, WritePieceGroup
 from preprocess.instances import InstancePlan, plan_instances, plan_sop_instances
 from preprocess.records import RawDocument, Rejected
 
@@ -55,53 +56,6 @@ class _UsesTokenizer(beam.DoFn):
         self.tokenizer = _TOKENIZERS.acquire(lambda: load_tokenizer(self._tokenizer_uri), tag=self._tokenizer_uri)
 
 
-class SplitLargeDumps(beam.DoFn):
-    """(kind, uri) -> the same, or for a .bz2 dump larger than ``range_bytes`` its byte ranges (kind, uri,
-    ("bytes", lo, hi)), so that several workers decompress and parse one dump (see ``preprocess.dumpsplit``)."""
-
-    def __init__(self, range_bytes: int):
-        self._range_bytes = range_bytes
-
-    def process(self, element):
-        kind, uri = element[:2]
-        size = storage.size_of(uri) if len(element) == 2 and dumpsplit.splittable(kind, uri) else 0
-        pieces = dumpsplit.byte_ranges(size, size // self._range_bytes) if size > self._range_bytes else []
-        if len(pieces) > 1:
-            yield from ((kind, uri, ("bytes", lo, hi)) for lo, hi in pieces)
-        else:
-            yield element
-
-
-class ReadSourceFile(beam.DoFn):
-    """(kind, uri[, split]) -> RawDocument | Rejected, streamed from the file.
-
-    ``split`` selects part of a file, so that several workers share it without cleaning any document twice:
-    ("bytes", lo, hi) reads the pages of a byte range of a .bz2 dump; ("buckets", bits, lo, hi) reads the whole
-    file and passes on only the documents of buckets ``[lo, hi)``.
-    """
-
-    def __init__(self, cfg: SourceConfig):
-        self._cfg = cfg
-        self._files = Metrics.counter("preprocess", "files_read")
-        self._headers: dict[str, bytes] = {}  # dump headers, shared by the ranges of one file
-
-    def process(self, element):
-        kind, uri, *split = element
-        self._files.inc()
-        split = split[0] if split else None
-        if split is not None and split[0] == "bytes":
-            yield from sources.iter_wikipedia(uri, self._cfg, byte_range=(split[1], split[2]), headers=self._headers)
-            return
-        reader = sources.iter_wikipedia if kind == "wiki" else books.iter_book
-        if split is None:
-            yield from reader(uri, self._cfg)
-            return
-        _, bits, lo, hi = split
-        for item in reader(uri, self._cfg):
-            if lo <= docstore.bucket_of(document_hash(item.doc_id), bits) < hi:
-                yield item
-
-
 class CleanAndTokenize(_UsesTokenizer):
     """RawDocument -> (bucket, ("doc", row)) ; Rejected -> (bucket, ("rejected", tuple))."""
 
@@ -130,41 +84,6 @@ class CleanAndTokenize(_UsesTokenizer):
         tokens = np.fromiter(itertools.chain.from_iterable(encoded), dtype, int(lengths.sum()))
         yield bucket, ("doc", (document_hash(element.doc_id), element.doc_id, element.source,
                                tokens.tobytes(), lengths.tobytes()))
-
-
-class WriteDocumentBucket(beam.DoFn):
-    """(bucket, [records]) -> docs/bNNNNNN/pPPPP.arrow + .json (counts, dead letters)."""
-
-    def __init__(self, work: str, part: int, vocab_size: int):
-        self._work, self._part, self._vocab_size = work, part, vocab_size
-
-    def process(self, element):
-        bucket, records = element
-        docs = [payload for tag, payload in records if tag == "doc"]
-        rejected = sorted(payload for tag, payload in records if tag == "rejected")
-        meta = {"documents": len(docs), "sentences": 0, "tokens": 0, "skipped": {}, "failed": {}, "dead_letters": []}
-        for source, doc_id, outcome, reason, detail in rejected:
-            meta[outcome][reason] = meta[outcome].get(reason, 0) + 1
-            if outcome == "failed":
-                meta["dead_letters"].append({"source": source, "doc_id": doc_id, "reason": reason, "detail": detail})
-        base = storage.join(docstore.bucket_dir(self._work, bucket), f"p{self._part:04d}")
-        if docs:
-            table = docstore.documents_table(docs, self._vocab_size)
-            meta["sentences"] = sum(len(d[4]) // 4 for d in docs)
-            meta["tokens"] = sum(len(d[3]) for d in docs) // np.dtype(schema.token_numpy_dtype(self._vocab_size)).itemsize
-            docstore.write_table(base + ".arrow", table)
-        storage.write_json(base + ".json", meta)
-        yield bucket
-
-
-class CountBucket(beam.DoFn):
-    """bucket -> (bucket, documents after removing duplicate ids, duplicates)."""
-
-    def __init__(self, work: str):
-        self._work = work
-
-    def process(self, bucket):
-        yield docstore.bucket_count(self._work, bucket)
 
 
 class BuildsInstances(_UsesTokenizer):
@@ -350,27 +269,6 @@ class ResolveRandomNext(BuildsInstances):
             doc_a = [doc_a[i] for i in order.tolist()]
             doc_b = [loaded.doc_ids[rank] for rank in ranks.tolist()]
         yield from self._emit(finalized, keys, np.ones(len(ranks), np.int8), doc_a, doc_b)
-
-
-class WritePieceGroup(beam.DoFn):
-    """(group, [record batches]) -> pieces/gNNNNNN/pPPPP.arrow + .json (rows, statistics). Rows stay in arrival
-    order: the shard sorts the group by key (with the other parts' pieces), whatever the order here."""
-
-    def __init__(self, work: str, part: int, vocab_size: int, mask_id: int):
-        self._work, self._part, self._vocab_size, self._mask_id = work, part, vocab_size, mask_id
-
-    def process(self, element):
-        group, batches = element
-        received = (handoff.receive(b) for b in batches)
-        # As one chunk: the batches come a few rows each (one per group of each finished chunk of instances), and
-        # as record batches of the piece their metadata would outweigh their rows, on disk and when a shard reads it.
-        table = pa.Table.from_batches([b if isinstance(b, pa.RecordBatch) else shards.from_ipc(b) for b in received])
-        table = table.combine_chunks()
-        uri = shards.piece_uri(self._work, group, self._part)
-        docstore.write_table(uri, table)
-        storage.write_json(uri[:-len(".arrow")] + ".json",
-                           {"rows": table.num_rows, "stats": shards.instance_stats(table, self._mask_id)})
-        yield group
 
 
 class CreateInstances(beam.PTransform):

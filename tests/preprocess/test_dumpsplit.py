@@ -15,7 +15,7 @@ TestPipeline.__test__ = False  # a Beam class whose name pytest would otherwise 
 
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess import dumpsplit, local, sources, transforms
+from preprocess import dumpsplit, file_dofns, local, sources
 from preprocess.pipeline import beam_options
 
 CFG = SourceConfig()
@@ -123,10 +123,10 @@ def test_corrupt_block_read_by_ranges(tmp_path, real_wiki):
 def test_split_large_dumps_then_read_gives_the_whole_dump(real_wiki, whole_records):
     uri = str(real_wiki)
     with TestPipeline(options=beam_options([])) as p:
-        units = p | beam.Create([("wiki", uri)]) | beam.ParDo(transforms.SplitLargeDumps(300_000))
+        units = p | beam.Create([("wiki", uri)]) | beam.ParDo(file_dofns.SplitLargeDumps(300_000))
         ranges = units | "Ranges" >> beam.Map(lambda unit: unit[2][0]) | beam.combiners.Count.PerElement()
         assert_that(ranges, equal_to([("bytes", 5)]), label="five ranges")
-        docs = (units | beam.ParDo(transforms.ReadSourceFile(CFG))
+        docs = (units | beam.ParDo(file_dofns.ReadSourceFile(CFG))
                 | beam.Map(lambda r: (r.doc_id, getattr(r, "text", None) or r.reason)))
         assert_that(docs, equal_to(whole_records), label="every page once")
 

@@ -101,19 +101,6 @@ def test_build_document_store_writes_sorted_buckets_and_counts(tmp_path, bert_vo
     assert sum(m["skipped"].get("redirect", 0) for m in metas) == 1
 
 
-def test_count_bucket_drops_duplicate_ids_across_parts(tmp_path):
-    work = str(tmp_path)
-    row = lambda doc_id, source: (document_hash(doc_id), doc_id, source, np.arange(5, 15, dtype=np.uint16).tobytes(),
-                                  np.asarray([4, 6], np.uint32).tobytes())
-    docstore.write_table(f"{work}/docs/b000000/p0000.arrow",
-                         docstore.documents_table([row("book:a.txt:00000", "a.txt"), row("book:b.txt:00000", "b.txt")], 100))
-    docstore.write_table(f"{work}/docs/b000000/p0001.arrow",
-                         docstore.documents_table([row("book:a.txt:00000", "a.txt")], 100))
-    with test_pipeline() as p:
-        counts = p | beam.Create([0]) | beam.ParDo(transforms.CountBucket(work))
-        assert_that(counts, equal_to([(0, 2, [("book:a.txt:00000", "a.txt")])]))
-
-
 @pytest.fixture()
 def small_store(tmp_path, bert_vocab):
     """Six documents of the real vocabulary's ids in a 2-bucket store."""

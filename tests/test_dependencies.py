@@ -5,21 +5,13 @@ code paths those runs do not reach."""
 import ast
 import functools
 import importlib.metadata
-import os
-import pathlib
 import re
 import sys
 
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: CI runs 3.11, where a missing reader is a failure, not a skip
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("reading pyproject.toml needs Python 3.11", allow_module_level=True)
+from tests.pyproject_toml import REPO, read_pyproject
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIRST_PARTY = {"common", "preprocess", "pretrain", "finetune", "cluster"}
 STAGES = ("preprocess", "pretrain", "finetune", "cluster")
 # The modules that import another distribution than their own name says: torch's TensorBoard writer is a wrapper
@@ -46,7 +38,7 @@ def _requirement_name(requirement: str) -> str:
 
 def declared() -> dict[str, set[str]]:
     """Distribution names by list: "base" and each extra."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = read_pyproject()["project"]
     lists = {"base": project["dependencies"], **project["optional-dependencies"]}
     return {name: {_requirement_name(r) for r in requirements} for name, requirements in lists.items()}
 
@@ -54,7 +46,7 @@ def declared() -> dict[str, set[str]]:
 def imports_of(package: str) -> dict[str, set[str]]:
     """Top-level third-party module names the package's source imports, each with the files that import it."""
     found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
+    for path in sorted((REPO / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
@@ -67,7 +59,7 @@ def imports_of(package: str) -> dict[str, set[str]]:
                                                   if module == prefix or module.startswith(prefix + ".")]
                 for name in names:
                     if name not in FIRST_PARTY and name not in sys.stdlib_module_names and name != "__future__":
-                        found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+                        found.setdefault(name, set()).add(str(path.relative_to(REPO)))
     return found
 
 

@@ -24,15 +24,8 @@ import sys
 import pytest
 
 from tests.conftest import require
+from tests.pyproject_toml import REPO, read_pyproject
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: CI runs 3.11, where a missing reader is a failure, not a skip
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("reading pyproject.toml needs Python 3.11", allow_module_level=True)
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "samples"
 EXTRAS = ("cluster", "preprocess", "pretrain", "finetune")
 TORCH_EXTRAS = {"pretrain", "finetune"}
@@ -80,7 +73,7 @@ def cache_root() -> pathlib.Path:
 
 def install_key(extra: str, torch: str) -> str:
     """What an environment's content depends on; comments and the other extras are not part of it."""
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    pyproject = read_pyproject()
     project = pyproject["project"]
     inputs = [pyproject["build-system"], pyproject["tool"]["setuptools"], project["dependencies"],
               project.get("requires-python"), project["optional-dependencies"][extra], sys.version, torch]

@@ -15,6 +15,7 @@ import torch
 from finetune import checkpoint, cli
 from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
 from pretrain.hf_compat import CheckpointError
+from tests.finetune.head_parity import assert_trains_like
 
 SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 FAMILIES = ("bert", "albert", "electra")
@@ -136,20 +137,7 @@ def test_heads_give_the_outputs_of_transformers_task_models(family_dir, head):
     # ALBERT's FFN dropout sits where google-research/albert puts it (transformers never applies it): equal only
     # at the exported dropout, 0, where the two agree; the classifier dropout is on for every family.
     assert family != "albert" or encoder.config.hidden_dropout_prob == 0.0
-    ours.train()
-    theirs.train()
-    torch.manual_seed(11)
-    loss, logits = ours(**batch, **targets)
-    torch.manual_seed(11)
-    out = theirs(**batch, **targets)
-    real = batch["attention_mask"].bool()
-    if head == "span":  # ours sets padding's logits to -1e4 (never an answer): compare real positions
-        torch.testing.assert_close(logits[0][real], out.start_logits[real], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(logits[1][real], out.end_logits[real], rtol=1e-4, atol=1e-5)
-    else:
-        got, expected = (logits[real], out.logits[real]) if head == "token" else (logits, out.logits)
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(loss, out.loss, rtol=1e-4, atol=1e-6)
+    assert_trains_like(ours, theirs, batch, targets, head)
 
 
 @pytest.mark.parametrize("head", ["sequence", "token", "span"])

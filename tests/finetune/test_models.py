@@ -4,6 +4,7 @@ import torch
 
 from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
 from pretrain.model import BertConfig, BertForPreTraining
+from tests.finetune.head_parity import assert_trains_like
 
 CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
@@ -42,17 +43,4 @@ def test_heads_train_like_transformers_with_the_same_random_state(head, tmp_path
     missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
     # transformers' token and span models have no pooler; ours keeps the checkpoint's (unused by those heads)
     assert not missing and all(k.startswith("bert.pooler.") for k in unexpected) and (head == "sequence") == (not unexpected)
-    ours.train()
-    theirs.train()
-    torch.manual_seed(11)
-    loss, logits = ours(**batch, **targets)
-    torch.manual_seed(11)
-    out = theirs(**batch, **targets)
-    real = batch["attention_mask"].bool()
-    if head == "span":  # ours sets padding's logits to -1e4 (never an answer), so compare real positions and no loss
-        torch.testing.assert_close(logits[0][real], out.start_logits[real], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(logits[1][real], out.end_logits[real], rtol=1e-4, atol=1e-5)
-    else:
-        got, expected = (logits[real], out.logits[real]) if head == "token" else (logits, out.logits)
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(loss, out.loss, rtol=1e-4, atol=1e-6)
+    assert_trains_like(ours, theirs, batch, targets, head)

@@ -26,10 +26,18 @@ from pretrain.electra import (
     ElectraPairConfig,
     generator_config,
 )
-from pretrain.hf_compat import is_complete, load_weights, non_finite, read_config, write_export
+from pretrain.hf_compat import (
+    RUN_EXPORT_PARTS,
+    ExportPart,
+    is_complete,
+    load_weights,
+    non_finite,
+    read_config,
+    write_export,
+)
 
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")  # older files store them; ours are computed
-GENERATOR = "generator"  # the generator's subdirectory of a pair's export
+GENERATOR = RUN_EXPORT_PARTS["electra"][0]  # the generator's subdirectory of a pair's export
 _TIED_HEAD = "generator_lm_head.weight"  # the word embeddings, stored once
 
 
@@ -40,23 +48,22 @@ def export_discriminator(model: ElectraPair | ElectraDiscriminator, directory: s
     as in ``pretrain.hf_compat.export``. Non-finite weights are refused; the directory appears whole or not at all
     (written as ``<directory>.partial``, then renamed)."""
     discriminator = model.discriminator if isinstance(model, ElectraPair) else model
-    _export(discriminator, "ElectraForPreTraining", discriminator.state_dict(), directory, tokenizer_dir)
+    _export(directory, tokenizer_dir, _discriminator_part(discriminator))
 
 
 def export_generator(model: ElectraPair | ElectraGenerator, directory: str | Path,
                      tokenizer_dir: str | Path | None = None) -> None:
     """The generator as ``ElectraForMaskedLM`` (its output layer stored once, tied to the word embeddings)."""
     generator = model.generator if isinstance(model, ElectraPair) else model
-    state = {k: v for k, v in generator.state_dict().items() if k != "generator_lm_head.weight"}
-    _export(generator, "ElectraForMaskedLM", state, directory, tokenizer_dir)
+    _export(directory, tokenizer_dir, _generator_part(generator))
 
 
 def export_pair(model: ElectraPair, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
-    """The discriminator as ``directory`` and the generator as ``directory/generator``, both with the tokenizer.
-    The discriminator goes first: it replaces an earlier export whole (generator included), so a kill between
-    the two leaves a finished discriminator without a generator, which ``load_pair`` reports."""
-    export_discriminator(model, directory, tokenizer_dir)
-    export_generator(model, Path(directory) / GENERATOR, tokenizer_dir)
+    """The discriminator as ``directory`` and the generator as ``directory/generator``, both with the tokenizer,
+    published together by one rename (``write_export``'s ``parts``): a kill midway leaves the earlier export whole,
+    or none, never a discriminator without its generator."""
+    _export(directory, tokenizer_dir, _discriminator_part(model.discriminator),
+            {GENERATOR: _generator_part(model.generator)})
 
 
 def pair_config(directory: str | Path, generator_fraction: float | None, fallback_fraction: float) -> ElectraPairConfig:
@@ -151,12 +158,25 @@ def load_discriminator(directory: str | Path) -> ElectraModel:
     return encoder
 
 
-def _export(model: nn.Module, architecture: str, state: dict[str, torch.Tensor], directory: str | Path,
-            tokenizer_dir: str | Path | None) -> None:
+def _discriminator_part(discriminator: ElectraDiscriminator) -> ExportPart:
+    return _part(discriminator, "ElectraForPreTraining", discriminator.state_dict())
+
+
+def _generator_part(generator: ElectraGenerator) -> ExportPart:
+    state = {k: v for k, v in generator.state_dict().items() if k != _TIED_HEAD}  # the word embeddings, stored once
+    return _part(generator, "ElectraForMaskedLM", state)
+
+
+def _part(model: nn.Module, architecture: str, state: dict[str, torch.Tensor]) -> ExportPart:
     config = {**dataclasses.asdict(model.config), "model_type": "electra", "architectures": [architecture],
               "position_embedding_type": "absolute", "tie_word_embeddings": True}
-    write_export(directory, config, state, tokenizer_dir, max_length=model.config.max_position_embeddings,
-                 tokenizer_class="ElectraTokenizer")
+    return ExportPart(config, state, model.config.max_position_embeddings, tokenizer_class="ElectraTokenizer")
+
+
+def _export(directory: str | Path, tokenizer_dir: str | Path | None, main: ExportPart,
+            parts: dict[str, ExportPart] | None = None) -> None:
+    write_export(directory, main.config, main.state, tokenizer_dir, max_length=main.max_length,
+                 tokenizer_class=main.tokenizer_class, parts=parts)
 
 
 __all__ = ["GENERATOR", "export_discriminator", "export_generator", "export_pair", "load_config", "load_discriminator",

@@ -35,7 +35,12 @@ def read_config(directory: str | Path, model_type: str, config_cls):
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory}: no config.json; pass a Hugging Face {model_type.upper()} directory")
-    raw = json.loads(path.read_text())
+    return config_from_dict(json.loads(path.read_text()), path, model_type, config_cls)
+
+
+def config_from_dict(raw: dict, path: str | Path, model_type: str, config_cls):
+    """``read_config`` of a config.json already read (e.g. the copy a distillation run records of its teacher's);
+    ``path`` names it in the errors."""
     if raw.get("model_type", "bert") != model_type:
         raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not {model_type!r}")
     if raw.get("position_embedding_type", "absolute") != "absolute":
@@ -47,10 +52,28 @@ def read_config(directory: str | Path, model_type: str, config_cls):
         raise CheckpointError(f"{path}: {error}") from None
 
 
+# The networks a run's export of a ``model_type`` holds in subdirectories beside its own files (``write_export``'s
+# ``parts``): an ELECTRA run exports its generator in generator/ with the discriminator.
+RUN_EXPORT_PARTS = {"electra": ("generator",)}
+
+
 def is_complete(directory: str | Path) -> bool:
     """A Hugging Face directory with its config and weights (an export cut short has neither or only one)."""
     directory = Path(directory)
     return (directory / "config.json").is_file() and any((directory / name).is_file() for name in WEIGHT_FILES)
+
+
+def is_complete_run_export(directory: str | Path) -> bool:
+    """``is_complete``, and for a family whose run exports more than one network (``RUN_EXPORT_PARTS``) each of its
+    subdirectories too: an ELECTRA run's export without generator/ was cut short by an older, two-step export."""
+    directory = Path(directory)
+    if not is_complete(directory):
+        return False
+    try:
+        model_type = json.loads((directory / "config.json").read_text()).get("model_type", "bert")
+    except (ValueError, AttributeError):  # not JSON, or not an object: not an export this pipeline wrote whole
+        return False
+    return all(is_complete(directory / part) for part in RUN_EXPORT_PARTS.get(model_type, ()))
 
 
 def export_directory(run_directory: str | Path) -> Path:
@@ -59,9 +82,10 @@ def export_directory(run_directory: str | Path) -> Path:
 
 
 def finished_export(run_directory: str | Path) -> Path | None:
-    """The Hugging Face export of a pretraining run directory when it is there whole, else None."""
+    """The Hugging Face export of a pretraining run directory when it is there whole (``is_complete_run_export``),
+    else None."""
     directory = export_directory(run_directory)
-    return directory if is_complete(directory) else None
+    return directory if is_complete_run_export(directory) else None
 
 
 def weights_file(directory: str | Path) -> Path:
@@ -171,30 +195,49 @@ def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str 
                  note="the checkpoint is untouched: export it again with `python -m pretrain.export`")
 
 
+@dataclasses.dataclass(frozen=True)
+class ExportPart:
+    """A further network of an export, written into its own subdirectory (e.g. ELECTRA's generator/)."""
+
+    config: dict
+    state: dict[str, torch.Tensor]
+    max_length: int
+    tokenizer_class: str = "BertTokenizer"
+
+
 def write_export(directory: str | Path, config: dict, state: dict[str, torch.Tensor],
                  tokenizer_dir: str | Path | None, *, max_length: int, tokenizer_class: str = "BertTokenizer",
-                 note: str = "the model is untouched: export it again") -> None:
+                 note: str = "the model is untouched: export it again",
+                 parts: dict[str, ExportPart] | None = None) -> None:
     """Every model family's Hugging Face directory is written here: ``config`` as config.json, ``state`` as
-    model.safetensors, and the tokenizer (``export``).
+    model.safetensors, and the tokenizer (``export``); each of ``parts`` likewise (tokenizer included) in the
+    subdirectory its key names.
 
-    A non-empty ``directory`` that is not an earlier export, and weights holding NaN or inf, are refused. The files
-    are written into ``<directory>.partial`` and that is renamed to ``directory`` at the end, so a kill midway never
-    leaves a half-written ``directory``; a write that fails for want of space or permission removes it and raises a
-    one-line ``StorageError`` ending with ``note``.
+    A non-empty ``directory`` that is not an earlier export, and weights holding NaN or inf, are refused. Every
+    file, the parts' too, is written into ``<directory>.partial`` and that is renamed to ``directory`` at the end, so
+    a kill midway leaves the earlier export (or none), never a half-written ``directory`` nor one without its parts;
+    a write that fails for want of space or permission removes it and raises a one-line ``StorageError`` ending
+    with ``note``.
     """
     directory = Path(directory)
+    parts = parts or {}
     if directory.is_dir() and any(directory.iterdir()) and not (directory / "config.json").is_file():
         raise CheckpointError(f"{directory}: not empty and not an earlier export, which the export would replace; "
                               "pass a new or empty directory")
-    bad = non_finite(state)
-    if bad:
-        raise CheckpointError(f"{directory}: not exported: {len(bad)} weight tensors hold NaN or inf (first "
-                              f"{bad[0]}); export an earlier checkpoint of the run")
+    for where, weights in ((directory, state), *((directory / name, part.state) for name, part in parts.items())):
+        bad = non_finite(weights)
+        if bad:
+            raise CheckpointError(f"{where}: not exported: {len(bad)} weight tensors hold NaN or inf (first "
+                                  f"{bad[0]}); export an earlier checkpoint of the run")
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # left by an export that was killed
     try:
         partial.mkdir(parents=True)
         _write_files(partial, config, state, tokenizer_dir, max_length, tokenizer_class)
+        for name, part in parts.items():
+            (partial / name).mkdir()
+            _write_files(partial / name, part.config, part.state, tokenizer_dir, part.max_length,
+                         part.tokenizer_class)
     except Exception as error:
         failure = storage_failure(error, path=directory, doing="writing the Hugging Face export", note=note)
         if failure is None:

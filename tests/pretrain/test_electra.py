@@ -297,6 +297,39 @@ def test_non_finite_weights_are_refused(tmp_path):
         electra_hf.load_discriminator(tmp_path / "gen")
 
 
+def test_the_pair_is_published_whole_or_not_at_all(tmp_path, monkeypatch):
+    """export_pair stages the discriminator and generator/ in one directory and renames it once: a generator write
+    that fails leaves no export, or the earlier one untouched, never a discriminator without its generator."""
+    from pretrain import hf_compat
+
+    real_write, target = hf_compat._write_files, tmp_path / "hf"  # tmp_path stands for the run directory
+
+    def failing_generator(directory, *args):
+        if directory.name == electra_hf.GENERATOR:
+            raise RuntimeError("killed while writing the generator")
+        real_write(directory, *args)
+
+    def files() -> dict:
+        return {path.relative_to(target): path.read_bytes() for path in target.rglob("*") if path.is_file()}
+
+    monkeypatch.setattr(hf_compat, "_write_files", failing_generator)
+    with pytest.raises(RuntimeError, match="killed while writing the generator"):
+        electra_hf.export_pair(_pair(seed=3), target)
+    assert not target.exists() and hf_compat.finished_export(tmp_path) is None
+    monkeypatch.setattr(hf_compat, "_write_files", real_write)
+    electra_hf.export_pair(_pair(seed=3), target)
+    assert hf_compat.is_complete(target / electra_hf.GENERATOR) and hf_compat.finished_export(tmp_path) == target
+    assert electra_hf.load_pair(target)[1] == []  # both networks read back
+    before = files()
+    monkeypatch.setattr(hf_compat, "_write_files", failing_generator)
+    with pytest.raises(RuntimeError, match="killed while writing the generator"):
+        electra_hf.export_pair(_pair(seed=4), target)
+    assert files() == before
+    # An export cut short by the older two-step writer (the discriminator alone) is no finished run export.
+    (target / electra_hf.GENERATOR / "model.safetensors").unlink()
+    assert hf_compat.is_complete(target) and hf_compat.finished_export(tmp_path) is None
+
+
 def test_model_file_imports_nothing_distributed():
     source = (pathlib.Path(__file__).resolve().parents[2] / "pretrain" / "electra.py").read_text()
     imports = [line for line in source.splitlines() if line.lstrip().startswith(("import ", "from "))]

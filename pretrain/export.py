@@ -75,7 +75,7 @@ def export_checkpoint(path: Path | checkpoints.Checkpoint, output: Path) -> Path
             raise CheckpointError(f"{found.path}: DeepSpeed could not read it ({type(error).__name__}: "
                                   f"{str(error).splitlines()[0][:200] if str(error) else ''}); a file is damaged: "
                                   "export an earlier checkpoint of the run") from error
-    family = families.for_config(cfg)
+    family = families.for_config(cfg, run_directory=run_dir)  # e.g. a distillation teacher's recorded config
     state = {k.removeprefix("model."): v for k, v in state.items()}
     try:
         model = family.model_from_state(state)

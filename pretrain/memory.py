@@ -17,6 +17,10 @@ gradient partition itself is fp32 (in place of the 16-bit one). With ``zero.offl
 states and the rank's fp32 gradient partition live in host memory (ZeRO-Offload), with ``zero.offload_param``
 (stage 3) the parameter partition too; they appear in the host column.
 
+Weights a family holds outside DeepSpeed (``Family.frozen_weights``: a distillation run's teacher, on every rank in
+``distillation.teacher_precision``, never trained nor partitioned) are each a line of their own, in the total but
+not in the paper's figure.
+
 Not counted: activations, DeepSpeed's communication buckets (``reduce_bucket_size``, ``allgather_bucket_size``),
 the allocator's fragmentation and the framework's own memory (CUDA context, or on CPU the Python process).
 """
@@ -38,6 +42,7 @@ class StateMemory:
     name: str
     device_bytes: float
     host_bytes: float = 0.0
+    zero_state: bool = True  # False: weights held outside DeepSpeed, which ZeRO neither partitions nor offloads
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,10 @@ class MemoryEstimate:
 
     @property
     def paper_bytes(self) -> float:
-        """The ZeRO paper's total (device and host), without DeepSpeed's fp32 gradient accumulation term."""
-        return sum(r.device_bytes + r.host_bytes for r in self.rows if r.name != "fp32 gradient accumulation")
+        """The ZeRO paper's total (device and host), without DeepSpeed's fp32 gradient accumulation term and the
+        weights held outside DeepSpeed."""
+        return sum(r.device_bytes + r.host_bytes for r in self.rows
+                   if r.name != "fp32 gradient accumulation" and r.zero_state)
 
     def row(self, name: str) -> StateMemory:
         return next(r for r in self.rows if r.name == name)
@@ -71,14 +78,17 @@ class MemoryEstimate:
                  f"  {'':<28}{'per GPU':>10}{'host':>10}"]
         for r in (*self.rows, StateMemory("total", self.device_bytes, self.host_bytes)):
             lines.append(f"  {r.name:<28}{r.device_bytes / GIB:>10.2f}{r.host_bytes / GIB:>10.2f}")
-        lines.append(f"  (ZeRO paper accounting, without the fp32 gradient accumulation: "
+        outside = "".join(f" and the {r.name}" for r in self.rows if not r.zero_state)
+        lines.append(f"  (ZeRO paper accounting, without the fp32 gradient accumulation{outside}: "
                      f"{self.paper_bytes / GIB:.2f} GiB; activations and communication buckets not included)")
         return "\n".join(lines)
 
 
 def estimate(parameters: int, *, world_size: int, zero_stage: int, precision: str, optimizer: str = "adamw",
-             offload_optimizer: bool = False, offload_param: bool = False) -> MemoryEstimate:
-    """Bytes of model states per GPU (and per rank in host memory) for ``parameters`` trainable parameters."""
+             offload_optimizer: bool = False, offload_param: bool = False,
+             frozen: tuple[tuple[str, int, int], ...] = ()) -> MemoryEstimate:
+    """Bytes of model states per GPU (and per rank in host memory) for ``parameters`` trainable parameters, and
+    a line for each of ``frozen``'s (what, parameters, bytes per parameter): whole on every GPU, whatever the stage."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero stage must be 0, 1, 2 or 3, got {zero_stage}")
     if precision not in BYTES:
@@ -110,7 +120,8 @@ def estimate(parameters: int, *, world_size: int, zero_stage: int, precision: st
     rows = (placed("parameters", params, offload_param and zero_stage == 3),
             placed("gradients", grads, offload_optimizer and zero_stage == 3),
             placed("optimizer states", states, offload_optimizer and zero_stage > 0),
-            placed("fp32 gradient accumulation", accumulation, offload_optimizer and zero_stage > 0))
+            placed("fp32 gradient accumulation", accumulation, offload_optimizer and zero_stage > 0),
+            *(StateMemory(what, float(count * width), zero_state=False) for what, count, width in frozen))
     return MemoryEstimate(n, ranks, zero_stage, precision, optimizer, rows)
 
 
@@ -143,24 +154,26 @@ def planned_model_config(model, vocab_size: int | None):
     return replace(config, **model.dropout_overrides())
 
 
-def _family_parameters(cfg, vocab_size: int | None) -> int:
-    """Trainable parameters of the model ``pretrain.families`` builds for ``cfg`` (on the meta device)."""
+def _family_parameters(family, cfg, vocab_size: int | None) -> int:
+    """Trainable parameters of the model ``family`` builds for ``cfg`` (on the meta device)."""
     import torch
-
-    from pretrain import families
 
     vocab = cfg.model.vocab_size or (-(-vocab_size // 8) * 8 if vocab_size else DEFAULT_VOCAB)
     with torch.device("meta"):
-        model = families.for_config(cfg).new_model(vocab_size=vocab, pad_token_id=0)
+        model = family.new_model(vocab_size=vocab, pad_token_id=0)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def estimate_for_run(cfg, world_size: int, vocab_size: int | None = None) -> MemoryEstimate:
-    """The estimate for a ``PretrainConfig`` at ``world_size`` ranks (a frozen teacher's weights not counted)."""
+    """The estimate for a ``PretrainConfig`` at ``world_size`` ranks, with the family's frozen weights (a
+    distillation teacher) on a line of their own."""
+    from pretrain import families
+
+    family = families.for_config(cfg)
     if cfg.model.family == "bert" and not cfg.distillation.teacher:
         parameters = count_parameters(planned_model_config(cfg.model, vocab_size))
     else:
-        parameters = _family_parameters(cfg, vocab_size)
+        parameters = _family_parameters(family, cfg, vocab_size)
     return estimate(parameters, world_size=world_size, zero_stage=cfg.zero.stage, precision=cfg.train.precision,
                     optimizer=cfg.optimizer.name, offload_optimizer=cfg.zero.offload_optimizer != "none",
-                    offload_param=cfg.zero.offload_param != "none")
+                    offload_param=cfg.zero.offload_param != "none", frozen=family.frozen_weights())

@@ -76,17 +76,26 @@ class Family:
         ``pretrain.hf_compat.CheckpointError`` if they do not fit."""
         raise NotImplementedError
 
+    def frozen_weights(self) -> tuple[tuple[str, int, int], ...]:
+        """Weights every rank holds outside DeepSpeed (never trained, checkpointed nor partitioned by ZeRO), for the
+        memory plan: (what, parameters, bytes per parameter) each, e.g. a distillation run's teacher."""
+        return ()
+
     def describe(self, model: nn.Module) -> str:
         """One phrase for the run's first log line, e.g. '110,106,428 parameters'."""
         return f"{sum(p.numel() for p in model.parameters()):,} parameters"
 
 
-def for_config(cfg) -> Family:
-    """The family of a ``PretrainConfig`` (``model.family``, with ``distillation.teacher`` set: a distilled BERT)."""
+def for_config(cfg, run_directory: Path | None = None) -> Family:
+    """The family of a ``PretrainConfig`` (``model.family``, with ``distillation.teacher`` set: a distilled BERT).
+
+    With ``run_directory`` (reading a run's checkpoints back, as ``pretrain.export`` does) what the run recorded
+    when it started wins over what the config points at: a distillation run's copy of its teacher's config, so the
+    export works after the teacher has moved."""
     if cfg.distillation.teacher:
         from pretrain.families.distillation import DistillationFamily
 
-        return DistillationFamily(cfg)
+        return DistillationFamily(cfg, recorded_in=run_directory)
     if cfg.model.family == "albert":
         from pretrain.families.albert import AlbertFamily
 

@@ -11,7 +11,9 @@ Every rank loads the teacher; it is never trained, checkpointed or partitioned (
 DeepSpeed wraps) and runs in ``distillation.teacher_precision`` (bf16 where the device has it). Resuming needs the
 same teacher: its path is in the run's recorded settings (``pretrain.resume``: a changed one is refused) and the
 sha256 of its weights file in ``<output_dir>/teacher.json``, checked when a run with checkpoints starts again.
-Export, finetuning and ``pretrain.export`` see the student as a plain BERT.
+Export, finetuning and ``pretrain.export`` see the student as a plain BERT; the record also holds a copy of the
+teacher's config.json, from which ``pretrain.export`` derives the student's config, so exporting a checkpoint does
+not need the teacher where it was.
 """
 from __future__ import annotations
 
@@ -23,9 +25,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common import storage
 from pretrain.families.bert import BertFamily
 from pretrain.families.distillation_objective import STAT_NAMES, DistillationObjective, Weights
-from pretrain.hf_compat import CheckpointError, finished_export, load_config, load_pretrained, weights_file
+from pretrain.hf_compat import (
+    CheckpointError,
+    config_from_dict,
+    finished_export,
+    load_config,
+    load_pretrained,
+    weights_file,
+)
+from pretrain.memory import count_parameters
 from pretrain.model import BertConfig, BertForPreTraining, flops_per_token
 
 RECORD_NAME = "teacher.json"  # in output_dir: which teacher the run's checkpoints were distilled from
@@ -34,6 +45,16 @@ RECORD_NAME = "teacher.json"  # in output_dir: which teacher the run's checkpoin
 def teacher_directory(teacher: str) -> Path:
     """``distillation.teacher`` may name one of our run directories; its finished Hugging Face export is used."""
     return finished_export(teacher) or Path(teacher)
+
+
+def recorded_teacher_config(run_directory: str | Path) -> BertConfig | None:
+    """The teacher's config as the run recorded it in ``teacher.json`` when it started, or None (no record, or one
+    from before records held the config)."""
+    record = Path(run_directory) / RECORD_NAME
+    if not record.is_file():
+        return None
+    raw = json.loads(record.read_text()).get("config")
+    return None if raw is None else config_from_dict(raw, record, "bert", BertConfig)
 
 
 def student_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
@@ -74,17 +95,22 @@ class DistillationFamily(BertFamily):
     stat_names = STAT_NAMES
     architecture = "BertForPreTraining"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, recorded_in: Path | None = None):
+        """``recorded_in``: a run directory whose checkpoints are read back; its record's teacher config is used
+        (``families.for_config``)."""
         super().__init__(cfg)
         self.settings = cfg.distillation
         self.data_path = cfg.data.path
         self.output_dir = Path(cfg.output_dir)
         self.teacher_dir = teacher_directory(cfg.distillation.teacher)
-        if not (self.teacher_dir / "config.json").is_file():
+        recorded = None if recorded_in is None else recorded_teacher_config(recorded_in)
+        if recorded is None and not (self.teacher_dir / "config.json").is_file():
+            older = "" if recorded_in is None else (f" and {Path(recorded_in) / RECORD_NAME} holds no copy of it (a "
+                                                    "run from before runs recorded it)")
             raise CheckpointError(f"distillation.teacher {cfg.distillation.teacher}: no config.json (nor a finished "
-                                  "run's hf/ export) there; set it to a Hugging Face BERT directory or one of our run "
-                                  "directories")
-        self.teacher_config = load_config(self.teacher_dir)
+                                  f"run's hf/ export) there{older}; set it to a Hugging Face BERT directory or one of "
+                                  "our run directories")
+        self.teacher_config = recorded or load_config(self.teacher_dir)
         layers = self.teacher_config.num_hidden_layers
         self.layers = student_layer_map(layers, self.settings.student_layers or max(1, layers // 2))
         self._teacher: BertForPreTraining | None = None
@@ -156,6 +182,13 @@ class DistillationFamily(BertFamily):
         return (flops_per_token(model.config, seq_len, masked_fraction=masked_fraction)
                 + flops_per_token(self.teacher_config, seq_len, masked_fraction=masked_fraction) / 3.0)
 
+    def frozen_weights(self) -> tuple[tuple[str, int, int], ...]:
+        """The teacher's weights, whole on every rank in ``teacher_dtype`` (counted from its config, on the meta
+        device: the plan loads no weights)."""
+        dtype = self.teacher_dtype()
+        return ((f"teacher weights ({str(dtype).removeprefix('torch.')})", count_parameters(self.teacher_config),
+                 dtype.itemsize),)
+
     def describe(self, model: nn.Module) -> str:
         teacher = sum(p.numel() for p in self.teacher().parameters())
         return (f"{super().describe(model)} (a {len(self.layers)}-layer student from teacher layers "
@@ -193,7 +226,8 @@ class DistillationFamily(BertFamily):
         if dist.is_initialized() and dist.get_rank() != 0:
             return
         name, digest = weights_sha256(self.teacher_dir)
-        now = {"teacher": str(self.teacher_dir), "weights": name, "sha256": digest}
+        now = {"teacher": str(self.teacher_dir), "weights": name, "sha256": digest,
+               "config": json.loads((self.teacher_dir / "config.json").read_text())}
         record = self.output_dir / RECORD_NAME
         if record.is_file() and any((self.output_dir / "checkpoints").glob("step_*")):
             before = json.loads(record.read_text())
@@ -202,8 +236,8 @@ class DistillationFamily(BertFamily):
                     f"{record}: this run's checkpoints were distilled from {before.get('teacher')} (weights "
                     f"{str(before.get('sha256'))[:12]}…), but {self.teacher_dir} holds weights {digest[:12]}…; "
                     "point distillation.teacher at the run's teacher, or start a new output_dir")
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps(now, indent=2) + "\n")
+        storage.write_json(str(record), now)  # whole or not at all: export reads the config from it
 
 
-__all__ = ["DistillationFamily", "student_layer_map", "student_state", "teacher_directory", "weights_sha256"]
+__all__ = ["DistillationFamily", "recorded_teacher_config", "student_layer_map", "student_state", "teacher_directory",
+           "weights_sha256"]

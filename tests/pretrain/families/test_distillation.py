@@ -15,7 +15,7 @@ from pretrain.families import for_config
 from pretrain.families.distillation import DistillationFamily, student_layer_map
 from pretrain.families.distillation_objective import STAT_NAMES
 from pretrain.hf_compat import CheckpointError, export, load_pretrained
-from pretrain.memory import estimate_for_run
+from pretrain.memory import estimate, estimate_for_run
 from pretrain.model import BertConfig, BertForPreTraining, flops_per_token
 from tests.pretrain.launching import launch, losses, settings
 
@@ -68,8 +68,52 @@ def test_shipped_config_is_distilbert_and_trains_a_few_steps(one_rank, dataset, 
     assert student.config.num_hidden_layers == 2 and student.config.hidden_size == TEACHER.hidden_size
     recorded = json.loads((tmp_path / "run" / "teacher.json").read_text())
     assert recorded["teacher"] == str(teacher) and len(recorded["sha256"]) == 64
-    # The memory plan counts the student only, built on the meta device.
+    # The memory plan's trainable parameters are the student's, built on the meta device.
     assert estimate_for_run(cfg, 1).parameters == sum(p.numel() for p in student.parameters())
+
+
+def test_the_memory_plan_holds_the_whole_teacher_on_every_rank(dataset, teacher, tmp_path):
+    """The teacher is outside DeepSpeed: 2 bytes per parameter (bf16) on each GPU, not divided by ZeRO 3's ranks,
+    a line of its own in the total but not in the paper's figure."""
+    cfg = shipped(dataset, teacher, tmp_path / "run", **{"zero.stage": 3, "train.precision": "bf16"})
+    real = sum(p.numel() for p in for_config(cfg).teacher().parameters())
+    found = estimate_for_run(cfg, 8)
+    row = found.row("teacher weights (bfloat16)")
+    assert (row.device_bytes, row.host_bytes) == (2 * real, 0)
+    student_only = estimate(found.parameters, world_size=8, zero_stage=3, precision="bf16",
+                            optimizer=cfg.optimizer.name, offload_optimizer=cfg.zero.offload_optimizer != "none",
+                            offload_param=cfg.zero.offload_param != "none")
+    assert found.device_bytes == student_only.device_bytes + 2 * real
+    assert found.paper_bytes == student_only.paper_bytes
+    assert "teacher weights (bfloat16)" in found.table() and "and the teacher weights (bfloat16):" in found.table()
+    fp32 = estimate_for_run(shipped(dataset, teacher, tmp_path / "run", **{"distillation.teacher_precision": "fp32"}),
+                            8)
+    assert fp32.row("teacher weights (float32)").device_bytes == 4 * real
+
+
+def test_a_checkpoint_exports_after_the_teacher_has_moved(one_rank, dataset, teacher, tmp_path):
+    """The run records its teacher's config in teacher.json when it starts; `python -m pretrain.export` derives the
+    student from that copy, so with the teacher gone it writes the files of the run's own end-of-run export."""
+    from pretrain.export import export_checkpoint, main
+
+    moved, run = tmp_path / "teacher", tmp_path / "run"
+    shutil.copytree(teacher, moved)
+    assert train.run(shipped(dataset, moved, run, **{"checkpoint.every_steps": 2}), one_rank, resume=False) == 0
+    recorded = json.loads((run / "teacher.json").read_text())
+    assert recorded["config"] == json.loads((moved / "config.json").read_text())
+    shutil.rmtree(moved)
+    assert main([str(run), str(tmp_path / "exported")]) == 0
+
+    def files(directory: pathlib.Path) -> dict:
+        return {path.relative_to(directory): path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+
+    assert files(tmp_path / "exported") == files(run / "hf") and (run / "hf" / "model.safetensors").is_file()
+    # A record from before records held the config, and no teacher: refused in one line naming both.
+    (run / "teacher.json").write_text(json.dumps({k: v for k, v in recorded.items() if k != "config"}))
+    with pytest.raises(CheckpointError) as refused:
+        export_checkpoint(run, tmp_path / "again")
+    message = str(refused.value)
+    assert "\n" not in message and str(moved) in message and str(run / "teacher.json") in message
 
 
 def test_the_student_starts_from_every_other_teacher_layer(dataset, teacher, tmp_path):

@@ -5,10 +5,9 @@ import pathlib
 import pytest
 
 from finetune import checkpoint, cli
+from tests.finetune.glue_sample import ONE_SEED_ONE_EPOCH, sst2_argv
 from tests.pretrain.conftest import sample_dataset  # noqa: F401  (the pretraining tests' small dataset)
 from tests.pretrain.launching import launch, settings
-
-SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +37,7 @@ def test_a_run_directory_resolves_to_its_newest_checkpoint_exported_once(zero2_r
 
 def test_glue_from_a_zero2_checkpoint_writes_a_report(zero2_run, tmp_path):
     out = tmp_path / "report"
-    argv = ["glue", "--checkpoint", str(zero2_run), "--tasks", "sst2", "--data", str(SAMPLES),
-            "--config", "configs/finetune/tiny.yaml", "--output", str(out),
-            "--set", "seeds=[3]", "--set", "glue.training.epochs=1"]
-    assert cli.main(argv) == 0
+    assert cli.main(sst2_argv(zero2_run, out, *ONE_SEED_ONE_EPOCH)) == 0
     report = json.loads((out / "report.json").read_text())
     (result,) = report["results"]
     assert result["task"] == "sst2" and result["seeds"] == [3]

@@ -1,6 +1,5 @@
 """What finetuning starts from when a run's files are damaged: an export killed midway leaves no hf/ (the newest
 complete DeepSpeed checkpoint is used), and a truncated weights or DeepSpeed file is refused in one line naming it."""
-import pathlib
 import shutil
 
 import pytest
@@ -8,10 +7,9 @@ import pytest
 from finetune import checkpoint, cli
 from pretrain import hf_compat, train
 from pretrain.hf_compat import CheckpointError
+from tests.finetune.glue_sample import sst2_argv
 from tests.pretrain.conftest import sample_dataset  # noqa: F401  (the pretraining tests' small dataset)
 from tests.pretrain.faults import start_one_rank, tiny_config, truncate
-
-SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +30,6 @@ def killed_during_export(sample_dataset, tmp_path_factory):
     finally:
         hf_compat._write_files = real_write
     return out
-
-
-def _glue(checkpoint_path, output) -> list[str]:
-    return ["glue", "--checkpoint", str(checkpoint_path), "--tasks", "sst2", "--data", str(SAMPLES),
-            "--config", "configs/finetune/tiny.yaml", "--output", str(output)]
 
 
 def test_an_export_killed_midway_leaves_no_hf_directory_and_finetuning_uses_the_checkpoint(killed_during_export,
@@ -78,7 +71,7 @@ def test_a_truncated_model_safetensors_is_named_in_one_line(killed_during_export
     with pytest.raises(CheckpointError, match="model.safetensors: unreadable .*incomplete metadata"):
         checkpoint.resolve(hf_dir, tmp_path)
     capsys.readouterr()  # the export's progress bars
-    assert cli.main(_glue(hf_dir, tmp_path / "out")) == 2
+    assert cli.main(sst2_argv(hf_dir, tmp_path / "out")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {hf_dir / 'model.safetensors'}: unreadable") and "\n" not in err
 
@@ -89,7 +82,7 @@ def test_a_truncated_deepspeed_file_is_named_in_one_line(killed_during_export, t
     step_dir = run_dir / "checkpoints" / "step_00000004"
     damaged = next(step_dir.glob("*optim_states.pt"))
     truncate(damaged)
-    assert cli.main(_glue(step_dir, tmp_path / "out")) == 2
+    assert cli.main(sst2_argv(step_dir, tmp_path / "out")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {damaged}: ") and "truncated" in err and "\n" not in err
 
@@ -105,7 +98,7 @@ def test_a_pytorch_model_bin_carrying_code_is_refused_without_running_it(tmp_pat
     hf_compat.export(model, hf_dir)
     (hf_dir / "model.safetensors").unlink()
     torch.save({**model.state_dict(), "innocent_looking_key": Payload(marker)}, hf_dir / "pytorch_model.bin")
-    assert cli.main(_glue(hf_dir, tmp_path / "out")) == 2
+    assert cli.main(sst2_argv(hf_dir, tmp_path / "out")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {hf_dir / 'pytorch_model.bin'}: refused to load") and "\n" not in err
     assert not marker.exists()

@@ -1,6 +1,5 @@
 """A full disk or missing permission when finetuning starts: one line naming the path, the cause and the fix (exit 2),
 the traceback in a file the line names, or on the screen with --debug; a truncated tokenizer is one line too."""
-import pathlib
 import shutil
 
 import pytest
@@ -8,10 +7,9 @@ import pytest
 from pretrain import train
 from tests import disk_faults
 from tests.disk_faults import one_error_line, traceback_file, with_debug
+from tests.finetune.glue_sample import sst2_argv
 from tests.pretrain import conftest as pretraining
 from tests.pretrain.faults import start_one_rank, tiny_config, truncate
-
-SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 
 child = disk_faults.child  # a fixture: a full disk or missing permission for a child process
 sample_dataset = pretraining.sample_dataset  # a fixture: the pretraining tests' small dataset
@@ -27,8 +25,7 @@ def finished_run(sample_dataset, tmp_path_factory):
 
 
 def _glue(child, checkpoint, output, *more):
-    return child.run(["-m", "finetune", "glue", "--checkpoint", checkpoint, "--tasks", "sst2", "--data", SAMPLES,
-                      "--config", "configs/finetune/tiny.yaml", "--output", output, *more])
+    return child.run(["-m", "finetune", *sst2_argv(checkpoint, output, *more)])
 
 
 def test_a_full_output_disk_during_the_export_of_a_checkpoint_is_named(child, finished_run, tmp_path):

@@ -15,9 +15,9 @@ import torch
 from finetune import checkpoint, cli
 from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
 from pretrain.hf_compat import CheckpointError
+from tests.finetune.glue_sample import ONE_SEED_ONE_EPOCH, SAMPLES, sst2_argv
 from tests.finetune.head_parity import assert_trains_like
 
-SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 FAMILIES = ("bert", "albert", "electra")
 VOCAB = 30522  # bert-base-uncased
 
@@ -165,10 +165,7 @@ def test_packed_and_padded_heads_agree(family_dir, head):
 def test_glue_finetunes_the_family_and_writes_a_report(family_dir, tmp_path):
     family, directory = family_dir
     out = tmp_path / "report"
-    argv = ["glue", "--checkpoint", str(directory), "--tasks", "sst2", "--data", str(SAMPLES),
-            "--config", "configs/finetune/tiny.yaml", "--output", str(out),
-            "--set", "seeds=[3]", "--set", "glue.training.epochs=1"]
-    assert cli.main(argv) == 0
+    assert cli.main(sst2_argv(directory, out, *ONE_SEED_ONE_EPOCH)) == 0
     report = json.loads((out / "report.json").read_text())
     (result,) = report["results"]
     assert result["task"] == "sst2" and result["seeds"] == [3] and result["runs"][0]["steps"] > 0
@@ -185,9 +182,7 @@ def test_an_unknown_model_type_is_refused_in_one_line(family_dir, tmp_path, caps
     (other / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
     with pytest.raises(CheckpointError, match=r"config\.json: model_type 'roberta' cannot be finetuned here"):
         checkpoint.load_encoder(other)
-    argv = ["glue", "--checkpoint", str(other), "--tasks", "sst2", "--data", str(SAMPLES),
-            "--config", "configs/finetune/tiny.yaml", "--output", str(tmp_path / "out")]
-    assert cli.main(argv) == 2
+    assert cli.main(sst2_argv(other, tmp_path / "out")) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and str(other / "config.json") in lines[0] and "'roberta'" in lines[0], lines
     assert not (tmp_path / "out" / "report.json").exists()

@@ -14,6 +14,7 @@ PYTEST_DONT_REWRITE (a plugin module: no assertion rewriting)
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -100,6 +101,16 @@ def stop(proc: subprocess.Popen | None) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def started(service):
+    """A service (``SlurmCluster``, ``SSHNodes``) started, and stopped afterwards, also when it started only in part."""
+    try:
+        service.start()
+        yield service
+    finally:
+        service.stop()
 
 
 def tail(path: pathlib.Path, lines: int = 30) -> str:
@@ -250,12 +261,8 @@ def slurm(tmp_path_factory):
     """A running single-host Slurm cluster; ``slurm.env`` points clients (sbatch, scontrol, ...) at it. Its
     configuration and daemon logs stay in pytest's temporary directory for a look after a failure."""
     need_system("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
+    with started(SlurmCluster(tmp_path_factory.mktemp("slurm"))) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 # ----------------------------------------------------------------------------------------------- ssh
@@ -341,12 +348,8 @@ class SSHNodes:
 @pytest.fixture(scope="module")
 def ssh_nodes(tmp_path_factory):
     need_system("/usr/sbin/sshd", "ssh", "ssh-keygen", "pdsh")
-    nodes = SSHNodes(tmp_path_factory.mktemp("ssh"))
-    try:
-        nodes.start()
+    with started(SSHNodes(tmp_path_factory.mktemp("ssh"))) as nodes:
         yield nodes
-    finally:
-        nodes.stop()
 
 
 # ----------------------------------------------------------------------------------------------- reference run

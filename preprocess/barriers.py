@@ -18,10 +18,11 @@ from common.errors import InputError
 from common.preprocess_config import InstanceConfig, OutputConfig
 from preprocess import packing, shards
 from preprocess.file_dofns import CountBucket
-from preprocess.transforms import INDEX_NAME
+from preprocess.transforms import INDEX_NAME, unit_shift
 
 SHARD_PLAN_NAME = "shard_plan.json"
 ROWS_PER_GROUP = 16384  # instances per key-range group (bounds what one shard writer sorts)
+ROWS_PER_UNIT = 65536   # instances per unit of the pairs stage (bounds what one of its DoFns holds at once)
 
 
 class Barrier(beam.PTransform):
@@ -61,6 +62,9 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
     estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
     index = {"bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),
              "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())}
+    if cfg.kind == "pairs":  # units: runs of buckets, so that the elements of the stage grow with the input alone
+        bucket_bits = num_buckets.bit_length() - 1
+        index["unit_bits"] = min(bucket_bits, bits_for(estimated_rows / ROWS_PER_UNIT))
     if cfg.kind == "full_sentences":
         index["stream_bits"] = packing.stream_bits_for(corpus["tokens"])  # the corpus's size alone chooses it
     storage.write_json(storage.join(work, INDEX_NAME), index)
@@ -68,10 +72,13 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
 
 
 def instance_units(index: dict, cfg: InstanceConfig) -> list[int]:
-    """What the instance stage works on, from the corpus index: the non-empty document buckets, or for
+    """What the instance stage works on, from the corpus index: for ``pairs`` the units (runs of buckets,
+    ``transforms.unit_buckets``) that hold documents, for ``doc_sentences`` the non-empty document buckets, for
     ``full_sentences`` the packing streams that have documents (``preprocess.packing``)."""
     offsets = index["bucket_offsets"]
     non_empty = [bucket for bucket in range(len(offsets) - 1) if offsets[bucket + 1] > offsets[bucket]]
+    if cfg.kind == "pairs":
+        return sorted({bucket >> unit_shift(index) for bucket in non_empty})
     if cfg.kind != "full_sentences":
         return non_empty
     bucket_bits = (len(offsets) - 1).bit_length() - 1
@@ -82,6 +89,8 @@ def instance_units(index: dict, cfg: InstanceConfig) -> list[int]:
 
 def first_bucket(unit: int, index: dict, cfg: InstanceConfig) -> int:
     """The document bucket an instance-stage unit starts at: the slice of buckets that holds it runs it."""
+    if cfg.kind == "pairs":
+        return unit << unit_shift(index)
     if cfg.kind != "full_sentences":
         return unit
     bucket_bits = (len(index["bucket_offsets"]) - 1).bit_length() - 1

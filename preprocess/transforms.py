@@ -12,6 +12,7 @@ import itertools
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 
@@ -27,6 +28,23 @@ from preprocess.records import RawDocument, Rejected
 
 INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts
 CHUNK_ROWS = 8192  # instances finalised at once (bounds the masking matrices)
+# Finished instances a DoFn of the pairs stage holds before it sends them on as one record batch per key-range
+# group. Sent per bucket instead, the number of batches grew with the square of the input (buckets x groups), a few
+# rows each, and their per-object overhead outgrew the rows themselves (bench/results/preprocess-*.json, at_scale).
+FLUSH_ROWS = 32768
+
+
+def unit_shift(index: dict) -> int:
+    """Bits of a document bucket below its instance-stage unit (``unit_bits`` of the index, written by the index
+    stage; an index without it makes every bucket a unit of its own)."""
+    bucket_bits = (len(index["bucket_offsets"]) - 1).bit_length() - 1
+    return bucket_bits - index.get("unit_bits", bucket_bits)
+
+
+def unit_buckets(index: dict, unit: int) -> list[int]:
+    """The non-empty document buckets of instance-stage unit ``unit`` (a contiguous run of buckets)."""
+    offsets, shift = index["bucket_offsets"], unit_shift(index)
+    return [b for b in range(unit << shift, (unit + 1) << shift) if offsets[b + 1] > offsets[b]]
 DUMP_RANGE_BYTES = 64 << 20  # a larger .bz2 dump is read as byte ranges of this size, spread over the workers
 
 
@@ -131,6 +149,27 @@ class BuildsInstances(_UsesTokenizer):
         bucket = np.searchsorted(self._offsets_array, global_index, side="right") - 1
         return bucket, global_index - self._offsets_array[bucket]
 
+    def _collect(self, pending: list, finalized, keys, next_label, doc_a, doc_b) -> None:
+        """Adds a finished batch to ``pending`` (record batches not yet sent; ``_drain`` sends them)."""
+        batch = shards.instance_batch(finalized, keys, next_label, doc_a, doc_b, self.tokenizer.vocab_size)
+        self._instances.inc(batch.num_rows)
+        pending.append(batch)
+
+    def _drain(self, pending: list):
+        """Every batch of ``pending`` sent on as one record batch per key-range group; empties ``pending``."""
+        if not pending:
+            return
+        table = pa.Table.from_batches(pending)
+        pending.clear()
+        groups = shards.group_of_keys(table.column("order_key").to_numpy(), self._group_bits())
+        order = np.argsort(groups, kind="stable")
+        batch = table.take(order).combine_chunks().to_batches()[0]
+        groups = groups[order]
+        bounds = np.flatnonzero(np.diff(groups)) + 1
+        for start, end in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(groups)]])):
+            rows = batch.slice(int(start), int(end - start))
+            yield int(groups[start]), handoff.send(rows if self._lot is not None else shards.to_ipc(rows), self._lot)
+
     def _emit(self, finalized, keys, next_label, doc_a, doc_b):
         """Split a finished batch into one Arrow record batch per key-range group."""
         batch = shards.instance_batch(finalized, keys, next_label, doc_a, doc_b, self.tokenizer.vocab_size)
@@ -144,11 +183,14 @@ class BuildsInstances(_UsesTokenizer):
 
 
 class PlanAndBuildInstances(BuildsInstances):
-    """bucket -> ("done", (group, batch)) for actual-next pairs, ("request", (bucket, requests)) for random.
-    Sentence-order pairs (``sentence_objective: sop``) are all "done": both segments come from the document.
+    """unit -> ("done", (group, batch)) for actual-next pairs, ("request", (unit, requests)) for random ones, keyed by
+    the unit of the document B is drawn from. Sentence-order pairs (``sentence_objective: sop``) are all "done": both
+    segments come from the document.
 
-    Work is batched per bucket: one vectorised finalisation for all its actual-next instances and one
-    request payload per target bucket, which keeps Beam's per-element cost out of the hot path.
+    A unit is a contiguous run of document buckets (``unit_buckets``) of about ``barriers.ROWS_PER_UNIT`` instances.
+    Work is batched per bucket (one vectorised finalisation for all its actual-next instances) and sent per unit:
+    at most one batch per key-range group every ``FLUSH_ROWS`` instances, and one request payload per target unit,
+    which keeps Beam's per-element cost, and the number of elements, from growing faster than the input.
     """
 
     def setup(self):
@@ -164,11 +206,29 @@ class PlanAndBuildInstances(BuildsInstances):
             return plan_sop_instances(offsets, rng, self._cfg)
         return plan_instances(offsets, doc_index, num_docs, rng, self._cfg), 0
 
-    def process(self, bucket):
+    def process(self, unit):
+        self._load_index()
+        pending, requests = [], []
+        for bucket in unit_buckets(self._index, unit):
+            requests.extend(self._bucket(bucket, pending))
+            if sum(batch.num_rows for batch in pending) >= FLUSH_ROWS:
+                yield from (("done", item) for item in self._drain(pending))
+        yield from (("done", item) for item in self._drain(pending))
+        if requests:
+            merged = merge_requests(requests)
+            target_units = self._locate(merged["targets"])[0] >> unit_shift(self._index)
+            for target in np.unique(target_units):
+                rows = np.flatnonzero(target_units == target)
+                yield "request", (int(target), handoff.send(take_requests(merged, rows), self._lot))
+
+    def _bucket(self, bucket: int, pending: list) -> list[dict]:
+        """Plans ``bucket``'s instances, adds its actual-next ones to ``pending`` and returns its random-next
+        requests (none or one); records its planned count."""
         loaded = docstore.load_bucket(self._work, bucket)
         num_docs, first_index = self._offsets()[-1], self._offsets()[bucket]
         plans, counts, key_parts = [], [], []
         dropped = 0
+        requests = []
         for rank, doc_id in enumerate(loaded.doc_ids):
             offsets = loaded.document(rank)[1]
             doc_plans = []
@@ -188,94 +248,96 @@ class PlanAndBuildInstances(BuildsInstances):
             is_random = table[:, _IS_RANDOM].astype(bool)
             actual, random_next = np.flatnonzero(~is_random), np.flatnonzero(is_random)
             if len(actual):
-                yield from (("done", item) for item in self._finish_actual(loaded, table[actual], ranks[actual],
-                                                                            keys.take(actual)))
+                self._finish_actual(loaded, table[actual], ranks[actual], keys.take(actual), pending)
             if len(random_next):
-                yield from self._requests(loaded, table[random_next], ranks[random_next], keys.take(random_next))
+                requests.append(self._requests(loaded, table[random_next], ranks[random_next], keys.take(random_next)))
         # The driver checks that every planned instance reached a piece before it publishes anything.
         planned = {"instances": len(plans)}
         if self._cfg.sentence_objective == "sop":
             planned["sop_dropped_chunks"] = dropped
             self._dropped.inc(dropped)
         storage.write_json(storage.join(self._work, "planned", f"b{bucket:06d}.json"), planned)
+        return requests
 
-    def _finish_actual(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys):
-        order = self._by_group(keys)
-        plans, ranks, keys = plans[order], ranks[order], keys.take(order)
+    def _finish_actual(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys, pending: list):
         ranges = plans[:, _A_START:_B_END + 1] + loaded.token_starts[ranks][:, None]
         doc_a = [loaded.doc_ids[rank] for rank in ranks.tolist()] if self._provenance else None
         for start in range(0, len(ranges), CHUNK_ROWS):
             rows = slice(start, start + CHUNK_ROWS)
             finalized = finalize_batch(loaded.tokens, ranges[rows, :2], ranges[rows, 2:], keys.random[rows],
                                        self._cfg, self.vocab)
-            chunk_keys = keys.take(np.arange(len(ranges))[rows])
             chunk_docs = doc_a[rows] if doc_a is not None else None
             # Label 0 (B follows A), or 1 where sentence-order prediction swapped them.
-            yield from self._emit(finalized, chunk_keys, plans[rows, _SWAPPED].astype(np.int8), chunk_docs,
-                                  chunk_docs)
+            self._collect(pending, finalized, keys.take(np.arange(len(ranges))[rows]),
+                          plans[rows, _SWAPPED].astype(np.int8), chunk_docs, chunk_docs)
 
-    def _requests(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys):
-        targets = plans[:, _RANDOM_DOC]
+    def _requests(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys) -> dict:
         a_ranges = plans[:, _A_START:_A_END + 1] + loaded.token_starts[ranks][:, None]
-        target_buckets, _ = self._locate(targets)
-        for bucket in np.unique(target_buckets):
-            rows = np.flatnonzero(target_buckets == bucket)
-            lengths = a_ranges[rows, 1] - a_ranges[rows, 0]
-            yield "request", (int(bucket), handoff.send({
-                "doc_a": [loaded.doc_ids[rank] for rank in ranks[rows].tolist()] if self._provenance else None,
-                "keys": keys.take(rows),
-                "targets": targets[rows], "target_b_length": plans[rows, _TARGET_B_LENGTH],
-                "a_tokens": loaded.tokens[ragged_arange(a_ranges[rows, 0], lengths)], "a_lengths": lengths},
-                self._lot))
+        lengths = a_ranges[:, 1] - a_ranges[:, 0]
+        return {"doc_a": [loaded.doc_ids[rank] for rank in ranks.tolist()] if self._provenance else None,
+                "keys": keys, "targets": plans[:, _RANDOM_DOC], "target_b_length": plans[:, _TARGET_B_LENGTH],
+                "a_tokens": loaded.tokens[ragged_arange(a_ranges[:, 0], lengths)], "a_lengths": lengths}
 
 
 # Columns of a bucket's plan table (one row of InstancePlan fields per instance).
 _A_START, _A_END, _B_START, _B_END, _IS_RANDOM, _TARGET_B_LENGTH, _RANDOM_DOC, _SWAPPED = range(1, 9)
 
 
+def merge_requests(requests: list[dict]) -> dict:
+    """Random-next requests (a row each: keys, target document, B's length, segment A's tokens) as one."""
+    return {"keys": InstanceKeys.concat([r["keys"] for r in requests]),
+            **{name: np.concatenate([r[name] for r in requests])
+               for name in ("targets", "target_b_length", "a_tokens", "a_lengths")},
+            "doc_a": None if requests[0]["doc_a"] is None else [doc for r in requests for doc in r["doc_a"]]}
+
+
+def take_requests(requests: dict, rows: np.ndarray) -> dict:
+    """The ``rows`` of merged requests."""
+    lengths = requests["a_lengths"]
+    return {"keys": requests["keys"].take(rows), "targets": requests["targets"][rows],
+            "target_b_length": requests["target_b_length"][rows], "a_lengths": lengths[rows],
+            "a_tokens": requests["a_tokens"][ragged_arange((np.cumsum(lengths) - lengths)[rows], lengths[rows])],
+            "doc_a": None if requests["doc_a"] is None else [requests["doc_a"][i] for i in rows.tolist()]}
+
+
 class ResolveRandomNext(BuildsInstances):
-    """(bucket, [requests]) -> (group, batch): B drawn from the requested documents of this bucket."""
+    """(unit, [requests]) -> (group, batch): B drawn from the requested documents of the unit's buckets, one bucket
+    loaded at a time."""
 
     def process(self, element):
-        bucket, requests = element
-        loaded = docstore.load_bucket(self._work, bucket)
-        chunk, rows = [], 0
-        for request in map(handoff.receive, requests):
-            chunk.append(request)
-            rows += len(request["targets"])
-            if rows >= CHUNK_ROWS:
-                yield from self._resolve(loaded, bucket, chunk)
-                chunk, rows = [], 0
-        if chunk:
-            yield from self._resolve(loaded, bucket, chunk)
+        _, refs = element
+        requests = merge_requests([handoff.receive(ref) for ref in refs])
+        buckets = self._locate(requests["targets"])[0]
+        pending = []
+        for bucket in np.unique(buckets):
+            loaded = docstore.load_bucket(self._work, int(bucket))
+            rows = np.flatnonzero(buckets == bucket)
+            for start in range(0, len(rows), CHUNK_ROWS):
+                self._resolve(loaded, int(bucket), take_requests(requests, rows[start:start + CHUNK_ROWS]), pending)
+            if sum(batch.num_rows for batch in pending) >= FLUSH_ROWS:
+                yield from self._drain(pending)
+        yield from self._drain(pending)
 
-    def _resolve(self, loaded, bucket, requests):
-        keys = InstanceKeys.concat([r["keys"] for r in requests])
-        order = self._by_group(keys)
-        keys = keys.take(order)
-        ranks = (np.concatenate([r["targets"] for r in requests]) - self._offsets()[bucket])[order]
-        a_lengths = np.concatenate([r["a_lengths"] for r in requests])
-        a_tokens = np.concatenate([r["a_tokens"] for r in requests]).astype(loaded.tokens.dtype)
+    def _resolve(self, loaded, bucket: int, requests: dict, pending: list) -> None:
+        keys, a_lengths = requests["keys"], requests["a_lengths"]
+        ranks = requests["targets"] - self._offsets()[bucket]
+        a_tokens = requests["a_tokens"].astype(loaded.tokens.dtype)
         a_end = np.cumsum(a_lengths)
-        a_ranges = np.stack([a_end - a_lengths, a_end], axis=1)[order]
+        a_ranges = np.stack([a_end - a_lengths, a_end], axis=1)
         b_ranges = random_segments(loaded.boundaries, loaded.sentence_starts[ranks], loaded.sentence_starts[ranks + 1],
-                                   np.concatenate([r["target_b_length"] for r in requests])[order],
-                                   keys.random) + len(a_tokens)
+                                   requests["target_b_length"], keys.random) + len(a_tokens)
         pool = np.concatenate([a_tokens, loaded.tokens])
         finalized = finalize_batch(pool, a_ranges, b_ranges, keys.random, self._cfg, self.vocab)
-        doc_a = doc_b = None
-        if self._provenance:
-            doc_a = [doc for r in requests for doc in r["doc_a"]]
-            doc_a = [doc_a[i] for i in order.tolist()]
-            doc_b = [loaded.doc_ids[rank] for rank in ranks.tolist()]
-        yield from self._emit(finalized, keys, np.ones(len(ranks), np.int8), doc_a, doc_b)
+        doc_b = [loaded.doc_ids[rank] for rank in ranks.tolist()] if self._provenance else None
+        self._collect(pending, finalized, keys, np.ones(len(ranks), np.int8), requests["doc_a"], doc_b)
 
 
 class CreateInstances(beam.PTransform):
-    """Buckets of this part -> instances written as pieces by key range, random next resolved by a keyed join.
+    """Units of this part (runs of document buckets) -> instances written as pieces by key range, random next
+    resolved by a join keyed by the unit of B's document.
 
-    With ``spread`` (the default) the buckets are redistributed over the runner's workers first; without it
-    they stay where they are, for a caller that hands each pipeline its own buckets (the local process pool).
+    With ``spread`` (the default) the units are redistributed over the runner's workers first; without it
+    they stay where they are, for a caller that hands each pipeline its own units (the local process pool).
     ``provenance``: whether the pieces carry doc_a and doc_b (only a --provenance output needs them).
     ``lot``: for a runner that runs the whole pipeline in this process, the batches and requests cross the
     GroupByKeys by reference, parked in this ``preprocess.handoff`` lot, instead of being encoded and copied.
@@ -288,14 +350,14 @@ class CreateInstances(beam.PTransform):
         self._part, self._vocab_size, self._mask_id, self._work = part, vocab_size, mask_id, work
         self._spread = spread
 
-    def expand(self, buckets):
+    def expand(self, units):
         if self._spread:
-            buckets = buckets | "Spread" >> beam.Reshuffle()
+            units = units | "Spread" >> beam.Reshuffle()
         # Two filters rather than a multi-output ParDo: Beam's DaskRunner does not route tagged outputs.
-        planned = buckets | "Plan" >> beam.ParDo(PlanAndBuildInstances(*self._args))
+        planned = units | "Plan" >> beam.ParDo(PlanAndBuildInstances(*self._args))
         done = planned | "Done" >> beam.FlatMap(lambda kv: [kv[1]] if kv[0] == "done" else [])
         resolved = (planned | "Requests" >> beam.FlatMap(lambda kv: [kv[1]] if kv[0] == "request" else [])
-                    | "ByTargetBucket" >> beam.GroupByKey()
+                    | "ByTargetUnit" >> beam.GroupByKey()
                     | "Resolve" >> beam.ParDo(ResolveRandomNext(*self._args)))
         return ((done, resolved) | beam.Flatten() | "ByGroup" >> beam.GroupByKey()
                 | "WritePieces" >> beam.ParDo(WritePieceGroup(self._work, self._part, self._vocab_size,

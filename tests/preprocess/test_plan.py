@@ -57,6 +57,20 @@ def test_instance_units_are_each_non_empty_bucket_once_in_order(tok, tmp_path):
     assert all(max(a) < min(b) for a, b in zip(slices, slices[1:]) if a and b)
 
 
+def test_pairs_units_are_runs_of_buckets_each_run_by_the_slice_of_its_first_bucket(tok, tmp_path):
+    plan = _plan(tok, tmp_path, slices=8)
+    bits = plan.bucket_bits
+    non_empty = [b for b in range(plan.num_buckets) if b % 4 != 1]
+    _write_index(plan, non_empty, unit_bits=bits - 1)   # two buckets a unit
+    slices = plan.instance_units(3)
+    units = [u for s in slices for u in s]
+    assert units == sorted(set(b >> 1 for b in non_empty))
+    index = storage.read_json(storage.join(plan.work, transforms.INDEX_NAME))
+    assert [b for u in units for b in transforms.unit_buckets(index, u)] == non_empty   # every bucket once, in order
+    _write_index(plan, [1], unit_bits=0)
+    assert [u for s in plan.instance_units(3) for u in s] == [0]
+
+
 def test_full_sentences_units_are_packing_streams_each_run_by_the_slice_of_its_first_bucket(tok, tmp_path):
     plan = _plan(tok, tmp_path, ["instances.kind=full_sentences", "instances.sentence_objective=none"], slices=8)
     assert "doc_starts" in plan.output_schema.names

@@ -160,11 +160,12 @@ def test_create_instances_resolves_random_next_across_buckets(small_store, bert_
     assert len({b for _, b in random_sources}) >= 4  # B drawn from many documents, in both buckets
 
 
-def _run_create_instances(work, bert_vocab, cfg, seed=7):
-    """CreateInstances over the store's two buckets; the pieces' rows in key order, as dicts."""
+def _run_create_instances(work, bert_vocab, cfg, seed=7, units=(0, 1)):
+    """CreateInstances over ``units`` (by default the store's two buckets, each a unit); the pieces' rows in key
+    order, as dicts."""
     tok = load_tokenizer(str(bert_vocab))
     with test_pipeline() as p:
-        _ = p | beam.Create([0, 1]) | transforms.CreateInstances(str(bert_vocab), work, cfg, seed, 0, tok.vocab_size,
+        _ = p | beam.Create(list(units)) | transforms.CreateInstances(str(bert_vocab), work, cfg, seed, 0, tok.vocab_size,
                                                                   tok.mask_id)
     return [row for g in (0, 1) for row in shards.sort_by_key(docstore.read_table(shards.piece_uri(work, g, 0)))
             .to_pylist()]
@@ -198,3 +199,29 @@ def _find(haystack: list[int], needle: list[int]) -> int:
     starts = [i for i in range(len(haystack) - len(needle) + 1) if haystack[i:i + len(needle)] == needle]
     assert len(starts) == 1, "a segment is one contiguous span of its document"
     return starts[0]
+
+
+def _with_units(work: str, unit_bits: int) -> None:
+    index = storage.read_json(f"{work}/{transforms.INDEX_NAME}")
+    storage.write_json(f"{work}/{transforms.INDEX_NAME}", {**index, "unit_bits": unit_bits})
+
+
+def test_units_of_several_buckets_send_one_batch_per_group_and_change_no_instance(small_store, bert_vocab, monkeypatch):
+    # Sent per bucket, the batches and requests of the pairs stage numbered buckets x groups (and buckets x target
+    # buckets), a few rows each: their count grew with the square of the input. A unit of buckets sends at most one
+    # batch per group each flush and one request per target unit, and builds the same instances.
+    cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
+    per_bucket = _run_create_instances(small_store, bert_vocab, cfg)
+    _with_units(small_store, 0)
+    assert transforms.unit_buckets(storage.read_json(f"{small_store}/{transforms.INDEX_NAME}"), 0) == [0, 1]
+    dofn = transforms.PlanAndBuildInstances(str(bert_vocab), small_store, cfg, 7)
+    dofn.setup()
+    sent = list(dofn.process(0))
+    done = [group for tag, (group, _) in sent if tag == "done"]
+    requests = [unit for tag, (unit, _) in sent if tag == "request"]
+    assert sorted(done) == [0, 1] and requests == [0]  # 2 groups, 1 target unit, for 2 buckets
+    by_unit = _run_create_instances(small_store, bert_vocab, cfg, units=[0])
+    assert by_unit == per_bucket and len(by_unit) > 40
+    # Flushing after every bucket (as a unit larger than FLUSH_ROWS does) changes nothing either.
+    monkeypatch.setattr(transforms, "FLUSH_ROWS", 1)
+    assert _run_create_instances(small_store, bert_vocab, cfg, units=[0]) == per_bucket

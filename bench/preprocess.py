@@ -20,6 +20,8 @@ percent of a run. ``--quick``: the shared data once (about 2 minutes). Measured 
    run's peak; the peak must stay under it and the shards must be byte-identical. When the CLI refuses it, also
    the smallest budget it accepts, and the floor under any budget: the peak of a process that imports the
    pipeline, loads the tokenizer and runs one trivial in-memory Beam pipeline (``python -m bench.preprocess_floor``).
+   Then the same at scale (``--scale-copies``, default 32 copies, about 230 MiB): the in-memory run without a budget
+   and under a quarter of its peak.
 4. Beam's DaskRunner (not with --quick; ``bench.preprocess_dask``): a scheduler and 2 single-threaded workers on
    127.0.0.1, started for the run; CPU summed over scheduler, workers and driver; the shards must be byte-identical.
 
@@ -40,7 +42,7 @@ import time
 from pathlib import Path
 
 from bench import record
-from bench.preprocess_budget import budget_run, describe_budget
+from bench.preprocess_budget import budget_at_scale, budget_run, describe_budget
 from bench.preprocess_compare import compare
 from bench.preprocess_dask import dask_run
 from bench.preprocess_inputs import VOCAB_SIZE, describe_inputs, make_copies, prepare_tokenizer, real_inputs
@@ -49,6 +51,7 @@ from bench.preprocess_report import (
     METHOD,
     all_pass,
     checks,
+    describe_at_scale,
     describe_floor,
     end_to_end,
     irreducible_summary,
@@ -66,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the shared data once; no budget or Dask run")
     parser.add_argument("--copies", type=int, help="copies of the shared data (default 8; 1 with --quick)")
+    parser.add_argument("--scale-copies", type=int, default=32,
+                        help="copies of the shared data for the memory budget at scale (default 32; 0: none)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of items 1-2 (default 3)")
     parser.add_argument("--against", metavar="REF", help="only paired runs against REF (a commit or a directory)")
     parser.add_argument("--label", help="name of the --against comparison in the results (default: REF)")
@@ -119,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         say("; ".join(describe_budget(name, budget[name]) for name in BUDGETS if name in budget))
         if "floor" in budget:
             say(describe_floor(budget))
+        if args.scale_copies:
+            scaled = Setting(make_copies(shared, work, args.scale_copies), tokenizer, work, args.quiet_wait)
+            budget["at_scale"] = budget_at_scale(scaled, args.scale_copies)
+            say(describe_at_scale(budget["at_scale"]))
         dask = dask_run(setting)
         dask["cpu_ratio_vs_irreducible"] = round(dask["cpu_s"] / irr["cpu_s"], 3)
         dask["shards_identical"] = dask["shard_sha256"] == runs["workers_1"][0]["shard_sha256"]

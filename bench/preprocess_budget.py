@@ -4,6 +4,9 @@ A budget a quarter of the in-memory run's peak must be kept (peak under it, shar
 refuses it (its estimate for one input file per part is above it), the smallest budget the estimate accepts is
 run too, and the floor no budget can go under is measured: the peak of a process that imports the pipeline,
 loads the tokenizer and runs one trivial pipeline (``python -m bench.preprocess_floor``).
+
+``budget_at_scale`` does the same on a larger input (32 copies by default), where a quarter of the unbudgeted peak
+is well above that floor: the unbudgeted in-memory run and the run under a quarter of its peak.
 """
 from __future__ import annotations
 
@@ -48,6 +51,30 @@ def budget_run(setting: Setting, unbudgeted: dict) -> dict:
     if not out["quarter"]["under_budget"]:
         out["floor"] = memory_floor(setting, setting.logs / "memory-floor.log")
     return out
+
+
+def budget_at_scale(setting: Setting, copies: int) -> dict:
+    """The in-memory run of ``setting``'s input (``copies`` copies of the shared data) without a budget, then under a
+    quarter of its peak: peaks, parts chosen, and whether the shards are byte-identical."""
+    unbudgeted = run_pipeline(setting, setting.work / "out" / "at-scale-unbudgeted", list(MODES["workers_1"]),
+                              setting.logs / "budget-at-scale-unbudgeted.log")
+    input_bytes = sum(os.path.getsize(f) for f in setting.inputs["wiki"] + setting.inputs["books"])
+    budget = unbudgeted["peak_tree_rss_bytes"] // 4
+    log = setting.logs / "budget-at-scale-quarter.log"
+    quarter = run_pipeline(setting, setting.work / "out" / "at-scale-quarter",
+                           [*MODES["workers_1"], "--max-memory", str(budget)], log)
+    chosen = re.search(r"max-memory \S+: \d+ parts? \(estimated peak \S+ per part\)", log.read_text())
+    return {"copies": copies, "input_bytes": input_bytes, "instances": unbudgeted["instances"],
+            "unbudgeted": {"peak_tree_rss_bytes": unbudgeted["peak_tree_rss_bytes"],
+                           "peak_rss_per_input_byte": round(unbudgeted["peak_tree_rss_bytes"] / input_bytes, 2),
+                           "wall_s": unbudgeted["wall_s"], "cpu_s": unbudgeted["cpu_s"], "run": unbudgeted},
+            "quarter": {"budget_bytes": budget, "parts_chosen": quarter["parts"],
+                        "log_line": chosen and chosen.group(0),
+                        "peak_tree_rss_bytes": quarter["peak_tree_rss_bytes"], "wall_s": quarter["wall_s"],
+                        "cpu_s": quarter["cpu_s"],
+                        "peak_over_budget": round(quarter["peak_tree_rss_bytes"] / budget, 3),
+                        "under_budget": quarter["peak_tree_rss_bytes"] <= budget,
+                        "shards_identical": quarter["shard_sha256"] == unbudgeted["shard_sha256"], "run": quarter}}
 
 
 def memory_floor(setting: Setting, log: Path, runs: int = 3) -> dict:

@@ -29,7 +29,9 @@ METHOD = {
                      "(median of 3) / the run's CPU; the local pool forks its workers from the driver, so it is paid "
                      "once",
     "budget": "--max-memory a quarter of the median peak of the in-memory (1 worker) runs, 1 worker; "
-              "when refused, also the smallest budget the estimate accepts (one input file per part)",
+              "when refused, also the smallest budget the estimate accepts (one input file per part); at_scale: "
+              "the same input copied --scale-copies times, one unbudgeted in-memory run and one under a quarter of "
+              "its peak",
     "dask": "DaskRunner, `dask scheduler` and 2 `dask worker --nthreads 1` on 127.0.0.1 started for the run; "
             "CPU of scheduler, workers (nannies and their worker processes) and the driver's tree",
 }
@@ -85,6 +87,9 @@ def checks(runs: dict[str, list[dict]], irr: dict, irr_runs: list[dict], budget:
         if name in budget:
             found[f"budget_{name}_under_budget"] = budget[name]["under_budget"]
             found[f"budget_{name}_shards_identical"] = budget[name]["shards_identical"]
+    if budget and "at_scale" in budget:
+        found["budget_at_scale_quarter_under_budget"] = budget["at_scale"]["quarter"]["under_budget"]
+        found["budget_at_scale_quarter_shards_identical"] = budget["at_scale"]["quarter"]["shards_identical"]
     if dask:
         found["dask_shards_identical"] = dask["shards_identical"]
     return found
@@ -112,6 +117,14 @@ def targets(e2e: dict, speedup: float, quick: bool) -> dict:
 def describe_floor(budget: dict) -> str:
     return (f"memory floor (imports, tokenizer, one trivial pipeline): "
             f"{mib(budget['floor']['one_trivial_pipeline_peak_bytes'])} MiB")
+
+
+def describe_at_scale(scaled: dict) -> str:
+    quarter = scaled["quarter"]
+    return (f"at {scaled['copies']}x ({mib(scaled['input_bytes'])} MiB): unbudgeted peak "
+            f"{mib(scaled['unbudgeted']['peak_tree_rss_bytes'])} MiB; quarter {mib(quarter['budget_bytes'])} MiB: "
+            f"{quarter['parts_chosen']} parts, peak {mib(quarter['peak_tree_rss_bytes'])} MiB, under budget "
+            f"{quarter['under_budget']}, shards identical {quarter['shards_identical']}")
 
 
 def print_summary(results: dict, out_file: Path) -> None:
@@ -143,6 +156,8 @@ def print_summary(results: dict, out_file: Path) -> None:
               + "; ".join(describe_budget(n, budget[n]) for n in BUDGETS if n in budget))
         if "floor" in budget:
             print(f"  {describe_floor(budget)}")
+        if "at_scale" in budget:
+            print(f"  {describe_at_scale(budget['at_scale'])}")
     if dask:
         print(f"  dask (2 workers): wall {dask['driver_wall_s']:.2f} s, CPU {dask['cpu_s']:.2f} s, ratio "
               f"{dask['cpu_ratio_vs_irreducible']:.2f}, identical {dask['shards_identical']}")

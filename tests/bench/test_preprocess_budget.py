@@ -30,3 +30,30 @@ def test_a_budget_is_described_as_refused_or_kept():
             "shards_identical": True}
     assert preprocess_budget.describe_budget("smallest_accepted", kept) == (
         "smallest_accepted 309.0 MiB: 34 parts, peak 266.0 MiB, under budget True, shards identical True")
+
+
+def test_the_budget_at_scale_is_a_quarter_of_the_unbudgeted_peak_and_checks_the_shards(tmp_path, monkeypatch):
+    from bench import preprocess_report
+
+    (tmp_path / "in.txt").write_bytes(b"x" * 1000)
+    (tmp_path / "logs").mkdir()
+    calls = []
+
+    def fake_run(setting, output, args, log):
+        calls.append(args)
+        budgeted = "--max-memory" in args
+        if budgeted:
+            log.write_text("INFO preprocess: max-memory 250M: 7 parts (estimated peak 240M per part)\n")
+        return {"peak_tree_rss_bytes": (200 if budgeted else 1000) << 20, "wall_s": 2.0, "cpu_s": 2.0, "parts": 7
+                if budgeted else 1, "instances": 5, "shard_sha256": ["a", "b" if budgeted else "c"]}
+
+    monkeypatch.setattr(preprocess_budget, "run_pipeline", fake_run)
+    setting = preprocess_runs.Setting({"wiki": [], "books": [str(tmp_path / "in.txt")]}, tmp_path, tmp_path, 0)
+    scaled = preprocess_budget.budget_at_scale(setting, 32)
+    assert calls[1][-2:] == ["--max-memory", str((1000 << 20) // 4)]
+    quarter = scaled["quarter"]
+    assert quarter["parts_chosen"] == 7 and quarter["under_budget"] and not quarter["shards_identical"]
+    assert scaled["unbudgeted"]["peak_rss_per_input_byte"] == round((1000 << 20) / 1000, 2)
+    assert preprocess_report.describe_at_scale(scaled) == (
+        "at 32x (0.0 MiB): unbudgeted peak 1000.0 MiB; quarter 250.0 MiB: 7 parts, peak 200.0 MiB, under budget "
+        "True, shards identical False")

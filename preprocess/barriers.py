@@ -62,7 +62,7 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
     estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
     index = {"bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),
              "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())}
-    if cfg.kind == "pairs":  # units: runs of buckets, so that the elements of the stage grow with the input alone
+    if cfg.kind != "full_sentences":  # units: runs of buckets, so that the stage's elements grow with the input alone
         bucket_bits = num_buckets.bit_length() - 1
         index["unit_bits"] = min(bucket_bits, bits_for(estimated_rows / ROWS_PER_UNIT))
     if cfg.kind == "full_sentences":
@@ -72,15 +72,13 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
 
 
 def instance_units(index: dict, cfg: InstanceConfig) -> list[int]:
-    """What the instance stage works on, from the corpus index: for ``pairs`` the units (runs of buckets,
-    ``transforms.unit_buckets``) that hold documents, for ``doc_sentences`` the non-empty document buckets, for
-    ``full_sentences`` the packing streams that have documents (``preprocess.packing``)."""
+    """What the instance stage works on, from the corpus index: the units (runs of document buckets,
+    ``transforms.unit_buckets``) that hold documents, or for ``full_sentences`` the packing streams that have
+    documents (``preprocess.packing``)."""
     offsets = index["bucket_offsets"]
     non_empty = [bucket for bucket in range(len(offsets) - 1) if offsets[bucket + 1] > offsets[bucket]]
-    if cfg.kind == "pairs":
-        return sorted({bucket >> unit_shift(index) for bucket in non_empty})
     if cfg.kind != "full_sentences":
-        return non_empty
+        return sorted({bucket >> unit_shift(index) for bucket in non_empty})
     bucket_bits = (len(offsets) - 1).bit_length() - 1
     stream_bits = index["stream_bits"]
     return [stream for stream in range(1 << stream_bits)
@@ -89,10 +87,8 @@ def instance_units(index: dict, cfg: InstanceConfig) -> list[int]:
 
 def first_bucket(unit: int, index: dict, cfg: InstanceConfig) -> int:
     """The document bucket an instance-stage unit starts at: the slice of buckets that holds it runs it."""
-    if cfg.kind == "pairs":
-        return unit << unit_shift(index)
     if cfg.kind != "full_sentences":
-        return unit
+        return unit << unit_shift(index)
     bucket_bits = (len(index["bucket_offsets"]) - 1).bit_length() - 1
     return packing.stream_buckets(unit, index["stream_bits"], bucket_bits)[0]
 

@@ -1,9 +1,10 @@
 """The instance stage for packed rows (``kind: full_sentences`` or ``doc_sentences``): units of the document store ->
 pieces of finished rows by key range. Rows are built by ``preprocess.packing``; there is no join (no random next).
 
-A unit is a document-store bucket for ``doc_sentences`` (each document is packed alone) and a packing stream for
-``full_sentences`` (its documents may sit in several buckets, or share one with other streams). Each row's
-randomness (static masks, its place in the shuffle) comes from its key: (seed, document or stream, duplicate, row).
+A unit is a run of document-store buckets for ``doc_sentences`` (each document is packed alone; as for pairs,
+``transforms.unit_buckets``) and a packing stream for ``full_sentences`` (its documents may sit in several buckets,
+or share one with other streams). Each row's randomness (static masks, its place in the shuffle) comes from its
+key: (seed, document or stream, duplicate, row).
 """
 from __future__ import annotations
 
@@ -25,20 +26,29 @@ from preprocess.packing import (
     stream_order,
     stream_pieces,
 )
-from preprocess.transforms import CHUNK_ROWS, BuildsInstances
+from preprocess.transforms import CHUNK_ROWS, FLUSH_ROWS, BuildsInstances, unit_buckets
 
 
 class BuildPackedInstances(BuildsInstances):
-    """unit -> (group, batch) for every key-range group of its rows; records the unit's row count under planned/."""
+    """unit -> (group, batch) for every key-range group of its rows, a batch per group every ``FLUSH_ROWS`` rows;
+    records each bucket's (``doc_sentences``: a unit is a run of buckets, ``transforms.unit_buckets``) or stream's
+    (``full_sentences``) row count under planned/."""
 
     def process(self, unit):
+        pending = []
         if self._cfg.kind == "doc_sentences":
-            name, (pool, pieces, starts, keys, doc_ids) = f"b{unit:06d}", self._documents(unit)
+            self._load_index()
+            for bucket in unit_buckets(self._index, unit):
+                self._planned(f"b{bucket:06d}", self._finish(*self._documents(bucket), pending))
+                if sum(batch.num_rows for batch in pending) >= FLUSH_ROWS:
+                    yield from self._drain(pending)
         else:
-            name, (pool, pieces, starts, keys, doc_ids) = f"s{unit:06d}", self._stream(unit)
-        yield from self._finish(pool, pieces, starts, keys, doc_ids)
-        # The driver checks that every planned row reached a piece before it publishes anything.
-        storage.write_json(storage.join(self._work, "planned", f"{name}.json"), {"instances": len(keys.order)})
+            self._planned(f"s{unit:06d}", self._finish(*self._stream(unit), pending))
+        yield from self._drain(pending)
+
+    def _planned(self, name: str, rows: int) -> None:
+        """The driver checks that every planned row reached a piece before it publishes anything."""
+        storage.write_json(storage.join(self._work, "planned", f"{name}.json"), {"instances": rows})
 
     def _documents(self, bucket: int):
         """Every duplicate of every document of ``bucket``, each document in rows of its own."""
@@ -91,9 +101,10 @@ class BuildPackedInstances(BuildsInstances):
         pieces, keys = _concat(parts)
         return pool, pieces, doc_starts[pieces.doc] + pieces.start, keys, doc_ids
 
-    def _finish(self, pool: np.ndarray, pieces: Pieces, starts: np.ndarray, keys: InstanceKeys, doc_ids: list[str]):
-        """Finalise the rows in key-range group order, CHUNK_ROWS at a time, and emit them by group. Provenance:
-        doc_a names the row's first document, doc_b its last."""
+    def _finish(self, pool: np.ndarray, pieces: Pieces, starts: np.ndarray, keys: InstanceKeys, doc_ids: list[str],
+                pending: list) -> int:
+        """Finalise the rows in key-range group order, CHUNK_ROWS at a time, into ``pending``; returns their number.
+        Provenance: doc_a names the row's first document, doc_b its last."""
         rows = len(keys.order)
         first, count = row_bounds(pieces.row, rows)
         order = self._by_group(keys)
@@ -108,8 +119,9 @@ class BuildPackedInstances(BuildsInstances):
             if self._provenance:
                 doc_a = [doc_ids[d] for d in pieces.doc[first[chunk]].tolist()]
                 doc_b = [doc_ids[d] for d in pieces.doc[first[chunk] + count[chunk] - 1].tolist()]
-            yield from self._emit(finalized, keys.take(np.arange(start, start + len(chunk))),
-                                  np.zeros(len(chunk), np.int8), doc_a, doc_b)
+            self._collect(pending, finalized, keys.take(np.arange(start, start + len(chunk))),
+                          np.zeros(len(chunk), np.int8), doc_a, doc_b)
+        return rows
 
 
 def _concat(parts: list[tuple[Pieces, InstanceKeys]]) -> tuple[Pieces, InstanceKeys]:

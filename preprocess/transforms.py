@@ -170,17 +170,6 @@ class BuildsInstances(_UsesTokenizer):
             rows = batch.slice(int(start), int(end - start))
             yield int(groups[start]), handoff.send(rows if self._lot is not None else shards.to_ipc(rows), self._lot)
 
-    def _emit(self, finalized, keys, next_label, doc_a, doc_b):
-        """Split a finished batch into one Arrow record batch per key-range group."""
-        batch = shards.instance_batch(finalized, keys, next_label, doc_a, doc_b, self.tokenizer.vocab_size)
-        groups = shards.group_of_keys(keys.order, self._group_bits())
-        self._instances.inc(batch.num_rows)
-        bounds = np.flatnonzero(np.diff(groups)) + 1  # rows come ordered by group (_by_group)
-        for start, end in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(groups)]])):
-            rows = batch.slice(int(start), int(end - start))
-            payload = rows if self._lot is not None else shards.to_ipc(rows)
-            yield int(groups[start]), handoff.send(payload, self._lot)
-
 
 class PlanAndBuildInstances(BuildsInstances):
     """unit -> ("done", (group, batch)) for actual-next pairs, ("request", (unit, requests)) for random ones, keyed by

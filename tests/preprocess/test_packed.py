@@ -31,8 +31,10 @@ def _documents(count: int = 24, seed: int = 0) -> list[tuple]:
     return rows
 
 
-def _store(work: str, documents: list[tuple], bucket_bits: int, stream_bits: int, cfg: InstanceConfig) -> list[int]:
-    """A document store of ``bucket_bits`` and its index; returns the instance stage's units."""
+def _store(work: str, documents: list[tuple], bucket_bits: int, stream_bits: int, cfg: InstanceConfig,
+           unit_bits: int | None = None) -> list[int]:
+    """A document store of ``bucket_bits`` and its index (units of ``unit_bits``, by default one a bucket); returns
+    the instance stage's units."""
     for bucket in range(1 << bucket_bits):
         mine = [d for d in documents if docstore.bucket_of(d[0], bucket_bits) == bucket]
         if mine:
@@ -40,7 +42,8 @@ def _store(work: str, documents: list[tuple], bucket_bits: int, stream_bits: int
     offsets = [0]
     for bucket in range(1 << bucket_bits):
         offsets.append(offsets[-1] + len(docstore.load_bucket(work, bucket)))
-    index = {"bucket_offsets": offsets, "group_bits": 1, "stream_bits": stream_bits}
+    index = {"bucket_offsets": offsets, "group_bits": 1, "stream_bits": stream_bits,
+             "unit_bits": bucket_bits if unit_bits is None else unit_bits}
     storage.write_json(f"{work}/{transforms.INDEX_NAME}", index)
     return barriers.instance_units(index, cfg)
 
@@ -121,15 +124,21 @@ def test_doc_sentences_never_cross_a_document(tmp_path, bert_vocab):
 
 
 @pytest.mark.parametrize("kind", ["full_sentences", "doc_sentences"])
-def test_rows_do_not_depend_on_the_bucket_layout_or_how_units_are_shared_out(tmp_path, bert_vocab, kind):
+def test_rows_do_not_depend_on_the_bucket_layout_or_how_units_are_shared_out(tmp_path, bert_vocab, kind,
+                                                                             monkeypatch):
     cfg = InstanceConfig(max_seq_length=MAX_SEQ, max_predictions_per_seq=5, dupe_factor=2, kind=kind,
                          sentence_objective="none")
     documents = _documents(count=30, seed=1)
     results = []
-    # Streams of 2 hash bits in stores of 0, 2 and 3 bucket bits: a bucket holds several streams, one, or a part.
-    for bucket_bits, parts in ((0, 1), (2, 1), (3, 3)):
-        work = str(tmp_path / f"b{bucket_bits}")
-        units = _store(work, documents, bucket_bits, stream_bits=2, cfg=cfg)
+    # Streams of 2 hash bits in stores of 0, 2 and 3 bucket bits: a bucket holds several streams, one, or a part;
+    # doc_sentences units of one bucket or of four (sent on after every bucket, as a unit larger than FLUSH_ROWS is).
+    for bucket_bits, parts, unit_bits, flush_rows in ((0, 1, None, None), (2, 1, None, None), (3, 3, None, None),
+                                                     (3, 1, 1, 1)):
+        work = str(tmp_path / f"b{bucket_bits}-{unit_bits}")
+        units = _store(work, documents, bucket_bits, stream_bits=2, cfg=cfg, unit_bits=unit_bits)
+        if flush_rows:
+            monkeypatch.setattr(transforms, "FLUSH_ROWS", flush_rows)
+            monkeypatch.setattr(packed, "FLUSH_ROWS", flush_rows)
         table = _build(work, bert_vocab, cfg, [units[i::parts] for i in range(parts)])
         results.append(table.drop_columns(["truncated"]))
     assert results[0].num_rows > 40

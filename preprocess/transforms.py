@@ -150,25 +150,27 @@ class BuildsInstances(_UsesTokenizer):
         return bucket, global_index - self._offsets_array[bucket]
 
     def _collect(self, pending: list, finalized, keys, next_label, doc_a, doc_b) -> None:
-        """Adds a finished batch to ``pending`` (record batches not yet sent; ``_drain`` sends them)."""
+        """Adds a finished batch, its rows ordered by key-range group (``_by_group``), to ``pending`` (record batches
+        not yet sent; ``_drain`` sends them)."""
         batch = shards.instance_batch(finalized, keys, next_label, doc_a, doc_b, self.tokenizer.vocab_size)
         self._instances.inc(batch.num_rows)
         pending.append(batch)
 
     def _drain(self, pending: list):
-        """Every batch of ``pending`` sent on as one record batch per key-range group; empties ``pending``."""
-        if not pending:
-            return
-        table = pa.Table.from_batches(pending)
+        """Every batch of ``pending`` sent on as one record batch per key-range group (the group's slices of each,
+        concatenated); empties ``pending``."""
+        by_group: dict[int, list[pa.RecordBatch]] = {}
+        for batch in pending:
+            groups = shards.group_of_keys(batch.column(batch.schema.get_field_index("order_key")).to_numpy(),
+                                          self._group_bits())
+            bounds = np.flatnonzero(np.diff(groups)) + 1
+            for start, end in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(groups)]])):
+                by_group.setdefault(int(groups[start]), []).append(batch.slice(int(start), int(end - start)))
         pending.clear()
-        groups = shards.group_of_keys(table.column("order_key").to_numpy(), self._group_bits())
-        order = np.argsort(groups, kind="stable")
-        batch = table.take(order).combine_chunks().to_batches()[0]
-        groups = groups[order]
-        bounds = np.flatnonzero(np.diff(groups)) + 1
-        for start, end in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(groups)]])):
-            rows = batch.slice(int(start), int(end - start))
-            yield int(groups[start]), handoff.send(rows if self._lot is not None else shards.to_ipc(rows), self._lot)
+        for group in sorted(by_group):
+            slices = by_group.pop(group)
+            rows = slices[0] if len(slices) == 1 else pa.Table.from_batches(slices).combine_chunks().to_batches()[0]
+            yield group, handoff.send(rows if self._lot is not None else shards.to_ipc(rows), self._lot)
 
 
 class PlanAndBuildInstances(BuildsInstances):
@@ -249,6 +251,8 @@ class PlanAndBuildInstances(BuildsInstances):
         return requests
 
     def _finish_actual(self, loaded, plans: np.ndarray, ranks: np.ndarray, keys: InstanceKeys, pending: list):
+        order = self._by_group(keys)
+        plans, ranks, keys = plans[order], ranks[order], keys.take(order)
         ranges = plans[:, _A_START:_B_END + 1] + loaded.token_starts[ranks][:, None]
         doc_a = [loaded.doc_ids[rank] for rank in ranks.tolist()] if self._provenance else None
         for start in range(0, len(ranges), CHUNK_ROWS):
@@ -301,6 +305,7 @@ class ResolveRandomNext(BuildsInstances):
         for bucket in np.unique(buckets):
             loaded = docstore.load_bucket(self._work, int(bucket))
             rows = np.flatnonzero(buckets == bucket)
+            rows = rows[self._by_group(requests["keys"].take(rows))]
             for start in range(0, len(rows), CHUNK_ROWS):
                 self._resolve(loaded, int(bucket), take_requests(requests, rows[start:start + CHUNK_ROWS]), pending)
             if sum(batch.num_rows for batch in pending) >= FLUSH_ROWS:

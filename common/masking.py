@@ -13,7 +13,17 @@ Modes (``MaskingRecipe.mode``):
 * ``span`` — contiguous spans of whole words (SpanBERT, Joshi et al. 2020): a span's length in words is drawn
   from a geometric distribution (``span_p``) truncated to ``1..span_max_words`` and renormalised, as SpanBERT's
   code does (mean 3.8 words at 0.2 and 10, the paper's figure), its first word uniformly, until the budget is
-  reached; a span is shown as a whole ([MASK], random tokens or unchanged, as one decision).
+  reached; a span is shown as a whole ([MASK], random tokens or unchanged, as one decision);
+* ``ngram`` — n-grams of whole words (ALBERT, Lan et al. 2020, section 4.1): every word start is a candidate, in
+  random order; each draws its length n in ``1..ngram_max`` words with p(n) proportional to 1/n (6/11, 3/11, 2/11
+  at 3), renormalised over the lengths that fit before its run of words ends ([SEP], padding) as ALBERT's code does
+  at the end of a row; an n-gram that would overflow the budget is shortened a word at a time, skipped if even its
+  first word does not fit, and skipped if it overlaps one already chosen, as google-research/albert's
+  ``create_masked_lm_predictions`` does. Unlike SpanBERT's spans, ALBERT's code draws the [MASK]/random/unchanged
+  decision for each token of an n-gram separately, and so does this mode: per position, as ``token`` does. Two
+  departures: an n-gram never crosses [SEP] (ALBERT's candidate list skips specials, so its n-grams can join the
+  two segments), and its length draws come from the row's key (ALBERT's use numpy's unseeded global generator).
+  With ``ngram_max`` 1 it is exactly ``whole_word``.
 
 The budget of a row is ``rate`` of its tokens (at least 1), capped by ``max_predictions``; special tokens are
 never chosen. A chosen position is shown as [MASK] with probability ``mask_fraction``, unchanged with
@@ -29,7 +39,7 @@ import numpy as np
 from common.counter_rng import bits_from_base, row_random_bits, stream_base, uniform
 from common.objectives import MASK_UNITS
 
-STREAM_POSITIONS, STREAM_DECISION, STREAM_REPLACEMENT, STREAM_SPANS = 4, 5, 6, 9
+STREAM_POSITIONS, STREAM_DECISION, STREAM_REPLACEMENT, STREAM_SPANS, STREAM_NGRAMS = 4, 5, 6, 9, 10
 MODES = MASK_UNITS
 
 
@@ -61,6 +71,7 @@ class MaskingRecipe:
     random_fraction: float = 0.1
     span_p: float = 0.2
     span_max_words: int = 10
+    ngram_max: int = 3                 # ALBERT's max_ngram
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -71,6 +82,8 @@ class MaskingRecipe:
             raise ValueError("mask_fraction and random_fraction must be >= 0 and add up to at most 1")
         if not 0.0 < self.span_p <= 1.0 or self.span_max_words < 1:
             raise ValueError("span_p must be in (0, 1] and span_max_words >= 1")
+        if isinstance(self.ngram_max, bool) or not isinstance(self.ngram_max, int) or self.ngram_max < 1:
+            raise ValueError(f"ngram_max must be an integer >= 1 (ALBERT: 3), got {self.ngram_max!r}")
 
     @property
     def unchanged_below(self) -> float:
@@ -109,6 +122,8 @@ def mask_rows(tokens: np.ndarray, candidate: np.ndarray, lengths: np.ndarray, ke
         words = _words(candidate, continuation)
         if recipe.mode == "whole_word":
             chosen = _choose_whole_words(candidate, words, budget, keys)
+        elif recipe.mode == "ngram":
+            chosen = _choose_ngrams(candidate, words, budget, keys, recipe.ngram_max)
         else:
             chosen, span_first = _choose_spans(candidate, words, budget, keys, recipe)
     rows, cols = np.nonzero(chosen)
@@ -227,5 +242,55 @@ def _choose_spans(candidate, words, budget, keys, recipe: MaskingRecipe) -> tupl
                 count += end - start
     return chosen, first_col
 
+
+def _choose_ngrams(candidate, words, budget, keys, ngram_max: int) -> np.ndarray:
+    chosen = np.zeros_like(candidate)
+    for row, row_ngrams in enumerate(_ngrams(words, budget, keys, ngram_max)):
+        for start, end, _ in row_ngrams:
+            chosen[row, start:end] = True
+    return chosen
+
+
+def _ngrams(words, budget, keys, ngram_max: int) -> list[list[tuple[int, int, int]]]:
+    """Per row, ALBERT's n-grams of whole words in the order chosen, as ``(first column, end column, words)``.
+
+    Word starts are visited in the order of their draws at their first column (the order ``whole_word`` uses); a
+    start's length is drawn at its first column too, so a row's n-grams depend on its key and its words only. A
+    row's draws are vectorised; the visit is a loop, since whether an n-gram fits depends on those chosen before it.
+    """
+    out = []
+    order_base, length_base = stream_base(keys, STREAM_POSITIONS), stream_base(keys, STREAM_NGRAMS)
+    cumulative = np.cumsum(1.0 / np.arange(1, ngram_max + 1))  # p(n) proportional to 1/n
+    for row, row_words in enumerate(words):
+        limit = int(budget[row])
+        out.append([])
+        if not row_words or limit == 0:
+            continue
+        bounds = np.asarray(row_words, np.int64)
+        starts, ends = bounds[:, 0], bounds[:, 1]
+        firsts = starts.astype(np.uint64)
+        order = np.argsort(uniform(bits_from_base(order_base[row], firsts)), kind="stable")
+        # words left in each word's run (a run ends where the next word does not start at this word's end)
+        run_ends = np.flatnonzero(np.append(starts[1:] != ends[:-1], True))
+        index = np.arange(len(starts))
+        longest = np.minimum(run_ends[np.searchsorted(run_ends, index)] - index + 1, ngram_max)
+        drawn = uniform(bits_from_base(length_base[row], firsts)) * cumulative[longest - 1]
+        lengths = np.minimum(np.searchsorted(cumulative, drawn, side="right") + 1, longest).tolist()
+        starts_list, ends_list = starts.tolist(), ends.tolist()
+        taken = [False] * len(starts_list)  # per word
+        count = 0
+        for first in order.tolist():
+            if count >= limit:
+                break
+            n = lengths[first]
+            while n > 1 and count + ends_list[first + n - 1] - starts_list[first] > limit:
+                n -= 1  # shorten to fit the budget
+            size = ends_list[first + n - 1] - starts_list[first]
+            if count + size > limit or any(taken[first:first + n]):
+                continue
+            taken[first:first + n] = [True] * n
+            out[-1].append((starts_list[first], ends_list[first + n - 1], n))
+            count += size
+    return out
 
 __all__ = ["MODES", "Masked", "MaskingRecipe", "MaskingVocab", "choose_positions", "mask_rows"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MASK_UNITS = ("token", "whole_word", "span")
+MASK_UNITS = ("token", "whole_word", "span", "ngram")
 INSTANCE_KINDS = ("pairs", "full_sentences", "doc_sentences")
 SENTENCE_OBJECTIVES = ("nsp", "sop", "none")
 MASKING_TIMES = ("static", "dynamic")

@@ -41,7 +41,7 @@ class InstanceConfig:
     max_predictions_per_seq: int = 20
     mask_token_fraction: float = 0.8     # a masked position shows [MASK] with this probability,
     random_token_fraction: float = 0.1   # a random token with this one, else the token itself (BERT: 80/10/10)
-    mask_unit: str = "token"             # token | whole_word | span (SpanBERT)
+    mask_unit: str = "token"             # token | whole_word | span (SpanBERT) | ngram (ALBERT)
     masking: str = "static"              # static: masks in the shards | dynamic: unmasked rows, masked per epoch
     kind: str = "pairs"                  # pairs | full_sentences (packed across documents) | doc_sentences
     sentence_objective: str = "nsp"      # nsp | sop (pairs only) | none (packed kinds)

@@ -109,7 +109,7 @@ class ObjectiveConfig:
     masking: str = "static"              # static | dynamic: as the dataset's manifest says
     sentence_objective: str = "nsp"      # nsp | sop | none: as the dataset's manifest says
     attention: str = "full"              # full | document: packed rows attend within their document only
-    mask_unit: str | None = None         # token | whole_word | span
+    mask_unit: str | None = None         # token | whole_word | span | ngram
     masked_lm_prob: float | None = None  # share of a row's tokens to predict (0.15 BERT, 0.3-0.4 later recipes)
     max_predictions: int | None = None   # per row
     mask_token_fraction: float | None = None    # chosen positions shown as [MASK] (0.8 BERT), a random token

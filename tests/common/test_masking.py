@@ -1,11 +1,11 @@
-"""Properties of the three masking modes over many draws: budgets, special tokens, whole words, span lengths,
+"""Properties of the masking modes over many draws: budgets, special tokens, whole words, span and n-gram lengths,
 the replacement split, and independence from batching."""
 import math
 
 import numpy as np
 import pytest
 
-from common.masking import MaskingRecipe, MaskingVocab, _choose_spans, _words, mask_rows
+from common.masking import MaskingRecipe, MaskingVocab, _choose_spans, _ngrams, _words, mask_rows
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB_SIZE = 1000
@@ -40,7 +40,7 @@ def chosen_matrix(masked, shape) -> np.ndarray:
     return chosen
 
 
-@pytest.mark.parametrize("mode", ["token", "whole_word", "span"])
+@pytest.mark.parametrize("mode", ["token", "whole_word", "span", "ngram"])
 @pytest.mark.parametrize("rate", [0.15, 0.4])
 def test_budget_candidates_and_labels(mode, rate):
     tokens, candidate, lengths, keys = rows(300, 96, seed=1)
@@ -60,7 +60,7 @@ def test_budget_candidates_and_labels(mode, rate):
     assert (tokens[~chosen] == original[~chosen]).all(), "an unchosen position changed"
 
 
-@pytest.mark.parametrize("mode", ["whole_word", "span"])
+@pytest.mark.parametrize("mode", ["whole_word", "span", "ngram"])
 def test_words_are_masked_whole(mode):
     tokens, candidate, lengths, keys = rows(300, 128, seed=2, continuation_share=0.5)
     continuation = vocab().is_continuation[tokens] & candidate
@@ -75,10 +75,12 @@ def test_words_are_masked_whole(mode):
     assert checked > 1000
 
 
-def test_the_replacement_split_over_many_draws():
+@pytest.mark.parametrize("mode", ["token", "ngram"])
+def test_the_replacement_split_over_many_draws(mode):
     tokens, candidate, lengths, keys = rows(3000, 128, seed=3)
     original = tokens.copy()
-    masked = mask_rows(tokens, candidate, lengths, keys, MaskingRecipe(rate=0.15, max_predictions=20), vocab())
+    masked = mask_rows(tokens, candidate, lengths, keys, MaskingRecipe(mode=mode, rate=0.15, max_predictions=20),
+                       vocab())
     shown = tokens[masked.rows, masked.cols]
     n = len(shown)
     shares = {"mask": (shown == MASK).mean(), "unchanged": (shown == original[masked.rows, masked.cols]).mean()}
@@ -122,7 +124,7 @@ def test_span_lengths_follow_the_truncated_geometric_distribution():
     assert lengths.max() <= most and (lengths == 1).mean() == pytest.approx(weights[0] / sum(weights), abs=0.04)
 
 
-@pytest.mark.parametrize("mode", ["token", "whole_word", "span"])
+@pytest.mark.parametrize("mode", ["token", "whole_word", "span", "ngram"])
 def test_a_rows_masks_do_not_depend_on_its_batch(mode):
     tokens, candidate, lengths, keys = rows(40, 64, seed=5)
     recipe = MaskingRecipe(mode=mode, rate=0.2, max_predictions=30)
@@ -136,6 +138,72 @@ def test_a_rows_masks_do_not_depend_on_its_batch(mode):
 
 def test_bad_recipes_are_refused():
     for kwargs, message in (({"mode": "random"}, "masking mode"), ({"rate": 1.5}, "rate"),
-                            ({"mask_fraction": 0.8, "random_fraction": 0.3}, "add up"), ({"span_p": 0.0}, "span_p")):
+                            ({"mask_fraction": 0.8, "random_fraction": 0.3}, "add up"), ({"span_p": 0.0}, "span_p"),
+                            ({"ngram_max": 0}, "ngram_max"), ({"ngram_max": 2.5}, "ngram_max")):
         with pytest.raises(ValueError, match=message):
             MaskingRecipe(**kwargs)
+
+
+def _ngram_length_shares(width: int, most: int, budget: int) -> np.ndarray:
+    """The exact distribution of the first n-gram's length in a row of ``width`` one-piece words: its start is
+    uniform over the words, p(n) is proportional to 1/n over the lengths left in the row, then cut to the budget."""
+    shares = np.zeros(most + 1)
+    for start in range(width):
+        weights = 1 / np.arange(1, min(width - start, most) + 1)
+        for n, weight in enumerate(weights / weights.sum(), start=1):
+            shares[min(n, budget)] += weight / width
+    return shares[1:]
+
+
+@pytest.mark.parametrize("budget, albert", [(3, [6 / 11, 3 / 11, 2 / 11]), (2, [6 / 11, 5 / 11, 0]), (1, [1, 0, 0])])
+def test_ngram_lengths_follow_one_over_n_and_are_shortened_to_the_budget(budget, albert):
+    """A row's first n-gram meets nothing chosen before it, so its length is the draw itself, cut to the budget (a
+    3-gram that would overflow a budget of 2 becomes a 2-gram, as google-research/albert does). Chi-square against the
+    exact shares: p < 1e-6 under them, while uniform lengths would score about 2,900 at budget 3 (144 at 2)."""
+    count, width = 12_000, 64
+    candidate = np.ones((count, width), bool)
+    keys = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    chosen = _ngrams(_words(candidate, np.zeros_like(candidate)), np.full(count, budget), keys, ngram_max=3)
+    assert all(sum(end - start for start, end, _ in row) <= budget for row in chosen)
+    first = np.asarray([row[0][2] for row in chosen])
+    assert all(end - start == n for row in chosen for start, end, n in row)  # one-piece words
+    expected = _ngram_length_shares(width, 3, budget)
+    assert np.allclose(expected, albert, atol=0.02)  # the row's end shortens a few n-grams starting in its last words
+    observed = np.bincount(first, minlength=4)[1:]
+    assert observed[expected == 0].sum() == 0
+    seen = expected > 0
+    chi_square = (((observed - count * expected) ** 2)[seen] / (count * expected[seen])).sum()
+    assert chi_square < -2 * math.log(1e-6), (observed, count * expected)  # chi-square with 2 dof: exact tail
+
+
+def test_ngrams_stop_at_a_gap_and_with_ngram_max_1_are_whole_words():
+    tokens, candidate, lengths, keys = rows(400, 96, seed=6, continuation_share=0.4)
+    continuation = vocab().is_continuation[tokens] & candidate
+    words = _words(candidate, continuation)
+    recipe = MaskingRecipe(mode="ngram", rate=0.4, max_predictions=60)
+    long_ones = 0
+    for r, row in enumerate(_ngrams(words, recipe.budget(lengths), keys, ngram_max=3)):
+        for start, end, n in row:
+            assert candidate[r, start:end].all(), "an n-gram crossed [SEP]"
+            assert sum(start <= s < end for s, _ in words[r]) == n  # n whole words
+            long_ones += n > 1
+    assert long_ones > 1000
+    whole, unigrams = tokens.copy(), tokens.copy()
+    mask_rows(whole, candidate, lengths, keys, MaskingRecipe(mode="whole_word"), vocab())
+    mask_rows(unigrams, candidate, lengths, keys, MaskingRecipe(mode="ngram", ngram_max=1), vocab())
+    assert (whole == unigrams).all()
+
+
+def test_an_ngrams_tokens_are_replaced_by_separate_decisions():
+    """ALBERT's code decides [MASK] or not for each token of an n-gram: at 50/50 about half the 2-grams are mixed
+    (a span, decided once, never is)."""
+    tokens, candidate, lengths, keys = rows(1500, 128, seed=7, continuation_share=0.0)
+    original = tokens.copy()
+    recipe = MaskingRecipe(mode="ngram", rate=0.3, max_predictions=60, mask_fraction=0.5, random_fraction=0.0)
+    chosen = _ngrams(_words(candidate, np.zeros_like(candidate)), recipe.budget(lengths), keys, ngram_max=3)
+    mask_rows(tokens, candidate, lengths, keys, recipe, vocab())
+    shown = [tokens[r, start:end] == MASK for r, row in enumerate(chosen) for start, end, n in row if n == 2]
+    assert all(((tokens[r, s:e] == MASK) | (tokens[r, s:e] == original[r, s:e])).all()
+               for r, row in enumerate(chosen) for s, e, _ in row)
+    mixed = np.mean([bool(pair[0] != pair[1]) for pair in shown])
+    assert len(shown) > 2000 and abs(mixed - 0.5) < 0.05, mixed

@@ -8,7 +8,8 @@ import pytest
 
 from common.errors import DatasetFormatError
 from common.manifest import Manifest
-from common.objectives import ObjectiveEntry
+from common.masking import MaskingRecipe
+from common.objectives import MASK_UNITS, ObjectiveEntry
 from common.preprocess_config import InstanceConfig
 
 
@@ -32,6 +33,13 @@ def test_the_replacement_split_is_checked_and_recorded(tmp_path):
     manifest = Manifest.parse(_document(2, objective=chosen), tmp_path / "manifest.json")
     assert (manifest.objective.mask_token_fraction, manifest.objective.random_token_fraction) == (1.0, 0.0)
     assert Manifest.parse(_document(1), tmp_path / "manifest.json").objective.mask_token_fraction == 0.8
+
+
+@pytest.mark.parametrize("unit", MASK_UNITS)
+def test_every_mask_unit_is_a_masking_mode_the_config_and_manifest_take(unit, tmp_path):
+    assert MaskingRecipe(mode=unit).mode == InstanceConfig(mask_unit=unit).mask_unit == unit
+    chosen = {"kind": "pairs", "sentence_objective": "sop", "masking": "static", "mask_unit": unit}
+    assert Manifest.parse(_document(2, objective=chosen), tmp_path / "manifest.json").objective.mask_unit == unit
 
 
 @pytest.mark.parametrize("field, value", [("mask_unit", "sentence"), ("masking", "per_step"), ("kind", "sentences")])

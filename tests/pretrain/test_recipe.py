@@ -18,7 +18,7 @@ def test_objective_values_are_checked_by_name():
     assert _objective(masked_lm_prob=0.4, masking="dynamic").masked_lm_prob == 0.4
     for key, value, message in (("masking", "sometimes", "objective.masking is 'sometimes'; choose one of static"),
                                 ("attention", "local", "choose one of full, document"),
-                                ("mask_unit", "ngram", "choose one of token, whole_word, span"),
+                                ("mask_unit", "sentence", "choose one of token, whole_word, span, ngram"),
                                 ("masked_lm_prob", 1.5, r"masked_lm_prob must be in \(0, 1\)"),
                                 ("max_predictions", 0, "max_predictions must be >= 1"),
                                 ("mask_token_fraction", 0.95, "must be >= 0 and add up to at most 1"),

@@ -35,7 +35,7 @@ from pretrain.hf_compat import (
     check_weights_file,
     export_directory,
     finished_export,
-    is_complete,
+    is_complete_run_export,
     load_config,
     load_pretrained,
 )
@@ -119,7 +119,7 @@ def resolve(path: str | Path, scratch: Path) -> Path:
 
     found = find_checkpoint(path)  # raises a CheckpointError that says what was expected
     target = scratch / f"exported-{found.directory.parent.name}-{found.tag}"
-    if not is_complete(target):  # the export renames its directory into place when it is whole
+    if not is_complete_run_export(target):  # the export renames its directory into place when it is whole
         try:
             export_checkpoint(found, target)
         except StorageError as error:  # said for the export command; here the remedy is another --output

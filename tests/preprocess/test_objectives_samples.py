@@ -1,7 +1,8 @@
 """The objectives menu end to end on the bundled samples: packed rows whatever the workers and parts, unmasked rows
-for dynamic masking, sentence-order pairs, and the manifest's objective and statistics."""
+for dynamic masking, sentence-order pairs, ALBERT's n-gram masks, and the manifest's objective and statistics."""
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -10,6 +11,7 @@ import pytest
 from common import preprocess_config as config_module
 from common.manifest import Manifest
 from common.objectives import ObjectiveEntry
+from common.tokenizer import load_tokenizer
 from preprocess import pipeline
 from tests.preprocess.conftest import SAMPLES, read_manifest, run_cli, shard_hashes
 
@@ -92,6 +94,36 @@ def test_sentence_order_pairs_end_to_end(bert_vocab, tmp_path):
     assert stats["sentence_order_swapped_fraction"] == pytest.approx(labels.mean(), abs=1e-6)
     assert 0.45 < labels.mean() < 0.55 and stats["sop_dropped_chunks"] == 0
     assert stats["instances"]["sentence_order"] == {"in_order": int((labels == 0).sum()), "swapped": int(labels.sum())}
+
+
+def test_ngram_masks_are_stored_as_runs_of_whole_words(bert_vocab, tmp_path):
+    """ALBERT's masks (``mask_unit: ngram``) from the tiny config: within the budget, whole words, and runs of about
+    1.6 words where whole-word masks give about 1.1 (6/11 of the n-grams are one word, the rest two or three)."""
+    out = tmp_path / "ngram"
+    cfg = config_module.load(CONFIG, ["instances.mask_unit=ngram"])
+    pipeline.run(cfg, wikipedia=[str(SAMPLES / "wikipedia")], books=[str(SAMPLES / "books")],
+                 tokenizer=str(bert_vocab), output=str(out), progress=False)
+    assert Manifest.read(out).objective.mask_unit == "ngram"
+    table = _table(out)
+    continuation = load_tokenizer(str(bert_vocab)).is_continuation
+    counts = pc.list_value_length(table.column("masked_positions")).to_numpy()
+    assert table.num_rows > 500 and (counts > 0).all() and (counts <= cfg.instances.max_predictions_per_seq).all()
+    words_per_run = []
+    for a_len, positions, labels in zip(table.column("segment_a_len").to_pylist(),
+                                        table.column("masked_positions").to_pylist(),
+                                        table.column("masked_labels").to_pylist()):
+        masked = dict(zip(positions, labels))
+        for pos, label in masked.items():
+            if continuation[label] and pos - 1 not in (0, a_len - 1):  # a segment may start inside a cut word
+                assert pos - 1 in masked, "a word is masked entirely or not at all"
+        run_words = 0
+        for pos in sorted(masked):
+            if pos - 1 not in masked and run_words:
+                words_per_run.append(run_words)
+                run_words = 0
+            run_words += not continuation[masked[pos]]
+        words_per_run.append(run_words)
+    assert 1.4 < np.mean(words_per_run) < 2.0, np.mean(words_per_run)
 
 
 @pytest.mark.parametrize("name", ["roberta_seq512", "spanbert_seq512", "albert_sop_seq128", "albert_sop_seq512",

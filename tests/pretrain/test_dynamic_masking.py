@@ -1,5 +1,6 @@
 """Dynamic masking in the loader: new masks every epoch, the same masks for any world size or accumulation split
-and after a resume, the recipe's rate, units and 80/10/10 split, and the global masked count behind the loss scale."""
+and after a resume, the recipe's rate, units (tokens, spans, ALBERT's n-grams) and 80/10/10 split, and the global
+masked count behind the loss scale."""
 import json
 import threading
 
@@ -165,6 +166,34 @@ def test_span_masks_are_runs_of_whole_words(dynamic):
         p = positions[start:start + count].astype(np.int64)
         runs += np.diff(np.flatnonzero(np.diff(p, prepend=-9, append=10**6) != 1)).tolist()
     assert np.mean(runs) > 2  # contiguous spans (SpanBERT's mean is 3.8 words), where token masks give ~1
+
+
+def test_ngram_masks_are_whole_words_in_runs_longer_than_whole_word_masks(dynamic):
+    """ALBERT's n-grams (1 to 3 words, p(n) ~ 1/n: 1.6 words on average) against single whole words."""
+    rows = np.arange(len(dynamic))
+    block = read_rows(dynamic, rows)
+    offsets = np.cumsum(block.lengths) - block.lengths
+    words_per_run = {}
+    for mode in ("whole_word", "ngram"):
+        masking = _masking(dynamic, mode=mode, rate=0.15, max_predictions=20)
+        _, positions, counts, labels = masking.mask(block.tokens, block.lengths, masking.row_keys(4, rows))
+        continuation = masking.vocab.is_continuation
+        runs = []
+        for offset, start, count in zip(offsets, np.cumsum(counts) - counts, counts):
+            masked = dict(zip(positions[start:start + count].astype(np.int64).tolist(),
+                              labels[start:start + count].tolist()))
+            run_words = 0
+            for pos in sorted(masked):
+                joins = continuation[masked[pos]] and not masking.never[block.tokens[offset + pos - 1]]
+                assert pos - 1 in masked or not joins, "a word is masked entirely or not at all"
+                if pos - 1 not in masked and run_words:
+                    runs.append(run_words)
+                    run_words = 0
+                run_words += not joins
+            runs.append(run_words)
+        words_per_run[mode] = np.mean(runs)
+    assert words_per_run["whole_word"] < 1.3 and words_per_run["ngram"] > words_per_run["whole_word"] + 0.3, \
+        words_per_run
 
 
 def test_stored_masks_in_a_dataset_said_to_be_dynamic_are_refused(synthetic_dataset):

@@ -4,6 +4,7 @@ run their pipelines through here."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import tempfile
@@ -13,8 +14,22 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.errors import InputError
 from preprocess import handoff
+from preprocess.beamargs import option
 
 FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRunner"
+DASK_PARTITIONS_PER_THREAD = 4  # bag partitions per Dask worker thread, unless --dask_npartitions/_partition_size
+
+
+@functools.lru_cache(maxsize=8)
+def dask_threads(address: str | None) -> int:
+    """Worker threads of the Dask cluster at ``address``; without one, the local cluster the DaskRunner starts
+    (a worker per core)."""
+    if address is None:
+        return os.cpu_count() or 1
+    from distributed import Client
+
+    with Client(address, timeout=60) as client:
+        return max(1, sum(client.nthreads().values()))
 
 
 def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions:
@@ -33,6 +48,12 @@ def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions
     if "multi_threading" in args or "--direct_running_mode=multi_threading" in args:
         raise InputError("--direct_running_mode multi_threading is not supported: Beam's multi-threaded "
                          "FnApiRunner was seen to drop elements of large groups; use multi_processing")
+    if runner is not None and runner.endswith("DaskRunner") and not any(
+            a.split("=", 1)[0] in ("--dask_npartitions", "--dask_partition_size") for a in args):
+        # Beam's DaskRunner puts up to 128 elements of a Create in one bag partition, and a partition is one task:
+        # our Creates hold a few heavy elements (input files, units of work), which then all ran on one worker.
+        threads = dask_threads(option(args, "--dask_client_address"))
+        args.append(f"--dask_npartitions={DASK_PARTITIONS_PER_THREAD * threads}")
     if runner is None:
         args.append(f"--runner={FN_API_RUNNER}")
     elif runner in ("DirectRunner", "direct"):

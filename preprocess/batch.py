@@ -18,7 +18,7 @@ from common.counter_rng import random_bits, random_uniform
 from common.masking import Masked, MaskingRecipe, MaskingVocab, mask_rows
 from common.preprocess_config import InstanceConfig
 
-STREAM_B_START, STREAM_TRIM_A, STREAM_TRIM_B = 1, 2, 3  # masking uses streams 4-6 and 9 (common.masking)
+STREAM_B_START, STREAM_TRIM_A, STREAM_TRIM_B = 1, 2, 3  # masking uses streams 4-6, 9 and 10 (common.masking)
 
 
 def truncation_counts(len_a: np.ndarray, len_b: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:

@@ -59,7 +59,7 @@ class SyntheticSpec:
     kind: str = "pairs"                    # pairs | full_sentences | doc_sentences
     sentence_objective: str | None = None  # nsp | sop | none; default: nsp for pairs, none for packed kinds
     masking: str = "static"                # static (masks stored) | dynamic (rows stored unmasked)
-    mask_unit: str = "token"               # token | whole_word | span (static masks; recorded for dynamic)
+    mask_unit: str = "token"               # token | whole_word | span | ngram (static masks; recorded for dynamic)
     masked_lm_prob: float = MASKED_LM_PROB
     document_tokens: int = 300             # packed kinds: the median document length in tokens
 
@@ -308,7 +308,7 @@ def main(argv=None) -> int:
     parser.add_argument("--kind", default="pairs", help="pairs | full_sentences | doc_sentences")
     parser.add_argument("--sentence-objective", default=None, help="nsp | sop | none (default: the kind's)")
     parser.add_argument("--masking", default="static", help="static | dynamic (rows stored unmasked)")
-    parser.add_argument("--mask-unit", default="token", help="token | whole_word | span (static masks)")
+    parser.add_argument("--mask-unit", default="token", help="token | whole_word | span | ngram (static masks)")
     parser.add_argument("--masked-lm-prob", type=float, default=MASKED_LM_PROB)
     parser.add_argument("--document-tokens", type=int, default=300, help="packed kinds: median document length")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)

@@ -28,10 +28,11 @@ from preprocess.records import RawDocument, Rejected
 
 INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts
 CHUNK_ROWS = 8192  # instances finalised at once (bounds the masking matrices)
-# Finished instances a DoFn of the pairs stage holds before it sends them on as one record batch per key-range
+# Finished instances a DoFn of the instance stage holds before it sends them on as one record batch per key-range
 # group. Sent per bucket instead, the number of batches grew with the square of the input (buckets x groups), a few
 # rows each, and their per-object overhead outgrew the rows themselves (bench/results/preprocess-*.json, at_scale).
 FLUSH_ROWS = 32768
+DUMP_RANGE_BYTES = 64 << 20  # a larger .bz2 dump is read as byte ranges of this size, spread over the workers
 
 
 def unit_shift(index: dict) -> int:
@@ -45,7 +46,6 @@ def unit_buckets(index: dict, unit: int) -> list[int]:
     """The non-empty document buckets of instance-stage unit ``unit`` (a contiguous run of buckets)."""
     offsets, shift = index["bucket_offsets"], unit_shift(index)
     return [b for b in range(unit << shift, (unit + 1) << shift) if offsets[b + 1] > offsets[b]]
-DUMP_RANGE_BYTES = 64 << 20  # a larger .bz2 dump is read as byte ranges of this size, spread over the workers
 
 
 def _rejected_tuple(rejected: Rejected) -> tuple:

@@ -125,18 +125,6 @@ def estimate(parameters: int, *, world_size: int, zero_stage: int, precision: st
     return MemoryEstimate(n, ranks, zero_stage, precision, optimizer, rows)
 
 
-def count_parameters(model_config) -> int:
-    """Trainable parameters of ``BertForPreTraining(model_config)`` (the tied decoder once), built on the meta
-    device: shapes only, no memory."""
-    import torch
-
-    from pretrain.model import BertForPreTraining
-
-    with torch.device("meta"):
-        model = BertForPreTraining(model_config)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 def planned_model_config(model, vocab_size: int | None):
     """The ``BertConfig`` a run with this ``ModelConfig`` builds (as pretrain.train.build_model does), for a
     dataset vocabulary of ``vocab_size`` ids (default: bert-base-uncased's). ``init_from`` wins when readable."""
@@ -168,6 +156,7 @@ def estimate_for_run(cfg, world_size: int, vocab_size: int | None = None) -> Mem
     """The estimate for a ``PretrainConfig`` at ``world_size`` ranks, with the family's frozen weights (a
     distillation teacher) on a line of their own."""
     from pretrain import families
+    from pretrain.model import count_parameters
 
     family = families.for_config(cfg)
     if cfg.model.family == "bert" and not cfg.distillation.teacher:

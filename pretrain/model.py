@@ -343,6 +343,14 @@ class BertForPreTraining(nn.Module):
         return self.cls.predictions(hidden), self.cls.seq_relationship(pooled)
 
 
+def count_parameters(cfg: BertConfig) -> int:
+    """Trainable parameters of ``BertForPreTraining(cfg)`` (the tied decoder once), built on the meta device: shapes
+    only, no memory."""
+    with torch.device("meta"):
+        model = BertForPreTraining(cfg)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def flops_per_token(cfg: BertConfig, seq_len: int, masked_fraction: float = 0.15) -> float:
     """Training FLOPs per token (forward + backward = 3x forward), for MFU estimates."""
     h, layers, ffn = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size

@@ -36,8 +36,7 @@ from pretrain.hf_compat import (
     load_pretrained,
     weights_file,
 )
-from pretrain.memory import count_parameters
-from pretrain.model import BertConfig, BertForPreTraining, flops_per_token
+from pretrain.model import BertConfig, BertForPreTraining, count_parameters, flops_per_token
 
 RECORD_NAME = "teacher.json"  # in output_dir: which teacher the run's checkpoints were distilled from
 

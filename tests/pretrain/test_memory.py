@@ -3,7 +3,7 @@ the parameter count of the real model configs."""
 import pytest
 
 from pretrain import config, memory
-from pretrain.model import preset
+from pretrain.model import count_parameters, preset
 
 PHASE1 = "configs/pretrain/bert_large_phase1_seq128.yaml"
 BERT_LARGE = 336_226_108  # transformers.BertForPreTraining(bert-large-uncased config).num_parameters()
@@ -14,13 +14,13 @@ def test_parameter_count_is_the_models_and_matches_transformers():
     import transformers
 
     large = preset("large", vocab_size=30522)
-    assert memory.count_parameters(large) == BERT_LARGE
+    assert count_parameters(large) == BERT_LARGE
     with torch.device("meta"):
         theirs = transformers.BertForPreTraining(transformers.BertConfig(
             vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096))
     assert sum(p.numel() for p in theirs.parameters()) == BERT_LARGE
     # The run rounds the dataset's vocabulary up to a multiple of 8: 6 more rows of the embedding and the MLM bias.
-    assert memory.count_parameters(preset("large", vocab_size=30528)) == BERT_LARGE + 6 * (1024 + 1)
+    assert count_parameters(preset("large", vocab_size=30528)) == BERT_LARGE + 6 * (1024 + 1)
 
 
 @pytest.mark.parametrize("stage, gigabytes", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])

@@ -22,7 +22,7 @@ from preprocess.transforms import INDEX_NAME, unit_shift
 
 SHARD_PLAN_NAME = "shard_plan.json"
 ROWS_PER_GROUP = 16384  # instances per key-range group (bounds what one shard writer sorts)
-ROWS_PER_UNIT = 65536   # instances per unit of the pairs stage (bounds what one of its DoFns holds at once)
+ROWS_PER_UNIT = 65536   # instances per unit of the instance stage (bounds what one of its DoFns holds at once)
 
 
 class Barrier(beam.PTransform):
@@ -62,11 +62,10 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
     estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
     index = {"bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),
              "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())}
-    if cfg.kind != "full_sentences":  # units: runs of buckets, so that the stage's elements grow with the input alone
-        bucket_bits = num_buckets.bit_length() - 1
-        index["unit_bits"] = min(bucket_bits, bits_for(estimated_rows / ROWS_PER_UNIT))
     if cfg.kind == "full_sentences":
         index["stream_bits"] = packing.stream_bits_for(corpus["tokens"])  # the corpus's size alone chooses it
+    else:  # units: runs of buckets, so that the stage's elements grow with the input alone
+        index["unit_bits"] = min(num_buckets.bit_length() - 1, bits_for(estimated_rows / ROWS_PER_UNIT))
     storage.write_json(storage.join(work, INDEX_NAME), index)
     return instance_units(index, cfg)
 

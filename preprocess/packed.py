@@ -26,7 +26,7 @@ from preprocess.packing import (
     stream_order,
     stream_pieces,
 )
-from preprocess.transforms import CHUNK_ROWS, FLUSH_ROWS, BuildsInstances, unit_buckets
+from preprocess.transforms import CHUNK_ROWS, BuildsInstances, unit_buckets
 
 
 class BuildPackedInstances(BuildsInstances):
@@ -40,7 +40,7 @@ class BuildPackedInstances(BuildsInstances):
             self._load_index()
             for bucket in unit_buckets(self._index, unit):
                 self._planned(f"b{bucket:06d}", self._finish(*self._documents(bucket), pending))
-                if sum(batch.num_rows for batch in pending) >= FLUSH_ROWS:
+                if self._due(pending):
                     yield from self._drain(pending)
         else:
             self._planned(f"s{unit:06d}", self._finish(*self._stream(unit), pending))

@@ -156,6 +156,11 @@ class BuildsInstances(_UsesTokenizer):
         self._instances.inc(batch.num_rows)
         pending.append(batch)
 
+    @staticmethod
+    def _due(pending: list) -> bool:
+        """Whether ``pending`` holds ``FLUSH_ROWS`` rows or more: time to ``_drain`` it."""
+        return sum(batch.num_rows for batch in pending) >= FLUSH_ROWS
+
     def _drain(self, pending: list):
         """Every batch of ``pending`` sent on as one record batch per key-range group (the group's slices of each,
         concatenated); empties ``pending``."""
@@ -202,7 +207,7 @@ class PlanAndBuildInstances(BuildsInstances):
         pending, requests = [], []
         for bucket in unit_buckets(self._index, unit):
             requests.extend(self._bucket(bucket, pending))
-            if sum(batch.num_rows for batch in pending) >= FLUSH_ROWS:
+            if self._due(pending):
                 yield from (("done", item) for item in self._drain(pending))
         yield from (("done", item) for item in self._drain(pending))
         if requests:
@@ -308,7 +313,7 @@ class ResolveRandomNext(BuildsInstances):
             rows = rows[self._by_group(requests["keys"].take(rows))]
             for start in range(0, len(rows), CHUNK_ROWS):
                 self._resolve(loaded, int(bucket), take_requests(requests, rows[start:start + CHUNK_ROWS]), pending)
-            if sum(batch.num_rows for batch in pending) >= FLUSH_ROWS:
+            if self._due(pending):
                 yield from self._drain(pending)
         yield from self._drain(pending)
 

@@ -138,7 +138,6 @@ def test_rows_do_not_depend_on_the_bucket_layout_or_how_units_are_shared_out(tmp
         units = _store(work, documents, bucket_bits, stream_bits=2, cfg=cfg, unit_bits=unit_bits)
         if flush_rows:
             monkeypatch.setattr(transforms, "FLUSH_ROWS", flush_rows)
-            monkeypatch.setattr(packed, "FLUSH_ROWS", flush_rows)
         table = _build(work, bert_vocab, cfg, [units[i::parts] for i in range(parts)])
         results.append(table.drop_columns(["truncated"]))
     assert results[0].num_rows > 40

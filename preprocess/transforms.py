@@ -30,7 +30,7 @@ INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group b
 CHUNK_ROWS = 8192  # instances finalised at once (bounds the masking matrices)
 # Finished instances a DoFn of the instance stage holds before it sends them on as one record batch per key-range
 # group. Sent per bucket instead, the number of batches grew with the square of the input (buckets x groups), a few
-# rows each, and their per-object overhead outgrew the rows themselves (bench/results/preprocess-*.json, at_scale).
+# rows each, and their per-object overhead outgrew the rows (comparisons.units_of_buckets_32x in bench/results).
 FLUSH_ROWS = 32768
 DUMP_RANGE_BYTES = 64 << 20  # a larger .bz2 dump is read as byte ranges of this size, spread over the workers
 

@@ -71,53 +71,68 @@ def _list_array(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.Array:
 
 @dataclass
 class Bucket:
-    """A bucket's documents in global order, with duplicate ids removed."""
+    """A bucket's documents in global order, with duplicate ids removed.
+
+    The token and sentence-length arrays keep the order of the bucket's files (concatenated); documents are put in
+    global order by their start and end offsets only, so loading a bucket never moves its tokens.
+    """
 
     doc_ids: list[str]
-    tokens: np.ndarray          # all documents' tokens, concatenated
-    token_starts: np.ndarray    # document i is tokens[token_starts[i]:token_starts[i + 1]]
+    tokens: np.ndarray          # every document's tokens, in file order
+    token_starts: np.ndarray    # the document of rank i is tokens[token_starts[i]:token_ends[i]]
+    token_ends: np.ndarray
     duplicates: list[tuple[str, str]]  # (doc_id, source) of dropped copies
-    # Every sentence start of every document, as token offsets into ``tokens``, then the end: document i's
-    # sentences start at boundaries[sentence_starts[i]:sentence_starts[i + 1]] (strictly increasing: sentences are
-    # never empty).
+    # Every sentence start of every document, as token offsets into ``tokens``, then the end (strictly increasing:
+    # sentences are never empty). The document of rank i has the sentences ``sentence_starts[i]`` up to
+    # ``sentence_ends[i]`` (exclusive), and boundaries[sentence_ends[i]] is its end.
     boundaries: np.ndarray
     sentence_starts: np.ndarray
+    sentence_ends: np.ndarray
 
     def __len__(self) -> int:
         return len(self.doc_ids)
 
+    @property
+    def token_lengths(self) -> np.ndarray:
+        return self.token_ends - self.token_starts
+
     def document(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """(flat tokens, sentence offsets from the document's start, with its length at the end) of ``rank``."""
-        start, end = self.token_starts[rank], self.token_starts[rank + 1]
-        offsets = self.boundaries[self.sentence_starts[rank]:self.sentence_starts[rank + 1] + 1] - start
+        start, end = self.token_starts[rank], self.token_ends[rank]
+        offsets = self.boundaries[self.sentence_starts[rank]:self.sentence_ends[rank] + 1] - start
         return self.tokens[start:end], offsets
 
 
+_SORT_KEYS = [("doc_hash", "ascending"), ("doc_id", "ascending"), ("source", "ascending")]
+
+
 def _ordered(work: str, bucket: int, columns: list[str] | None = None):
-    """A bucket's rows in global order (hash, id, source) with duplicate ids dropped; None if empty."""
+    """(a bucket's rows as its files hold them, the row order that puts them in global order (hash, id, source)
+    without duplicate ids, the document ids in that order, the dropped duplicates); a None table if empty."""
     # The instance stage loads buckets many times a second, and Arrow's allocator (mimalloc) keeps freed pages
     # resident for a second: without this, the buffers of the buckets loaded in that second would add up.
     pa.default_memory_pool().release_unused()
     files = [u for u in storage.list_files(bucket_dir(work, bucket)) if u.endswith(".arrow")]
     if not files:
-        return None, []
+        return None, None, [], []
     tables = [read_table(u) for u in files]
     table = pa.concat_tables([t.select(columns) if columns else t for t in tables])
-    table = table.take(pc.sort_indices(table, sort_keys=[("doc_hash", "ascending"), ("doc_id", "ascending"),
-                                                        ("source", "ascending")]))
-    doc_ids = table.column("doc_id").to_pylist()
-    sources = table.column("source").to_pylist()
-    duplicates = [(doc_ids[i], sources[i]) for i in range(1, len(doc_ids)) if doc_ids[i] == doc_ids[i - 1]]
-    if duplicates:
-        keep = [i for i in range(len(doc_ids)) if i == 0 or doc_ids[i] != doc_ids[i - 1]]
-        table = table.take(pa.array(keep, pa.int64()))
-    return table, duplicates
+    order = pc.sort_indices(table.select([name for name, _ in _SORT_KEYS]), sort_keys=_SORT_KEYS)
+    doc_ids = table.column("doc_id").take(order).to_pylist()
+    order = order.to_numpy()
+    keep = [i for i in range(len(doc_ids)) if i == 0 or doc_ids[i] != doc_ids[i - 1]]
+    if len(keep) == len(doc_ids):
+        return table, order, doc_ids, []
+    dropped = sorted(set(range(len(doc_ids))) - set(keep))
+    sources = table.column("source").take(pa.array(order[dropped])).to_pylist()
+    duplicates = [(doc_ids[i], source) for i, source in zip(dropped, sources)]
+    return table, order[keep], [doc_ids[i] for i in keep], duplicates
 
 
 def bucket_ids(work: str, bucket: int) -> tuple[list[str], list[tuple[str, str]]]:
     """A bucket's document ids in global order and its dropped duplicates, without touching the tokens."""
-    table, duplicates = _ordered(work, bucket, ["doc_hash", "doc_id", "source"])
-    return ([] if table is None else table.column("doc_id").to_pylist()), duplicates
+    _, _, doc_ids, duplicates = _ordered(work, bucket, ["doc_hash", "doc_id", "source"])
+    return doc_ids, duplicates
 
 
 def bucket_count(work: str, bucket: int) -> tuple[int, int, list[tuple[str, str]]]:
@@ -127,18 +142,20 @@ def bucket_count(work: str, bucket: int) -> tuple[int, int, list[tuple[str, str]
 
 
 def load_bucket(work: str, bucket: int) -> Bucket:
-    table, duplicates = _ordered(work, bucket)
+    table, order, doc_ids, duplicates = _ordered(work, bucket)
     if table is None:
-        return Bucket([], np.zeros(0, np.uint16), np.zeros(1, np.int64), [], np.zeros(1, np.int64),
-                      np.zeros(1, np.int64))
-    doc_ids = table.column("doc_id").to_pylist()
-    tokens_col = table.column("tokens").combine_chunks()
-    lengths_col = table.column("sentence_lengths").combine_chunks()
-    token_starts = np.asarray(tokens_col.offsets, dtype=np.int64) - tokens_col.offsets[0].as_py()
-    tokens = tokens_col.flatten().to_numpy(zero_copy_only=False)
-    length_offsets = np.asarray(lengths_col.offsets, dtype=np.int64)
-    length_values = lengths_col.flatten().to_numpy(zero_copy_only=False)
-    base = length_offsets[0]
-    boundaries = np.zeros(len(length_values) + 1, np.int64)
-    np.cumsum(length_values, out=boundaries[1:])
-    return Bucket(doc_ids, tokens, token_starts, duplicates, boundaries, length_offsets - base)
+        empty = np.zeros(0, np.int64)
+        return Bucket([], np.zeros(0, np.uint16), empty, empty, [], np.zeros(1, np.int64), empty, empty)
+    token_offsets, tokens = _flat(table.column("tokens"))
+    sentence_offsets, sentence_lengths = _flat(table.column("sentence_lengths"))
+    boundaries = np.zeros(len(sentence_lengths) + 1, np.int64)
+    np.cumsum(sentence_lengths, out=boundaries[1:])
+    return Bucket(doc_ids, tokens, token_offsets[:-1][order], token_offsets[1:][order], duplicates, boundaries,
+                  sentence_offsets[:-1][order], sentence_offsets[1:][order])
+
+
+def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(row offsets from 0, all values) of a list column, rows in their order."""
+    array = column.combine_chunks()
+    offsets = np.asarray(array.offsets, dtype=np.int64)
+    return offsets - offsets[0], array.flatten().to_numpy(zero_copy_only=False)

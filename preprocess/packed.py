@@ -53,7 +53,7 @@ class BuildPackedInstances(BuildsInstances):
     def _documents(self, bucket: int):
         """Every duplicate of every document of ``bucket``, each document in rows of its own."""
         loaded = docstore.load_bucket(self._work, bucket)
-        lengths = np.diff(loaded.token_starts)
+        lengths = loaded.token_lengths
         parts = []
         for dupe in range(self._cfg.dupe_factor):
             pieces = document_pieces(lengths, self._cfg.max_seq_length, dupe)
@@ -81,7 +81,7 @@ class BuildPackedInstances(BuildsInstances):
             if stream_bits > bucket_bits:  # the bucket holds other streams' documents too
                 ranks = np.asarray([rank for rank, doc_id in enumerate(loaded.doc_ids)
                                     if stream_of(document_hash(doc_id), stream_bits) == stream], np.int64)
-            doc_lengths = np.diff(loaded.token_starts)[ranks]
+            doc_lengths = loaded.token_lengths[ranks]
             tokens.append(loaded.tokens[ragged_arange(loaded.token_starts[ranks], doc_lengths)])
             lengths.append(doc_lengths)
             doc_ids.extend(loaded.doc_ids[rank] for rank in ranks.tolist())

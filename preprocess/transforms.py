@@ -323,7 +323,7 @@ class ResolveRandomNext(BuildsInstances):
         a_tokens = requests["a_tokens"].astype(loaded.tokens.dtype)
         a_end = np.cumsum(a_lengths)
         a_ranges = np.stack([a_end - a_lengths, a_end], axis=1)
-        b_ranges = random_segments(loaded.boundaries, loaded.sentence_starts[ranks], loaded.sentence_starts[ranks + 1],
+        b_ranges = random_segments(loaded.boundaries, loaded.sentence_starts[ranks], loaded.sentence_ends[ranks],
                                    requests["target_b_length"], keys.random) + len(a_tokens)
         pool = np.concatenate([a_tokens, loaded.tokens])
         finalized = finalize_batch(pool, a_ranges, b_ranges, keys.random, self._cfg, self.vocab)

@@ -29,9 +29,9 @@ def input_kind(kind: str, uri: str) -> str:
     return "book"
 
 
-def weighted_bytes(kind: str, uri: str, size: int) -> float:
+def weighted_bytes(kind: str, uri: str, size: int, slopes: dict[str, float] = PEAK_BYTES_PER_INPUT_BYTE) -> float:
     """What a file adds to the peak of the part that holds it."""
-    return PEAK_BYTES_PER_INPUT_BYTE[input_kind(kind, uri)] * size
+    return slopes[input_kind(kind, uri)] * size
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,17 @@ def split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tupl
     return [sorted(load[2]) for load in loads if load[2]]
 
 
-def estimated_peak(files: list[tuple[str, str, int]], parts: int) -> int:
+def estimated_peak(files: list[tuple[str, str, int]], parts: int,
+                   slopes: dict[str, float] = PEAK_BYTES_PER_INPUT_BYTE, base: int = BASE_PEAK_BYTES) -> int:
     """Base + the weighted input of the heaviest part of the documents stage (``split_parts``), or of an even
-    share of the whole input (the instances stage splits the documents evenly), whichever is larger."""
-    weight = {uri: weighted_bytes(kind, uri, size) for kind, uri, size in files}
+    share of the whole input (the instances stage splits the documents evenly), whichever is larger.
+
+    Args:
+        slopes, base: the constants (``bench.preprocess_calibrate`` fits others with them).
+    """
+    weight = {uri: weighted_bytes(kind, uri, size, slopes) for kind, uri, size in files}
     heaviest = max(sum(weight[uri] for _, uri in part) for part in split_parts(files, min(parts, len(files))))
-    return int(BASE_PEAK_BYTES + max(heaviest, sum(weight.values()) / parts))
+    return int(base + max(heaviest, sum(weight.values()) / parts))
 
 
 def choose_parts(files: list[tuple[str, str, int]], budget: int) -> PartsChoice:

@@ -1,0 +1,38 @@
+"""bench.preprocess_calibrate: the fit of the --max-memory estimate to measured peaks."""
+from bench import preprocess_calibrate
+from preprocess import memory
+
+MIB = 1 << 20
+
+
+def _run(label: str, files: list[tuple[str, str, int]], parts: int, peak: int) -> dict:
+    weighted: dict[str, int] = {}
+    for kind, uri, size in files:
+        weighted[memory.input_kind(kind, uri)] = weighted.get(memory.input_kind(kind, uri), 0) + size
+    return {"label": label, "parts": parts, "files": files, "weighted_input": weighted, "peak_tree_rss_bytes": peak}
+
+
+def test_the_fit_recovers_the_slopes_and_covers_every_run_with_its_base():
+    slopes = {"wiki_compressed": 10.0, "book": 7.0}
+    base = 200 * MIB
+    wiki = [("wiki", f"d{i}.xml.bz2", 4 * MIB) for i in range(4)]
+    books = [("book", f"b{i}.txt", 10 * MIB) for i in range(4)]
+    runs = [_run(name, files, 1, memory.estimated_peak(files, 1, slopes, base))
+            for name, files in (("wiki", wiki[:1]), ("wiki4", wiki), ("books", books[:1]), ("books4", books),
+                                ("all", wiki + books))]
+    # A split run that needs 25 MiB more than the model says: the base must grow to cover it, the slopes not.
+    split = wiki + books
+    runs.append(_run("all_parts_4", split, 4, memory.estimated_peak(split, 4, slopes, base) + 25 * MIB))
+
+    fitted = preprocess_calibrate.fit(runs)
+
+    assert fitted["peak_bytes_per_input_byte"] == slopes
+    assert fitted["base_bytes"] == 230 * MIB   # 225 MiB needed, rounded up to 10 MiB
+    assert all(memory.estimated_peak(r["files"], r["parts"], fitted["peak_bytes_per_input_byte"],
+                                     fitted["base_bytes"]) >= r["peak_tree_rss_bytes"] for r in runs)
+
+
+def test_the_runs_cover_each_kind_at_each_size_and_the_split_input():
+    labels = [label for label, *_ in preprocess_calibrate.runs_to_make([1, 8])]
+    assert labels == ["wiki_1x_parts_1", "wiki_8x_parts_1", "books_1x_parts_1", "books_8x_parts_1",
+                      "all_8x_parts_1", "all_8x_parts_4", "all_8x_parts_16"]

@@ -33,7 +33,8 @@ METHOD = {
               "the same input copied --scale-copies times, one unbudgeted in-memory run and one under a quarter of "
               "its peak",
     "dask": "DaskRunner, `dask scheduler` and 2 `dask worker --nthreads 1` on 127.0.0.1 started for the run; "
-            "CPU of scheduler, workers (nannies and their worker processes) and the driver's tree",
+            "CPU of scheduler, workers (nannies and their worker processes) and the driver's tree; contended when "
+            "other processes beyond the cluster used more than bench.cpu.CONTENDED_LOAD cores during the run",
 }
 
 

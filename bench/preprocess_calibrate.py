@@ -6,17 +6,18 @@ Runs ``python -m preprocess run`` in memory (``--direct_num_workers 1``, the ben
 each kind of input alone (the dumps, the books) at each number of copies, both kinds at the largest, and both
 kinds at 8 copies in 4 and 16 parts, and records each run's peak RSS (summed over its process tree) and CPU.
 
-The fit: slopes per kind (peak bytes per input byte as stored) by least squares over the one-part runs, then the
-smallest base, rounded up to 10 MiB, under which ``preprocess.memory``'s estimate with those slopes is at or above
-every measured peak, multi-part runs included. The estimate with the constants in ``preprocess/memory.py`` is
-compared with every run too (``estimate_over_peak``; ``estimate_errs_high``: none below 1). The result goes into
-``memory_calibration`` of ``bench/results/preprocess-<machine>.json``; the constants in ``preprocess/memory.py`` are
-then set from it by hand.
+The fit: slopes per kind (peak bytes per input byte as stored) by least squares over the one-part runs, rounded up
+to 0.5, then the smallest base, rounded up to 10 MiB, under which ``preprocess.memory``'s estimate with those slopes
+is at or above every measured peak, multi-part runs included (``fitted_estimate_over_peak`` of each run). The
+estimate with the constants in ``preprocess/memory.py`` is compared with every run too (``estimate_over_peak``;
+``estimate_errs_high``: none below 1). The result goes into ``memory_calibration`` of
+``bench/results/preprocess-<machine>.json``; the constants in ``preprocess/memory.py`` are then set from it by hand.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -27,7 +28,8 @@ from bench import record
 from bench.preprocess_inputs import make_copies, prepare_tokenizer, real_inputs
 from bench.preprocess_runs import MODES, Setting, mib, run_pipeline
 
-ROUND = 10 << 20   # the base is rounded up to this
+BASE_STEP = 10 << 20   # the base is rounded up to this
+SLOPE_STEP = 0.5       # and the slopes to this
 
 
 def runs_to_make(copies: list[int]) -> list[tuple[str, int, tuple[str, ...], int]]:
@@ -45,8 +47,8 @@ def files_of(inputs: dict, kinds: tuple[str, ...]) -> list[tuple[str, str, int]]
 
 
 def fit(measured: list[dict]) -> dict:
-    """Slopes per input kind from the one-part runs (least squares), and the smallest base (rounded up) under which
-    the estimate covers every run."""
+    """Slopes per input kind from the one-part runs (least squares, rounded up), the smallest base (rounded up)
+    under which the estimate with them covers every run, and each run's estimate over its peak with both."""
     from preprocess import memory
 
     kinds = sorted({kind for run in measured for kind in run["weighted_input"]})
@@ -54,13 +56,17 @@ def fit(measured: list[dict]) -> dict:
     design = np.array([[1.0, *(run["weighted_input"].get(kind, 0) for kind in kinds)] for run in one_part])
     peaks = np.array([run["peak_tree_rss_bytes"] for run in one_part], dtype=float)
     solution, *_ = np.linalg.lstsq(design, peaks, rcond=None)
-    slopes = {kind: round(float(slope), 2) for kind, slope in zip(kinds, solution[1:])}
+    least_squares = {kind: round(float(slope), 3) for kind, slope in zip(kinds, solution[1:])}
+    slopes = {kind: math.ceil(round(slope / SLOPE_STEP, 6)) * SLOPE_STEP for kind, slope in least_squares.items()}
     # The base each run needs with these slopes: its peak less the heaviest part's weighted input.
     needed = [run["peak_tree_rss_bytes"] - memory.estimated_peak(run["files"], run["parts"], slopes, base=0)
               for run in measured]
-    base = -(-int(max(needed)) // ROUND) * ROUND
-    return {"peak_bytes_per_input_byte": slopes, "least_squares_base_bytes": int(solution[0]),
-            "base_bytes": base, "base_mib": base >> 20}
+    base = -(-int(max(needed)) // BASE_STEP) * BASE_STEP
+    return {"least_squares": {"peak_bytes_per_input_byte": least_squares, "base_bytes": int(solution[0])},
+            "peak_bytes_per_input_byte": slopes, "base_bytes": base, "base_mib": base >> 20,
+            "fitted_estimate_over_peak": {
+                run["label"]: round(memory.estimated_peak(run["files"], run["parts"], slopes, base)
+                                    / run["peak_tree_rss_bytes"], 3) for run in measured}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,3 +36,18 @@ def test_the_runs_cover_each_kind_at_each_size_and_the_split_input():
     labels = [label for label, *_ in preprocess_calibrate.runs_to_make([1, 8])]
     assert labels == ["wiki_1x_parts_1", "wiki_8x_parts_1", "books_1x_parts_1", "books_8x_parts_1",
                       "all_8x_parts_1", "all_8x_parts_4", "all_8x_parts_16"]
+
+
+def test_slopes_between_steps_are_rounded_up_and_the_estimate_still_covers_every_run():
+    wiki = [("wiki", f"d{i}.xml.bz2", 4 * MIB) for i in range(4)]
+    books = [("book", f"b{i}.txt", 10 * MIB) for i in range(4)]
+    slopes = {"wiki_compressed": 10.2, "book": 6.6}
+    runs = [_run(name, files, 1, memory.estimated_peak(files, 1, slopes, 180 * MIB))
+            for name, files in (("wiki", wiki[:1]), ("wiki4", wiki), ("books", books[:1]), ("all", wiki + books))]
+
+    fitted = preprocess_calibrate.fit(runs)
+
+    assert fitted["peak_bytes_per_input_byte"] == {"wiki_compressed": 10.5, "book": 7.0}
+    assert fitted["least_squares"]["peak_bytes_per_input_byte"] == slopes
+    assert fitted["base_bytes"] % (10 * MIB) == 0
+    assert min(fitted["fitted_estimate_over_peak"].values()) >= 1

@@ -3,12 +3,15 @@
 The DirectRunner holds a stage's data in memory, so a run's peak grows with the input of its largest part. The
 estimate per part is a fixed base plus a factor per input byte as stored, by kind: a ``.bz2`` dump counts
 compressed (its text is about 3.6 times larger), and wikitext yields fewer tokens per byte than a book. The base
-is what a part needs whatever its size: the interpreter, Apache Beam's runner and the tokenizer, and in the
-instance stage the whole document store, which every part reads again for its random next sentences (a shard
-is written one key-range group at a time, so the shards add little). The constants were fitted to
-peak-memory runs of the benchmark corpus (``python -m bench.preprocess``; ``memory_calibration`` in its results:
-single-kind inputs in one part, and the 8-fold input in 1 to 104 parts) and rounded up, so the estimate errs
-high. The smallest number of parts whose estimate fits is chosen; the output does not depend on it.
+is what a part needs whatever its size: the interpreter, Apache Beam's runner and the tokenizer, and the buffers
+of the instance and shard stages, which hold a bucket and a key-range group at a time.
+
+The constants come from ``python -m bench.preprocess_calibrate`` (``memory_calibration`` in the benchmark's
+results): slopes fitted by least squares to one-part runs of each kind at 1, 8 and 32 copies of the benchmark
+corpus and rounded up, then the smallest base under which the estimate is at or above the peak of every run,
+split runs included. The peak per stored byte falls as the input grows, so the estimate errs higher on larger
+inputs. The plain-XML slope is older and was not measured again. The smallest number of parts whose estimate fits
+is chosen; the output does not depend on it.
 """
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ from common.errors import InputError
 from common.sizes import format_size
 
 # Peak bytes of one in-memory run per input byte, by kind, and the base every run needs (see the module docstring).
-PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 12.0, "wiki": 3.5, "book": 9.0}
-BASE_PEAK_BYTES = 290 << 20
+PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 10.5, "wiki": 3.5, "book": 6.0}
+BASE_PEAK_BYTES = 260 << 20
 COMPRESSED_SUFFIXES = (".bz2", ".gz", ".xz", ".zst")
 
 

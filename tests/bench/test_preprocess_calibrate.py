@@ -1,5 +1,7 @@
 """bench.preprocess_calibrate: the fit of the --max-memory estimate to measured peaks."""
-from bench import preprocess_calibrate
+import json
+
+from bench import preprocess_calibrate, record
 from preprocess import memory
 
 MIB = 1 << 20
@@ -51,3 +53,15 @@ def test_slopes_between_steps_are_rounded_up_and_the_estimate_still_covers_every
     assert fitted["least_squares"]["peak_bytes_per_input_byte"] == slopes
     assert fitted["base_bytes"] % (10 * MIB) == 0
     assert min(fitted["fitted_estimate_over_peak"].values()) >= 1
+
+
+def test_the_estimate_in_use_is_the_recorded_fit():
+    recorded = [json.loads(path.read_text())["memory_calibration"]
+                for path in sorted(record.RESULTS.glob("preprocess-*.json"))
+                if "memory_calibration" in json.loads(path.read_text())]
+    assert recorded, "no memory_calibration in bench/results: run python -m bench.preprocess_calibrate"
+    fit = recorded[0]["fit"]
+    assert memory.BASE_PEAK_BYTES == fit["base_bytes"]
+    assert {kind: memory.PEAK_BYTES_PER_INPUT_BYTE[kind] for kind in fit["peak_bytes_per_input_byte"]} == \
+        fit["peak_bytes_per_input_byte"]
+    assert min(fit["fitted_estimate_over_peak"].values()) >= 1

@@ -41,15 +41,22 @@ def _git(*args: str) -> bytes:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, check=True).stdout
 
 
+def pair_order(index: int, reference: Path) -> list[tuple[str, Path]]:
+    """The runs of pair ``index``: the reference first in even pairs, this tree first in odd ones."""
+    runs = [("reference", reference), ("this_tree", REPO)]
+    return runs if index % 2 == 0 else runs[::-1]
+
+
 def compare(setting: Setting, ref: str, pairs: int, say) -> dict:
-    """Paired runs of this tree and of ``ref``, alternating; the median of the pairs' differences."""
+    """Paired runs of this tree and of ``ref``, alternating, each pair in the other order than the one before (a run
+    that comes second is not always the same tree's); the median of the pairs' differences."""
     tree, described = reference_tree(ref, setting.work)
     out: dict = {"reference": described, "pairs": pairs, "input_bytes": describe_inputs(setting.inputs)["bytes"]}
     for mode, args in MODES.items():
         rows = []
         for i in range(pairs):
             pair = {}
-            for name, where in (("reference", tree), ("this_tree", REPO)):
+            for name, where in pair_order(i, tree):
                 r = run_pipeline(setting, setting.work / "out" / f"compare-{name}", args,
                                  setting.logs / f"compare-{mode}-{name}-{i}.log", tree=where)
                 pair[name] = {k: r[k] for k in ("cpu_s", "wall_s", "peak_tree_rss_bytes", "shard_sha256", "contended")}

@@ -30,3 +30,9 @@ def test_a_directory_is_used_as_it_is(tmp_path):
     (tmp_path / "other").mkdir()
     assert preprocess_compare.reference_tree(str(tmp_path / "other"), tmp_path / "work") == (
         tmp_path / "other", str(tmp_path / "other"))
+
+
+def test_pairs_alternate_which_tree_runs_first(tmp_path):
+    orders = [[name for name, _ in preprocess_compare.pair_order(i, tmp_path)] for i in range(4)]
+    assert orders == [["reference", "this_tree"], ["this_tree", "reference"]] * 2
+    assert dict(preprocess_compare.pair_order(1, tmp_path)) == {"reference": tmp_path, "this_tree": record.REPO}

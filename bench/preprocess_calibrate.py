@@ -4,7 +4,8 @@
 
 Runs ``python -m preprocess run`` in memory (``--direct_num_workers 1``, the benchmark's config and tokenizer) on
 each kind of input alone (the dumps, the books) at each number of copies, both kinds at the largest, and both
-kinds at 8 copies in 4 and 16 parts, and records each run's peak RSS (summed over its process tree) and CPU.
+kinds at 8 copies and at the largest in 4 and 16 parts, and records each run's peak RSS (summed over its process
+tree) and CPU.
 
 The fit: slopes per kind (peak bytes per input byte as stored) by least squares over the one-part runs, rounded up
 to 0.5, then the smallest base, rounded up to 10 MiB, under which ``preprocess.memory``'s estimate with those slopes
@@ -37,7 +38,10 @@ def runs_to_make(copies: list[int]) -> list[tuple[str, int, tuple[str, ...], int
     largest = max(copies)
     runs = [(f"{kind}_{n}x_parts_1", n, (kind,), 1) for kind in ("wiki", "books") for n in copies]
     runs.append((f"all_{largest}x_parts_1", largest, ("wiki", "books"), 1))
-    runs += [(f"all_8x_parts_{parts}", 8, ("wiki", "books"), parts) for parts in (4, 16)]
+    # Split runs at two sizes: a part's instance stage also grows with the whole corpus (it sends its rows to
+    # key-range groups, and their number grows with the corpus), which one size alone would not show.
+    runs += [(f"all_{n}x_parts_{parts}", n, ("wiki", "books"), parts)
+             for n in sorted({8, largest}) for parts in (4, 16) if n in copies]
     return runs
 
 

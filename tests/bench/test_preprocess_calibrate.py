@@ -38,6 +38,9 @@ def test_the_runs_cover_each_kind_at_each_size_and_the_split_input():
     labels = [label for label, *_ in preprocess_calibrate.runs_to_make([1, 8])]
     assert labels == ["wiki_1x_parts_1", "wiki_8x_parts_1", "books_1x_parts_1", "books_8x_parts_1",
                       "all_8x_parts_1", "all_8x_parts_4", "all_8x_parts_16"]
+    labels = [label for label, *_ in preprocess_calibrate.runs_to_make([1, 8, 32])]
+    assert labels[-5:] == ["all_32x_parts_1", "all_8x_parts_4", "all_8x_parts_16", "all_32x_parts_4",
+                           "all_32x_parts_16"]
 
 
 def test_slopes_between_steps_are_rounded_up_and_the_estimate_still_covers_every_run():

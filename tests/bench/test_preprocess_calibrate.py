@@ -64,7 +64,8 @@ def test_the_estimate_in_use_is_the_recorded_fit():
                 if "memory_calibration" in json.loads(path.read_text())]
     assert recorded, "no memory_calibration in bench/results: run python -m bench.preprocess_calibrate"
     fit = recorded[0]["fit"]
-    assert memory.BASE_PEAK_BYTES == fit["base_bytes"]
+    # At or above the fit, never below: the base in use keeps 10 MiB for the spread of a peak between runs.
+    assert fit["base_bytes"] <= memory.BASE_PEAK_BYTES <= fit["base_bytes"] + (10 << 20)
     assert {kind: memory.PEAK_BYTES_PER_INPUT_BYTE[kind] for kind in fit["peak_bytes_per_input_byte"]} == \
         fit["peak_bytes_per_input_byte"]
     assert min(fit["fitted_estimate_over_peak"].values()) >= 1

@@ -1,19 +1,20 @@
 """Loading document-store buckets, as the instance stage does, against another version of ``preprocess/docstore.py``.
 
-    python -m bench.docstore_load --against REF [--buckets 256] [--parts 1 2] [--rounds 5]
+    python -m bench.docstore_load --against REF [--buckets 256] [--parts 1 2] [--rounds 9]
 
 The store is synthetic in the real format (``docstore.documents_table`` files, one per part and bucket): the
 benchmark corpus's shape, about 12 documents of some 5,000 tokens in about 15 sentences per bucket. Every bucket is
-loaded once per round with this tree's ``load_bucket`` and with REF's (a git commit), alternating; measured are
-the CPU time (``time.process_time``) and minor page faults of each pass, medians over the rounds. With several
+loaded once per round with this tree's ``load_bucket`` and with REF's (a git commit, exported as
+``bench.preprocess_compare`` exports it), alternating, each pass in a child process on its tree's modules; measured
+are the CPU time (``time.process_time``) and minor page faults of each pass, medians over the rounds. With several
 parts a bucket merges several files, as after a run on several workers. Adds ``docstore_load`` to
 ``comparisons`` in ``bench/results/preprocess-<machine>.json``.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -25,6 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from bench import record
+from bench.preprocess_compare import reference_tree
+from bench.processes import child_env
 from common.hashing import document_hash
 from preprocess import docstore
 
@@ -46,53 +49,60 @@ def write_store(work: str, buckets: int, parts: int, seed: int = 0) -> int:
     return buckets * 12
 
 
-def module_at(ref: str, scratch: Path):
-    """``preprocess/docstore.py`` as of git commit ``ref``, imported under another name."""
-    source = subprocess.run(["git", "show", f"{ref}:preprocess/docstore.py"], cwd=record.REPO, check=True,
-                            capture_output=True, text=True).stdout
-    path = scratch / "docstore_reference.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("docstore_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def one_pass(module, work: str, buckets: int) -> tuple[float, int]:
-    """(CPU seconds, minor page faults) of loading every bucket once and reading every document's tokens."""
+def one_pass(work: str, buckets: int) -> dict:
+    """CPU seconds and minor page faults of loading every bucket once with this process's ``preprocess.docstore``
+    and reading every document's tokens; and which docstore.py that was."""
     cpu, faults = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for bucket in range(buckets):
-        loaded = module.load_bucket(work, bucket)
+        loaded = docstore.load_bucket(work, bucket)
         for rank in range(len(loaded)):
             loaded.document(rank)
         int(loaded.tokens.sum())
-    return time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return {"cpu_s": time.process_time() - cpu,
+            "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults, "module": docstore.__file__}
+
+
+def pass_in(tree: Path, work: str, buckets: int) -> dict:
+    """``one_pass`` in a child whose ``preprocess`` and ``common`` are ``tree``'s (this checkout's ``bench``)."""
+    env = child_env(tree)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(record.REPO)])
+    out = subprocess.run([sys.executable, "-m", "bench.docstore_load", "--one-pass", work, str(buckets)], cwd=tree,
+                         env=env, check=True, capture_output=True, text=True).stdout
+    result = json.loads(out)
+    if not Path(result["module"]).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"the pass for {tree} loaded {result['module']}, not that tree's docstore.py")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.docstore_load", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--against", required=True, help="git commit of the reference docstore.py")
+    parser.add_argument("--against", help="git commit of the reference docstore.py")
     parser.add_argument("--buckets", type=int, default=256)
     parser.add_argument("--parts", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--results", type=Path, default=record.RESULTS)
+    parser.add_argument("--one-pass", nargs=2, metavar=("STORE", "BUCKETS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one_pass:   # a child of pass_in
+        print(json.dumps(one_pass(args.one_pass[0], int(args.one_pass[1]))))
+        return 0
+    if not args.against:
+        parser.error("--against REF is required")
     out = {"reference": args.against, "buckets": args.buckets, "rounds": args.rounds, "date": record.utc_now(),
            "command": record.command_line(), "versions": record.versions(record.DISTRIBUTIONS["preprocess"],
                                                                          ("preprocess",))}
     with tempfile.TemporaryDirectory() as scratch:
-        reference = module_at(args.against, Path(scratch))
+        trees = {"reference": reference_tree(args.against, Path(scratch))[0], "this_tree": record.REPO}
         for parts in args.parts:
             work = f"{scratch}/store{parts}"
             documents = write_store(work, args.buckets, parts)
-            passes = {"reference": [], "this_tree": []}
+            passes = {name: [] for name in trees}
             for _ in range(args.rounds):
-                for name, module in (("reference", reference), ("this_tree", docstore)):
-                    passes[name].append(one_pass(module, work, args.buckets))
-            medians = {name: {"cpu_s": round(statistics.median(c for c, _ in runs), 4),
-                              "minor_faults": int(statistics.median(f for _, f in runs))}
+                for name, tree in trees.items():
+                    passes[name].append(pass_in(tree, work, args.buckets))
+            medians = {name: {"cpu_s": round(statistics.median(r["cpu_s"] for r in runs), 4),
+                              "minor_faults": int(statistics.median(r["minor_faults"] for r in runs))}
                        for name, runs in passes.items()}
             change = medians["this_tree"]["cpu_s"] / medians["reference"]["cpu_s"] - 1
             out[f"parts_{parts}"] = {"documents": documents, **medians, "cpu_s_change": round(change, 3)}

@@ -2,6 +2,7 @@
 import json
 
 from bench import docstore_load, record
+from bench.preprocess_compare import reference_tree
 from preprocess import docstore
 
 
@@ -24,3 +25,11 @@ def test_a_comparison_against_a_commit_is_recorded(tmp_path, capsys):
     assert entry["reference"] == "HEAD" and entry["parts_2"]["documents"] == 48
     assert entry["parts_2"]["reference"]["cpu_s"] > 0 and entry["parts_2"]["this_tree"]["cpu_s"] > 0
     assert "2 part(s), 48 documents in 4 buckets" in capsys.readouterr().out
+
+
+def test_a_pass_runs_on_the_docstore_of_its_own_tree(tmp_path):
+    work = str(tmp_path / "store")
+    docstore_load.write_store(work, buckets=4, parts=1)
+    tree, _ = reference_tree("HEAD", tmp_path)
+    assert docstore_load.pass_in(tree, work, 4)["module"] == str(tree / "preprocess" / "docstore.py")
+    assert docstore_load.pass_in(record.REPO, work, 4)["module"] == str(record.REPO / "preprocess" / "docstore.py")

@@ -15,6 +15,7 @@ import re
 import sys
 from pathlib import Path
 
+from bench.preprocess_inputs import sized_files
 from bench.preprocess_runs import MODES, Setting, mib, run_pipeline
 from bench.processes import run_measured
 
@@ -25,8 +26,7 @@ def budget_run(setting: Setting, unbudgeted: dict) -> dict:
     accepts, and the floor under any budget."""
     from preprocess import memory
 
-    files = [("wiki", u, os.path.getsize(u)) for u in setting.inputs["wiki"]] + \
-            [("book", u, os.path.getsize(u)) for u in setting.inputs["books"]]
+    files = sized_files(setting.inputs)
     smallest = memory.estimated_peak(files, len(files))
     out = {"unbudgeted_peak_bytes": unbudgeted["peak_tree_rss_bytes"],
            "smallest_accepted_budget_bytes": smallest}

@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from bench import record
-from bench.preprocess_inputs import make_copies, prepare_tokenizer, real_inputs
+from bench.preprocess_inputs import make_copies, prepare_tokenizer, real_inputs, sized_files
 from bench.preprocess_runs import MODES, Setting, mib, run_pipeline
 
 BASE_STEP = 10 << 20   # the base is rounded up to this
@@ -45,9 +44,14 @@ def runs_to_make(copies: list[int]) -> list[tuple[str, int, tuple[str, ...], int
     return runs
 
 
-def files_of(inputs: dict, kinds: tuple[str, ...]) -> list[tuple[str, str, int]]:
-    """(kind, uri, size) as ``preprocess.memory`` takes them."""
-    return [("wiki" if key == "wiki" else "book", uri, os.path.getsize(uri)) for key in kinds for uri in inputs[key]]
+def weighted_input(files: list[tuple[str, str, int]]) -> dict[str, int]:
+    """Input bytes by ``preprocess.memory`` kind (``.bz2`` dump, plain dump, book): what the slopes multiply."""
+    from preprocess import memory
+
+    weighted: dict[str, int] = {}
+    for kind, uri, size in files:
+        weighted[memory.input_kind(kind, uri)] = weighted.get(memory.input_kind(kind, uri), 0) + size
+    return weighted
 
 
 def fit(measured: list[dict]) -> dict:
@@ -93,14 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         inputs = make_copies(shared, work, copies)
         setting = Setting({"wiki": inputs["wiki"] if "wiki" in kinds else [],
                            "books": inputs["books"] if "books" in kinds else []}, tokenizer, work)
-        files = files_of(inputs, kinds)
+        files = sized_files(inputs, kinds)
         result = run_pipeline(setting, work / "out" / "calibration", [*MODES["workers_1"], "--parts", str(parts)],
                               work / "logs" / f"calibration-{label}.log")
         estimate = memory.estimated_peak(files, parts)
-        weighted: dict[str, int] = {}
-        for kind, uri, size in files:
-            weighted[memory.input_kind(kind, uri)] = weighted.get(memory.input_kind(kind, uri), 0) + size
-        measured.append({"label": label, "parts": parts, "files": files, "weighted_input": weighted,
+        measured.append({"label": label, "parts": parts, "files": files, "weighted_input": weighted_input(files),
                          "peak_tree_rss_bytes": result["peak_tree_rss_bytes"], "cpu_s": result["cpu_s"],
                          "wall_s": result["wall_s"], "contended": result["contended"], "estimate_bytes": estimate,
                          "estimate_over_peak": round(estimate / result["peak_tree_rss_bytes"], 3)})

@@ -37,6 +37,12 @@ def describe_inputs(inputs: dict) -> dict:
     return {"files": files, "file_count": len(files), "bytes": sum(f["bytes"] for f in files)}
 
 
+def sized_files(inputs: dict, keys: tuple[str, ...] = ("wiki", "books")) -> list[tuple[str, str, int]]:
+    """(kind, uri, size in bytes as stored) of the files of ``inputs`` under ``keys``, as ``preprocess.memory``
+    takes them."""
+    return [("wiki" if key == "wiki" else "book", uri, os.path.getsize(uri)) for key in keys for uri in inputs[key]]
+
+
 def make_copies(inputs: dict, work: Path, copies: int) -> dict:
     """``copies`` copies of the inputs whose document ids differ (copy 1 is the originals), made once under
     ``work/input-copies``: books under new file names, dumps with a new <dbname>, recompressed."""

@@ -8,10 +8,8 @@ MIB = 1 << 20
 
 
 def _run(label: str, files: list[tuple[str, str, int]], parts: int, peak: int) -> dict:
-    weighted: dict[str, int] = {}
-    for kind, uri, size in files:
-        weighted[memory.input_kind(kind, uri)] = weighted.get(memory.input_kind(kind, uri), 0) + size
-    return {"label": label, "parts": parts, "files": files, "weighted_input": weighted, "peak_tree_rss_bytes": peak}
+    return {"label": label, "parts": parts, "files": files,
+            "weighted_input": preprocess_calibrate.weighted_input(files), "peak_tree_rss_bytes": peak}
 
 
 def test_the_fit_recovers_the_slopes_and_covers_every_run_with_its_base():

@@ -15,6 +15,14 @@ from common.hashing import document_hash
 from common.preprocess_config import SourceConfig
 from preprocess import books, docstore, dumpsplit, handoff, shards, sources
 
+INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts
+
+
+def transport_bits(group_bits: int, most: int) -> int:
+    """Bits of the transport groups (runs of adjacent key-range groups; at most ``2**most``) that finished rows
+    cross the instance stage's GroupByKey by (``preprocess.transforms.TRANSPORT_GROUP_BITS``)."""
+    return min(group_bits, most)
+
 
 class SplitLargeDumps(beam.DoFn):
     """(kind, uri) -> the same, or for a .bz2 dump larger than ``range_bytes`` its byte ranges (kind, uri,
@@ -100,21 +108,34 @@ class CountBucket(beam.DoFn):
 
 
 class WritePieceGroup(beam.DoFn):
-    """(group, [record batches]) -> pieces/gNNNNNN/pPPPP.arrow + .json (rows, statistics). Rows stay in arrival
-    order: the shard sorts the group by key (with the other parts' pieces), whatever the order here."""
+    """(transport group, [record batches]) -> pieces/gNNNNNN/pPPPP.arrow + .json (rows, statistics) for each
+    key-range group of the transport group that has rows. Rows of a group stay in arrival order: the shard sorts
+    the group by key (with the other parts' pieces), whatever the order here."""
 
     def __init__(self, work: str, part: int, vocab_size: int, mask_id: int):
         self._work, self._part, self._vocab_size, self._mask_id = work, part, vocab_size, mask_id
+        self._group_bits = None
 
     def process(self, element):
-        group, batches = element
+        _, batches = element
+        if self._group_bits is None:  # the index is written before the instance stage starts
+            self._group_bits = storage.read_json(storage.join(self._work, INDEX_NAME))["group_bits"]
         received = (handoff.receive(b) for b in batches)
-        # As one chunk: the batches come a few rows each (one per group of each finished chunk of instances), and
-        # as record batches of the piece their metadata would outweigh their rows, on disk and when a shard reads it.
+        # As one chunk: the batches come many to a group (one per transport group of each flush of each DoFn), and
+        # as record batches of a piece their metadata would outweigh their rows, on disk and when a shard reads it.
         table = pa.Table.from_batches([b if isinstance(b, pa.RecordBatch) else shards.from_ipc(b) for b in received])
+        groups = shards.group_of_keys(table.column("order_key").to_numpy(), self._group_bits)
+        if not len(groups):
+            return
+        if groups.min() != groups.max():
+            order = np.argsort(groups, kind="stable")
+            table, groups = table.take(order), groups[order]
         table = table.combine_chunks()
-        uri = shards.piece_uri(self._work, group, self._part)
-        docstore.write_table(uri, table)
-        storage.write_json(uri[:-len(".arrow")] + ".json",
-                           {"rows": table.num_rows, "stats": shards.instance_stats(table, self._mask_id)})
-        yield group
+        bounds = np.flatnonzero(np.diff(groups)) + 1
+        for start, end in zip([0, *bounds.tolist()], [*bounds.tolist(), len(groups)]):
+            group, rows = int(groups[start]), table.slice(start, end - start)
+            uri = shards.piece_uri(self._work, group, self._part)
+            docstore.write_table(uri, rows)
+            storage.write_json(uri[:-len(".arrow")] + ".json",
+                               {"rows": rows.num_rows, "stats": shards.instance_stats(rows, self._mask_id)})
+            yield group

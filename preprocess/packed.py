@@ -30,9 +30,9 @@ from preprocess.transforms import CHUNK_ROWS, BuildsInstances, unit_buckets
 
 
 class BuildPackedInstances(BuildsInstances):
-    """unit -> (group, batch) for every key-range group of its rows, a batch per group every ``FLUSH_ROWS`` rows;
-    records each bucket's (``doc_sentences``: a unit is a run of buckets, ``transforms.unit_buckets``) or stream's
-    (``full_sentences``) row count under planned/."""
+    """unit -> (transport group, batch) for every transport group (``transforms.TRANSPORT_GROUP_BITS``) of its rows,
+    a batch per group every ``FLUSH_ROWS`` rows; records each bucket's (``doc_sentences``: a unit is a run of buckets,
+    ``transforms.unit_buckets``) or stream's (``full_sentences``) row count under planned/."""
 
     def process(self, unit):
         pending = []

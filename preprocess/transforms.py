@@ -22,16 +22,31 @@ from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig, SourceConfig
 from preprocess import docstore, handoff, shards, text
 from preprocess.batch import InstanceKeys, finalize_batch, instance_keys, ragged_arange, random_segments
-from preprocess.file_dofns import ReadSourceFile, SplitLargeDumps, WriteDocumentBucket, WritePieceGroup
+from preprocess.file_dofns import (
+    INDEX_NAME,
+    ReadSourceFile,
+    SplitLargeDumps,
+    WriteDocumentBucket,
+    WritePieceGroup,
+    transport_bits,
+)
 from preprocess.instances import InstancePlan, plan_instances, plan_sop_instances
 from preprocess.records import RawDocument, Rejected
 
-INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts
 CHUNK_ROWS = 8192  # instances finalised at once (bounds the masking matrices)
-# Finished instances a DoFn of the instance stage holds before it sends them on as one record batch per key-range
+# Finished instances a DoFn of the instance stage holds before it sends them on as one record batch per transport
 # group. Sent per bucket instead, the number of batches grew with the square of the input (buckets x groups), a few
 # rows each, and their per-object overhead outgrew the rows (comparisons.units_of_buckets_32x in bench/results).
 FLUSH_ROWS = 32768
+# Finished rows cross the ByGroup GroupByKey keyed by a transport group: a run of adjacent key-range groups, at most
+# 2**TRANSPORT_GROUP_BITS of them, so a flush is cut into batches of FLUSH_ROWS >> TRANSPORT_GROUP_BITS rows or more.
+# Key-range groups are sized for the shard writers, so their number grows with the corpus; cut by them, a flush came
+# as a row or two per batch at full scale (comparisons.transport_groups in bench/results). WritePieceGroup cuts a
+# transport group into its key-range groups' pieces.
+TRANSPORT_GROUP_BITS = 9
+# The random-next join is keyed by a range of target units, at most 2**JOIN_RANGE_BITS of them, for the same reason:
+# a unit's requests cut by every target unit came a few rows each once units numbered in the thousands.
+JOIN_RANGE_BITS = 7
 DUMP_RANGE_BYTES = 64 << 20  # a larger .bz2 dump is read as byte ranges of this size, spread over the workers
 
 
@@ -40,6 +55,20 @@ def unit_shift(index: dict) -> int:
     stage; an index without it makes every bucket a unit of its own)."""
     bucket_bits = (len(index["bucket_offsets"]) - 1).bit_length() - 1
     return bucket_bits - index.get("unit_bits", bucket_bits)
+
+
+def join_range_shift(index: dict) -> int:
+    """Bits of a unit's index below its range of the random-next join (at most ``2**JOIN_RANGE_BITS`` ranges)."""
+    bucket_bits = (len(index["bucket_offsets"]) - 1).bit_length() - 1
+    return max(0, bucket_bits - unit_shift(index) - JOIN_RANGE_BITS)
+
+
+def split_by(values: np.ndarray):
+    """(value, the indices where ``values`` holds it, in order) for each distinct value, in ascending order."""
+    order = np.argsort(values, kind="stable")
+    bounds = np.flatnonzero(np.diff(values[order])) + 1
+    for rows in np.split(order, bounds) if len(order) else []:
+        yield values[rows[0]], rows
 
 
 def unit_buckets(index: dict, unit: int) -> list[int]:
@@ -162,12 +191,13 @@ class BuildsInstances(_UsesTokenizer):
         return sum(batch.num_rows for batch in pending) >= FLUSH_ROWS
 
     def _drain(self, pending: list):
-        """Every batch of ``pending`` sent on as one record batch per key-range group (the group's slices of each,
-        concatenated); empties ``pending``."""
+        """Every batch of ``pending`` sent on as one record batch per transport group (the group's slices of each,
+        concatenated; see ``TRANSPORT_GROUP_BITS``); empties ``pending``. A batch's rows are in key-range group
+        order (``_by_group``), so each transport group is a contiguous slice of it."""
         by_group: dict[int, list[pa.RecordBatch]] = {}
+        bits = transport_bits(self._group_bits(), TRANSPORT_GROUP_BITS)
         for batch in pending:
-            groups = shards.group_of_keys(batch.column(batch.schema.get_field_index("order_key")).to_numpy(),
-                                          self._group_bits())
+            groups = shards.group_of_keys(batch.column(batch.schema.get_field_index("order_key")).to_numpy(), bits)
             bounds = np.flatnonzero(np.diff(groups)) + 1
             for start, end in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(groups)]])):
                 by_group.setdefault(int(groups[start]), []).append(batch.slice(int(start), int(end - start)))
@@ -179,13 +209,13 @@ class BuildsInstances(_UsesTokenizer):
 
 
 class PlanAndBuildInstances(BuildsInstances):
-    """unit -> ("done", (group, batch)) for actual-next pairs, ("request", (unit, requests)) for random ones, keyed by
-    the unit of the document B is drawn from. Sentence-order pairs (``sentence_objective: sop``) are all "done": both
-    segments come from the document.
+    """unit -> ("done", (transport group, batch)) for actual-next pairs, ("request", (range, requests)) for random
+    ones, keyed by the range of units (``join_range_shift``) that holds the document B is drawn from. Sentence-order
+    pairs (``sentence_objective: sop``) are all "done": both segments come from the document.
 
     A unit is a contiguous run of document buckets (``unit_buckets``) of about ``barriers.ROWS_PER_UNIT`` instances.
     Work is batched per bucket (one vectorised finalisation for all its actual-next instances) and sent per unit:
-    at most one batch per key-range group every ``FLUSH_ROWS`` instances, and one request payload per target unit,
+    at most one batch per transport group every ``FLUSH_ROWS`` instances, and one request payload per target range,
     which keeps Beam's per-element cost, and the number of elements, from growing faster than the input.
     """
 
@@ -212,9 +242,8 @@ class PlanAndBuildInstances(BuildsInstances):
         yield from (("done", item) for item in self._drain(pending))
         if requests:
             merged = merge_requests(requests)
-            target_units = self._locate(merged["targets"])[0] >> unit_shift(self._index)
-            for target in np.unique(target_units):
-                rows = np.flatnonzero(target_units == target)
+            shift = unit_shift(self._index) + join_range_shift(self._index)
+            for target, rows in split_by(self._locate(merged["targets"])[0] >> shift):
                 yield "request", (int(target), handoff.send(take_requests(merged, rows), self._lot))
 
     def _bucket(self, bucket: int, pending: list) -> list[dict]:
@@ -299,17 +328,15 @@ def take_requests(requests: dict, rows: np.ndarray) -> dict:
 
 
 class ResolveRandomNext(BuildsInstances):
-    """(unit, [requests]) -> (group, batch): B drawn from the requested documents of the unit's buckets, one bucket
-    loaded at a time."""
+    """(range of units, [requests]) -> (transport group, batch): B drawn from the requested documents of the range's
+    buckets, one bucket loaded at a time."""
 
     def process(self, element):
         _, refs = element
         requests = merge_requests([handoff.receive(ref) for ref in refs])
-        buckets = self._locate(requests["targets"])[0]
         pending = []
-        for bucket in np.unique(buckets):
+        for bucket, rows in split_by(self._locate(requests["targets"])[0]):
             loaded = docstore.load_bucket(self._work, int(bucket))
-            rows = np.flatnonzero(buckets == bucket)
             rows = rows[self._by_group(requests["keys"].take(rows))]
             for start in range(0, len(rows), CHUNK_ROWS):
                 self._resolve(loaded, int(bucket), take_requests(requests, rows[start:start + CHUNK_ROWS]), pending)
@@ -333,7 +360,7 @@ class ResolveRandomNext(BuildsInstances):
 
 class CreateInstances(beam.PTransform):
     """Units of this part (runs of document buckets) -> instances written as pieces by key range, random next
-    resolved by a join keyed by the unit of B's document.
+    resolved by a join keyed by the range of units that holds B's document.
 
     With ``spread`` (the default) the units are redistributed over the runner's workers first; without it
     they stay where they are, for a caller that hands each pipeline its own units (the local process pool).

@@ -225,3 +225,45 @@ def test_units_of_several_buckets_send_one_batch_per_group_and_change_no_instanc
     # Flushing after every bucket (as a unit larger than FLUSH_ROWS does) changes nothing either.
     monkeypatch.setattr(transforms, "FLUSH_ROWS", 1)
     assert _run_create_instances(small_store, bert_vocab, cfg, units=[0]) == per_bucket
+
+
+def _pieces_by_group(work: str, group_bits: int) -> dict[int, list[dict]]:
+    """Every key-range group's rows in key order, from the pieces of part 0."""
+    found = {}
+    for group in range(1 << group_bits):
+        uri = shards.piece_uri(work, group, 0)
+        if storage.exists(uri):
+            found[group] = shards.sort_by_key(docstore.read_table(uri)).to_pylist()
+    return found
+
+
+def test_many_groups_and_units_cross_the_groupbykeys_in_few_batches_and_change_no_instance(small_store, bert_vocab,
+                                                                                            monkeypatch):
+    # Key-range groups and units grow with the corpus. Cut by every group and every target unit, a flush and a
+    # unit's requests came a row or two per batch at full scale; they cross the GroupByKeys by transport group and
+    # join range instead, and WritePieceGroup still writes one piece per key-range group.
+    cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2)
+    index = storage.read_json(f"{small_store}/{transforms.INDEX_NAME}")
+    storage.write_json(f"{small_store}/{transforms.INDEX_NAME}", {**index, "group_bits": 6, "unit_bits": 1})
+    _run_create_instances(small_store, bert_vocab, cfg)
+    fine = _pieces_by_group(small_store, 6)
+    planned = sum(storage.read_json(f"{small_store}/planned/b{b:06d}.json")["instances"] for b in (0, 1))
+    assert len(fine) > 16 and sum(map(len, fine.values())) == planned > 40
+
+    monkeypatch.setattr(transforms, "TRANSPORT_GROUP_BITS", 1)
+    monkeypatch.setattr(transforms, "JOIN_RANGE_BITS", 0)
+    dofn = transforms.PlanAndBuildInstances(str(bert_vocab), small_store, cfg, 7)
+    dofn.setup()
+    sent = [item for unit in (0, 1) for item in dofn.process(unit)]
+    done = [group for tag, (group, _) in sent if tag == "done"]
+    requests = [target for tag, (target, _) in sent if tag == "request"]
+    assert sorted(set(done)) == [0, 1] and len(done) == 4  # two transport groups a unit, not 64 groups
+    assert requests == [0, 0]  # one join range for both units' requests
+    resolve = transforms.ResolveRandomNext(str(bert_vocab), small_store, cfg, 7)
+    resolve.setup()
+    resolved = [group for group, _ in resolve.process((0, [payload for tag, (_, payload) in sent if tag == "request"]))]
+    assert sorted(resolved) == [0, 1]
+
+    storage.remove_tree(f"{small_store}/pieces")
+    _run_create_instances(small_store, bert_vocab, cfg)
+    assert _pieces_by_group(small_store, 6) == fine  # each piece holds its own key-range group, all of it

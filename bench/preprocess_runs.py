@@ -46,19 +46,22 @@ def mib(n: float) -> float:
     return round(n / 2**20, 1)
 
 
-def pipeline_cmd(setting: Setting, output: Path, args: list[str]) -> list[str]:
-    """``python -m preprocess run`` of the benchmark's config on its inputs, with Beam's ``args``."""
+def pipeline_cmd(setting: Setting, output: Path, args: list[str], launcher: list[str] | None = None) -> list[str]:
+    """``python -m preprocess run`` (or ``launcher`` + ``run``) of the benchmark's config on its inputs, with Beam's
+    ``args``."""
     inputs = setting.inputs
-    return [sys.executable, "-m", "preprocess", "run", "--config", CONFIG, "--wikipedia", *inputs["wiki"],
-            "--books", *inputs["books"], "--tokenizer", str(setting.tokenizer), "--output", str(output), "--overwrite",
-            *args]
+    return [*(launcher or [sys.executable, "-m", "preprocess"]), "run", "--config", CONFIG,
+            "--wikipedia", *inputs["wiki"], "--books", *inputs["books"], "--tokenizer", str(setting.tokenizer),
+            "--output", str(output), "--overwrite", *args]
 
 
-def run_pipeline(setting: Setting, output: Path, args: list[str], log: Path, tree: Path = REPO) -> dict:
-    """One measured ``python -m preprocess run`` (of ``tree``'s code), with its manifest's figures."""
+def run_pipeline(setting: Setting, output: Path, args: list[str], log: Path, tree: Path = REPO,
+                 launcher: list[str] | None = None) -> dict:
+    """One measured ``python -m preprocess run`` (of ``tree``'s code; started by ``launcher`` where given), with its
+    manifest's figures."""
     shutil.rmtree(output, ignore_errors=True)   # not part of the measured run
     load_before = wait_for_quiet(setting.quiet_wait)
-    result = run_measured(pipeline_cmd(setting, output, args), log, cwd=tree)
+    result = run_measured(pipeline_cmd(setting, output, args, launcher), log, cwd=tree)
     result["foreign_load_before_cores"] = load_before
     result["contended"] = result["foreign_load_cores"] > CONTENDED_LOAD
     manifest = json.loads((output / "manifest.json").read_text())
@@ -70,6 +73,7 @@ def run_pipeline(setting: Setting, output: Path, args: list[str], log: Path, tre
         "instances": summary["instances"],
         "instance_tokens": summary["instance_tokens"],
         "parts": manifest["parameters"]["parts"],
+        "layout": manifest["layout"],
         "shard_sha256": [s["sha256"] for s in manifest["shards"]],
     })
     result["cpu_accounting_check"] = cpu_check(result)

@@ -116,25 +116,36 @@ class IndexCorpus(beam.PTransform):
 
 
 def plan_shards(work: str, cfg: OutputConfig) -> list[int]:
-    """Rows per key-range group over all parts -> shard_plan.json; checks nothing was lost on the way."""
+    """Rows per key-range group over all parts, and where their pieces are -> shard_plan.json; checks nothing was
+    lost on the way."""
     group_bits = storage.read_json(storage.join(work, INDEX_NAME))["group_bits"]
     group_rows = [0] * (1 << group_bits)
-    for uri, meta in read_metas(storage.join(work, "pieces")).items():
-        group_rows[int(uri.replace("\\", "/").split("/")[-2][1:])] += meta["rows"]
+    layouts = set()
+    for meta in read_metas(storage.join(work, "pieces")).values():
+        layouts.add((meta["group_bits"], meta["transport_bits"]))
+        for group, rows in meta["groups"]:
+            group_rows[group] += rows
+    if len(layouts) > 1 or any(bits != group_bits for bits, _ in layouts):
+        raise RuntimeError(f"the pieces under {storage.join(work, 'pieces')} were cut by different layouts "
+                           f"({sorted(layouts)}, the index has {group_bits} group bits): they come from different "
+                           "runs or versions, so nothing is published; rerun the instances step of every part")
+    transport_shift = group_bits - next(iter(layouts))[1] if layouts else 0
     total = sum(group_rows)
     planned = sum(m["instances"] for m in read_metas(storage.join(work, "planned")).values())
     if planned != total:
         raise RuntimeError(f"{planned} instances were planned but {total} written: the runner lost or "
                            "duplicated elements, so nothing is published")
     num_shards = cfg.num_shards or max(1, math.ceil(total / cfg.target_rows_per_shard))
-    storage.write_json(storage.join(work, SHARD_PLAN_NAME), {"group_rows": group_rows, "num_shards": num_shards})
+    storage.write_json(storage.join(work, SHARD_PLAN_NAME), {"group_rows": group_rows, "num_shards": num_shards,
+                                                             "transport_shift": transport_shift})
     return list(range(num_shards))
 
 
 def write_shard(work: str, output_dir: str, shard: int, output_schema: pa.Schema) -> str:
     """Assemble shard ``shard`` of the shard plan and record its manifest entry; returns its name."""
     plan = storage.read_json(storage.join(work, SHARD_PLAN_NAME))
-    entry = shards.assemble_shard(work, output_dir, shard, plan["num_shards"], plan["group_rows"], output_schema)
+    entry = shards.assemble_shard(work, output_dir, shard, plan["num_shards"], plan["group_rows"], output_schema,
+                                  transport_shift=plan["transport_shift"])
     storage.write_json(storage.join(work, "shards", f"s{shard:06d}.json"), entry)
     return entry["name"]
 

@@ -108,34 +108,35 @@ class CountBucket(beam.DoFn):
 
 
 class WritePieceGroup(beam.DoFn):
-    """(transport group, [record batches]) -> pieces/gNNNNNN/pPPPP.arrow + .json (rows, statistics) for each
-    key-range group of the transport group that has rows. Rows of a group stay in arrival order: the shard sorts
-    the group by key (with the other parts' pieces), whatever the order here."""
+    """(transport group, [record batches]) -> pieces/tNNNNNN/pPPPP.arrow + .json: this part's rows of the transport
+    group, group after group (``shards.write_piece``; the json says where each key-range group's rows are, and has
+    the piece's statistics). Within a group, rows stay in arrival order: the shard sorts the group by key (with the
+    other parts' pieces), whatever the order here.
 
-    def __init__(self, work: str, part: int, vocab_size: int, mask_id: int):
+    Args:
+        most_transport_bits: ``preprocess.transforms.TRANSPORT_GROUP_BITS``, as the batches were keyed by it.
+    """
+
+    def __init__(self, work: str, part: int, vocab_size: int, mask_id: int, most_transport_bits: int):
         self._work, self._part, self._vocab_size, self._mask_id = work, part, vocab_size, mask_id
+        self._most_transport_bits = most_transport_bits
         self._group_bits = None
 
     def process(self, element):
-        _, batches = element
+        transport, batches = element
         if self._group_bits is None:  # the index is written before the instance stage starts
             self._group_bits = storage.read_json(storage.join(self._work, INDEX_NAME))["group_bits"]
         received = (handoff.receive(b) for b in batches)
-        # As one chunk: the batches come many to a group (one per transport group of each flush of each DoFn), and
+        # As one chunk: the batches come many to a piece (one per transport group of each flush of each DoFn), and
         # as record batches of a piece their metadata would outweigh their rows, on disk and when a shard reads it.
         table = pa.Table.from_batches([b if isinstance(b, pa.RecordBatch) else shards.from_ipc(b) for b in received])
-        groups = shards.group_of_keys(table.column("order_key").to_numpy(), self._group_bits)
-        if not len(groups):
+        if not table.num_rows:
             return
-        if groups.min() != groups.max():
-            order = np.argsort(groups, kind="stable")
-            table, groups = table.take(order), groups[order]
+        groups = shards.group_of_keys(table.column("order_key").to_numpy(), self._group_bits)
+        if np.any(np.diff(groups) < 0):
+            table = table.take(np.argsort(groups, kind="stable"))
         table = table.combine_chunks()
-        bounds = np.flatnonzero(np.diff(groups)) + 1
-        for start, end in zip([0, *bounds.tolist()], [*bounds.tolist(), len(groups)]):
-            group, rows = int(groups[start]), table.slice(start, end - start)
-            uri = shards.piece_uri(self._work, group, self._part)
-            docstore.write_table(uri, rows)
-            storage.write_json(uri[:-len(".arrow")] + ".json",
-                               {"rows": rows.num_rows, "stats": shards.instance_stats(rows, self._mask_id)})
-            yield group
+        shards.write_piece(self._work, transport, self._part, table, self._group_bits,
+                           transport_bits(self._group_bits, self._most_transport_bits),
+                           shards.instance_stats(table, self._mask_id))
+        yield transport

@@ -26,7 +26,7 @@ from preprocess.packing import (
     stream_order,
     stream_pieces,
 )
-from preprocess.transforms import CHUNK_ROWS, BuildsInstances, unit_buckets
+from preprocess.transforms import CHUNK_ROWS, TRANSPORT_GROUP_BITS, BuildsInstances, unit_buckets
 
 
 class BuildPackedInstances(BuildsInstances):
@@ -150,7 +150,7 @@ class CreatePackedInstances(beam.PTransform):
             units = units | "Spread" >> beam.Reshuffle()
         return (units | "Pack" >> beam.ParDo(BuildPackedInstances(*self._args)) | "ByGroup" >> beam.GroupByKey()
                 | "WritePieces" >> beam.ParDo(WritePieceGroup(self._work, self._part, self._vocab_size,
-                                                              self._mask_id)))
+                                                              self._mask_id, TRANSPORT_GROUP_BITS)))
 
 
 __all__ = ["BuildPackedInstances", "CreatePackedInstances"]

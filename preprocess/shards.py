@@ -3,9 +3,11 @@
 Every instance carries a 128-bit shuffle key derived from (seed, document, duplicate, index). The
 global order of the dataset is the key order, so shard ``s`` of ``S`` holds the rows ranked
 ``[s*R//S, (s+1)*R//S)``: shards are equal to within one row, and every shard is a uniformly
-random sample of the corpus in random order. Pieces are the rows of one key-range group from one
-part, so a shard is assembled from the few groups that overlap its rank range (each sorted by key
-as it is read) one group at a time: memory is bounded by a group, not by a shard.
+random sample of the corpus in random order. A piece holds the rows of one transport group (a run of
+adjacent key-range groups, ``preprocess.transforms.TRANSPORT_GROUP_BITS``) from one part, group after
+group, and its metadata says where each group's rows are; a shard is assembled from the few groups that
+overlap its rank range (each sorted by key as it is read) one group at a time: memory is bounded by a
+group, not by a shard (the pieces are memory-mapped).
 """
 from __future__ import annotations
 
@@ -23,8 +25,25 @@ from preprocess.docstore import read_table, write_table
 
 HISTOGRAM_BIN = 16  # sequence-length histogram bin width, in tokens
 
-def piece_uri(work: str, group: int, part: int) -> str:
-    return storage.join(work, "pieces", f"g{group:06d}", f"p{part:04d}.arrow")
+def piece_uri(work: str, transport: int, part: int) -> str:
+    return storage.join(work, "pieces", f"t{transport:06d}", f"p{part:04d}.arrow")
+
+
+def write_piece(work: str, transport: int, part: int, table: pa.Table, group_bits: int, transport_bits: int,
+                stats: dict | None = None) -> list[int]:
+    """Write ``table`` (rows of transport group ``transport``, group after group in key-range group order) as the
+    piece of ``part``, and its metadata: rows, each group's row count in file order, the layout's bits and
+    ``stats``. Returns the groups it holds."""
+    groups = group_of_keys(table.column("order_key").to_numpy(), group_bits)
+    if np.any(np.diff(groups) < 0) or np.any(groups >> (group_bits - transport_bits) != transport):
+        raise ValueError(f"piece of transport group {transport}: rows out of group order or of another group")
+    present, counts = np.unique(groups, return_counts=True)
+    uri = piece_uri(work, transport, part)
+    write_table(uri, table)
+    storage.write_json(uri[:-len(".arrow")] + ".json", {
+        "rows": table.num_rows, "groups": [[int(g), int(n)] for g, n in zip(present, counts)],
+        "group_bits": group_bits, "transport_bits": transport_bits, "stats": stats or {}})
+    return present.tolist()
 
 
 def _ragged(flat: np.ndarray, lengths: np.ndarray, value_type: pa.DataType) -> pa.Array:
@@ -145,14 +164,43 @@ def _overlapping_groups(group_rows: list[int], lo: int, hi: int):
         start = end
 
 
-def sorted_group(work: str, group: int) -> pa.Table:
+class PieceGroups:
+    """Key-range groups read from the pieces of every part, each sorted by key. The pieces of one transport group
+    are open at a time (memory-mapped where local): ask for groups in order and each piece is opened once."""
+
+    def __init__(self, work: str, transport_shift: int):
+        self._work, self._shift = work, transport_shift
+        self._transport, self._pieces = None, []
+
+    def _open(self, transport: int) -> None:
+        self._pieces = []
+        for uri in storage.list_files(storage.join(self._work, "pieces", f"t{transport:06d}")):
+            if uri.endswith(".arrow"):
+                meta = storage.read_json(uri[:-len(".arrow")] + ".json")
+                counts = np.array([n for _, n in meta["groups"]], np.int64)
+                starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+                where = {g: (int(start), int(n)) for (g, n), start in zip(meta["groups"], starts)}
+                self._pieces.append((read_table(uri), where))
+        self._transport = transport
+
+    def sorted(self, group: int) -> pa.Table:
+        """Group ``group``'s rows from all parts, sorted by key."""
+        if group >> self._shift != self._transport:
+            self._open(group >> self._shift)
+        slices = [table.slice(*where[group]) for table, where in self._pieces if group in where]
+        if not slices:
+            raise RuntimeError(f"no piece under {storage.join(self._work, 'pieces')} holds key-range group {group}: "
+                               "the work directory lost files; rerun the instances step")
+        return sort_by_key(pa.concat_tables(slices))
+
+
+def sorted_group(work: str, group: int, transport_shift: int = 0) -> pa.Table:
     """A key-range group's rows from all parts' pieces, sorted by key."""
-    present = [u for u in storage.list_files(storage.join(work, "pieces", f"g{group:06d}")) if u.endswith(".arrow")]
-    return sort_by_key(pa.concat_tables([read_table(u) for u in present]))
+    return PieceGroups(work, transport_shift).sorted(group)
 
 
-def _write_shard_file(path: str, work: str, lo: int, hi: int, group_rows: list[int], output_schema: pa.Schema,
-                      batch_rows: int) -> dict:
+def _write_shard_file(path: str, pieces: PieceGroups, lo: int, hi: int, group_rows: list[int],
+                      output_schema: pa.Schema, batch_rows: int) -> dict:
     """Write the rows ranked ``[lo, hi)`` as an Arrow IPC file at ``path``, one key-range group at a time: a group
     is read, sorted, written and dropped before the next is read, so memory is bounded by a group, not by the
     shard. Returns rows, tokens, sha256 of the file's bytes and its size.
@@ -169,7 +217,7 @@ def _write_shard_file(path: str, work: str, lo: int, hi: int, group_rows: list[i
     pool.release_unused()
     with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, output_schema) as writer:
         for group, first, count in _overlapping_groups(group_rows, lo, hi):
-            table = sorted_group(work, group).slice(first, count)
+            table = pieces.sorted(group).slice(first, count)
             table = pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in output_schema],
                                          schema=output_schema)
             writer.write_table(table, max_chunksize=batch_rows)
@@ -185,12 +233,13 @@ def _write_shard_file(path: str, work: str, lo: int, hi: int, group_rows: list[i
 
 
 def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, group_rows: list[int],
-                   output_schema: pa.Schema, batch_rows: int = 4096) -> dict:
+                   output_schema: pa.Schema, batch_rows: int = 4096, transport_shift: int = 0) -> dict:
     """Write shard ``shard`` from the key-range groups that overlap its rank range, one group at a time.
 
     Args:
         group_rows: rows per key-range group over all parts, in key order.
         output_schema: the final schema (provenance columns present or not).
+        transport_shift: bits of a key-range group's number below its transport group's (where its pieces are).
     Returns:
         The shard's manifest entry: name, rows, sha256, bytes, tokens.
     """
@@ -201,16 +250,19 @@ def assemble_shard(work: str, output_dir: str, shard: int, num_shards: int, grou
         # The output directory is already a staging area (published by renaming it): write in place.
         final = storage.local_path(target)
         partial = f"{final}.partial"
-        written = _write_shard_file(partial, work, lo, hi, group_rows, output_schema, batch_rows)
+        written = _write_shard_file(partial, PieceGroups(work, transport_shift), lo, hi, group_rows, output_schema,
+                                    batch_rows)
         os.replace(partial, final)
     else:
         # Write locally first so the checksum is of the exact bytes that are uploaded.
         with tempfile.TemporaryDirectory(prefix="shard-") as tmp:
             local = os.path.join(tmp, name)
-            written = _write_shard_file(local, work, lo, hi, group_rows, output_schema, batch_rows)
+            written = _write_shard_file(local, PieceGroups(work, transport_shift), lo, hi, group_rows,
+                                        output_schema, batch_rows)
             storage.upload_file(local, target)
     return {"name": name, **written}
 
 
-__all__ = ["assemble_shard", "from_ipc", "group_of_keys", "instance_batch", "instance_stats", "merge_counts",
-           "piece_uri", "shard_bounds", "shard_name", "sort_by_key", "sorted_group", "to_ipc", "write_table"]
+__all__ = ["PieceGroups", "assemble_shard", "from_ipc", "group_of_keys", "instance_batch", "instance_stats",
+           "merge_counts", "piece_uri", "shard_bounds", "shard_name", "sort_by_key", "sorted_group", "to_ipc",
+           "write_piece", "write_table"]

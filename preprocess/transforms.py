@@ -32,6 +32,7 @@ from preprocess.file_dofns import (
 )
 from preprocess.instances import InstancePlan, plan_instances, plan_sop_instances
 from preprocess.records import RawDocument, Rejected
+from preprocess.requests import merge_requests, split_by, take_requests
 
 CHUNK_ROWS = 8192  # instances finalised at once (bounds the masking matrices)
 # Finished instances a DoFn of the instance stage holds before it sends them on as one record batch per transport
@@ -61,14 +62,6 @@ def join_range_shift(index: dict) -> int:
     """Bits of a unit's index below its range of the random-next join (at most ``2**JOIN_RANGE_BITS`` ranges)."""
     bucket_bits = (len(index["bucket_offsets"]) - 1).bit_length() - 1
     return max(0, bucket_bits - unit_shift(index) - JOIN_RANGE_BITS)
-
-
-def split_by(values: np.ndarray):
-    """(value, the indices where ``values`` holds it, in order) for each distinct value, in ascending order."""
-    order = np.argsort(values, kind="stable")
-    bounds = np.flatnonzero(np.diff(values[order])) + 1
-    for rows in np.split(order, bounds) if len(order) else []:
-        yield values[rows[0]], rows
 
 
 def unit_buckets(index: dict, unit: int) -> list[int]:
@@ -148,6 +141,7 @@ class BuildsInstances(_UsesTokenizer):
         self._work, self._cfg, self._seed, self._provenance = work, cfg, seed, provenance
         self._lot = lot
         self._index = None
+        self._most_transport_bits = TRANSPORT_GROUP_BITS  # as WritePieceGroup is told (it cuts what is sent)
         self._instances = Metrics.counter("preprocess", "instances")
 
     def setup(self):
@@ -195,7 +189,7 @@ class BuildsInstances(_UsesTokenizer):
         concatenated; see ``TRANSPORT_GROUP_BITS``); empties ``pending``. A batch's rows are in key-range group
         order (``_by_group``), so each transport group is a contiguous slice of it."""
         by_group: dict[int, list[pa.RecordBatch]] = {}
-        bits = transport_bits(self._group_bits(), TRANSPORT_GROUP_BITS)
+        bits = transport_bits(self._group_bits(), self._most_transport_bits)
         for batch in pending:
             groups = shards.group_of_keys(batch.column(batch.schema.get_field_index("order_key")).to_numpy(), bits)
             bounds = np.flatnonzero(np.diff(groups)) + 1
@@ -310,23 +304,6 @@ class PlanAndBuildInstances(BuildsInstances):
 _A_START, _A_END, _B_START, _B_END, _IS_RANDOM, _TARGET_B_LENGTH, _RANDOM_DOC, _SWAPPED = range(1, 9)
 
 
-def merge_requests(requests: list[dict]) -> dict:
-    """Random-next requests (a row each: keys, target document, B's length, segment A's tokens) as one."""
-    return {"keys": InstanceKeys.concat([r["keys"] for r in requests]),
-            **{name: np.concatenate([r[name] for r in requests])
-               for name in ("targets", "target_b_length", "a_tokens", "a_lengths")},
-            "doc_a": None if requests[0]["doc_a"] is None else [doc for r in requests for doc in r["doc_a"]]}
-
-
-def take_requests(requests: dict, rows: np.ndarray) -> dict:
-    """The ``rows`` of merged requests."""
-    lengths = requests["a_lengths"]
-    return {"keys": requests["keys"].take(rows), "targets": requests["targets"][rows],
-            "target_b_length": requests["target_b_length"][rows], "a_lengths": lengths[rows],
-            "a_tokens": requests["a_tokens"][ragged_arange((np.cumsum(lengths) - lengths)[rows], lengths[rows])],
-            "doc_a": None if requests["doc_a"] is None else [requests["doc_a"][i] for i in rows.tolist()]}
-
-
 class ResolveRandomNext(BuildsInstances):
     """(range of units, [requests]) -> (transport group, batch): B drawn from the requested documents of the range's
     buckets, one bucket loaded at a time."""
@@ -387,7 +364,7 @@ class CreateInstances(beam.PTransform):
                     | "Resolve" >> beam.ParDo(ResolveRandomNext(*self._args)))
         return ((done, resolved) | beam.Flatten() | "ByGroup" >> beam.GroupByKey()
                 | "WritePieces" >> beam.ParDo(WritePieceGroup(self._work, self._part, self._vocab_size,
-                                                              self._mask_id)))
+                                                              self._mask_id, TRANSPORT_GROUP_BITS)))
 
 
 class BuildDocumentStore(beam.PTransform):

@@ -22,7 +22,7 @@ VOCAB = 1000
 GROUP_BITS = 3
 
 
-def _piece(rng: np.random.Generator, group: int, rows: int) -> pa.Table:
+def _piece(rng: np.random.Generator, group: int, rows: int, group_bits: int = GROUP_BITS) -> pa.Table:
     """``rows`` random instances whose keys fall in key-range group ``group``."""
     lengths = rng.integers(8, 40, rows)
     counts = np.minimum(lengths // 4, 5)
@@ -30,18 +30,26 @@ def _piece(rng: np.random.Generator, group: int, rows: int) -> pa.Table:
         input_ids=rng.integers(0, VOCAB, int(lengths.sum())).astype(np.uint16), lengths=lengths,
         segment_a_len=lengths // 2, masked_positions=rng.integers(1, 8, int(counts.sum())), masked_counts=counts,
         masked_labels=rng.integers(0, VOCAB, int(counts.sum())).astype(np.uint16), truncated=rng.random(rows) < 0.1)
-    order = (np.uint64(group) << np.uint64(64 - GROUP_BITS)) | rng.integers(0, 1 << 60, rows).astype(np.uint64)
+    low = rng.integers(0, 1 << (64 - group_bits), rows, dtype=np.uint64)
+    order = (np.uint64(group) << np.uint64(64 - group_bits)) | low
     keys = InstanceKeys(random=order, order=order, tiebreak=rng.integers(0, 1 << 62, rows).astype(np.uint64))
     batch = shards.instance_batch(finalized, keys, rng.integers(0, 2, rows).astype(np.int8), None, None, VOCAB)
     return pa.Table.from_batches([batch])
 
 
-def _write_pieces(work, rows_per_piece: list[list[int]], seed: int = 0) -> list[int]:
-    """Pieces of every (group, part), written in small record batches; returns the rows per group."""
+def _write_pieces(work, rows_per_piece: list[list[int]], seed: int = 0, group_bits: int = GROUP_BITS,
+                  transport_bits: int = GROUP_BITS) -> list[int]:
+    """The pieces of every (transport group, part), each of several record batches (one or more per group);
+    ``rows_per_piece[group][part]`` rows of each group from each part. Returns the rows per group."""
     rng = np.random.default_rng(seed)
+    tables: dict[tuple[int, int], list[pa.Table]] = {}
     for group, parts in enumerate(rows_per_piece):
         for part, rows in enumerate(parts):
-            shards.write_table(shards.piece_uri(str(work), group, part), _piece(rng, group, rows), batch_rows=7)
+            if rows:
+                transport = group >> (group_bits - transport_bits)
+                tables.setdefault((transport, part), []).append(_piece(rng, group, rows, group_bits))
+    for (transport, part), pieces in tables.items():
+        shards.write_piece(str(work), transport, part, pa.concat_tables(pieces), group_bits, transport_bits)
     return [sum(parts) for parts in rows_per_piece]
 
 
@@ -49,7 +57,8 @@ def _output_schema() -> pa.Schema:
     return schema.instance_schema(VOCAB, provenance=False, metadata={"max_seq_length": 40})
 
 
-def _whole_table_sha256(work, shard: int, num_shards: int, group_rows: list[int], batch_rows: int) -> str:
+def _whole_table_sha256(work, shard: int, num_shards: int, group_rows: list[int], batch_rows: int,
+                        transport_shift: int) -> str:
     """The shard written as it was before streaming: every overlapping group sorted and sliced, concatenated,
     cast, then cut into record batches at once."""
     lo, hi = shards.shard_bounds(shard, num_shards, sum(group_rows))
@@ -58,7 +67,8 @@ def _whole_table_sha256(work, shard: int, num_shards: int, group_rows: list[int]
         end = start + rows
         if rows and end > lo and start < hi:
             first = max(lo - start, 0)
-            tables.append(shards.sorted_group(str(work), group).slice(first, min(hi, end) - start - first))
+            tables.append(shards.sorted_group(str(work), group, transport_shift)
+                          .slice(first, min(hi, end) - start - first))
         start = end
     whole = pa.concat_tables(tables)
     out = _output_schema()
@@ -70,20 +80,23 @@ def _whole_table_sha256(work, shard: int, num_shards: int, group_rows: list[int]
     return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
 
 
+@pytest.mark.parametrize("transport_bits", [GROUP_BITS, 1])
 @pytest.mark.parametrize("num_shards, batch_rows", [(1, 16), (3, 16), (4, 50), (5, 4096)])
-def test_streamed_shards_are_the_bytes_of_the_whole_table(tmp_path, num_shards, batch_rows):
+def test_streamed_shards_are_the_bytes_of_the_whole_table(tmp_path, num_shards, batch_rows, transport_bits):
     # Groups of 30-90 rows from 3 parts (one group empty, one in a single part): shards start and end inside
-    # groups, and batches of 16 rows do not divide a group.
+    # groups, and batches of 16 rows do not divide a group. A piece per group, or per run of four groups.
     group_rows = _write_pieces(tmp_path / "work", [[10, 20, 30], [0, 0, 0], [45, 0, 0], [25, 25, 25],
-                                                   [1, 2, 3], [40, 30, 20], [33, 0, 11], [5, 6, 7]])
+                                                   [1, 2, 3], [40, 30, 20], [33, 0, 11], [5, 6, 7]],
+                               transport_bits=transport_bits)
     out = _output_schema()
+    shift = GROUP_BITS - transport_bits
     total_rows = total_tokens = 0
     for shard in range(num_shards):
         entry = shards.assemble_shard(str(tmp_path / "work"), str(tmp_path / "out"), shard, num_shards, group_rows,
-                                      out, batch_rows=batch_rows)
+                                      out, batch_rows=batch_rows, transport_shift=shift)
         path = tmp_path / "out" / entry["name"]
         assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() == _whole_table_sha256(
-            tmp_path / "work", shard, num_shards, group_rows, batch_rows)
+            tmp_path / "work", shard, num_shards, group_rows, batch_rows, shift)
         reader = ipc.open_file(str(path))
         table = reader.read_all()
         assert reader.schema == out and entry["rows"] == table.num_rows and entry["bytes"] == path.stat().st_size
@@ -106,21 +119,22 @@ import json, sys
 import pyarrow as pa
 from preprocess import shards
 work, out, group_rows, schema = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), pa.ipc.read_schema(sys.argv[4])
-entry = shards.assemble_shard(work, out, 0, 1, group_rows, schema)
+entry = shards.assemble_shard(work, out, 0, 1, group_rows, schema, transport_shift=int(sys.argv[5]))
 print(json.dumps({"arrow_peak": pa.default_memory_pool().max_memory(), "bytes": entry["bytes"]}))
 """
 
 
 def test_memory_is_bounded_by_a_group_not_by_the_shard(tmp_path):
-    # 24 groups of 1,500 rows from 4 parts in one shard: Arrow's peak allocation (in a fresh process, so that it
-    # counts this shard alone) stays within a few groups' size; the whole shard's table would take over 20.
-    rows_per_piece = [[375] * 4 for _ in range(24)]
-    group_rows = _write_pieces(tmp_path / "work", rows_per_piece, seed=1)
-    group_bytes = max(shards.sorted_group(str(tmp_path / "work"), g).nbytes for g in range(len(group_rows)))
+    # 24 groups of 1,500 rows from 4 parts in one shard, in pieces of 8 groups each: Arrow's peak allocation (in a
+    # fresh process, so that it counts this shard alone) stays within a few groups' size; the whole shard's table
+    # would take over 20.
+    rows_per_piece = [[375] * 4 for _ in range(24)] + [[0] * 4] * 8
+    group_rows = _write_pieces(tmp_path / "work", rows_per_piece, seed=1, group_bits=5, transport_bits=2)
+    group_bytes = max(shards.sorted_group(str(tmp_path / "work"), g, 3).nbytes for g in range(24))
     schema_file = tmp_path / "schema.arrow"
     schema_file.write_bytes(_output_schema().serialize().to_pybytes())
     proc = subprocess.run([sys.executable, "-c", _PEAK_OF_ONE_SHARD, str(tmp_path / "work"), str(tmp_path / "out"),
-                           json.dumps(group_rows), str(schema_file)], cwd=REPO_ROOT, capture_output=True, text=True,
+                           json.dumps(group_rows), str(schema_file), "3"], cwd=REPO_ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, check=True)
     measured = json.loads(proc.stdout.splitlines()[-1])
     assert measured["bytes"] > 15 * group_bytes

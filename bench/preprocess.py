@@ -1,7 +1,7 @@
 """Benchmark of the preprocessing stage (the Apache Beam job) on the real shared data, at scale.
 
     python -m bench.preprocess [--quick] [--copies 8] [--reps 3] [--work DIR] [--data DIR] [--results DIR]
-    python -m bench.preprocess --against REF [--label NAME] [--pairs 3]
+    python -m bench.preprocess --against REF [--label NAME] [--pairs 3] [--extra='--parts 16']
 
 By default the input is the shared data (the Wikipedia dump slice and the books) copied 8 times with distinct
 document ids (``bench.preprocess_inputs``): about 56 MiB, where the interpreter's start-up and imports are a few
@@ -26,8 +26,9 @@ percent of a run. ``--quick``: the shared data once (about 2 minutes). Measured 
    127.0.0.1, started for the run; CPU summed over scheduler, workers and driver; the shards must be byte-identical.
 
 ``--against REF`` measures instead paired runs (1 and 2 workers, alternating) of this tree and of REF (a git
-commit or a directory holding ``preprocess/``, ``common/`` and ``configs/``), and adds them to the results file under
-``comparisons.NAME``: how a change measured at scale (``bench.preprocess_compare``).
+commit or a directory holding ``preprocess/``, ``common/`` and ``configs/``), each with the ``--extra`` pipeline
+arguments too, and adds them to the results file under ``comparisons.NAME``: how a change measured at scale
+(``bench.preprocess_compare``).
 
 Writes ``bench/results/preprocess-<machine>.json`` (``--results`` another directory) and prints a summary
 (``bench.preprocess_report``). Run it alone on the machine (other processes' CPU during each run is recorded, and
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -45,7 +47,13 @@ from bench import record
 from bench.preprocess_budget import budget_at_scale, budget_run, describe_budget
 from bench.preprocess_compare import compare
 from bench.preprocess_dask import dask_run
-from bench.preprocess_inputs import VOCAB_SIZE, describe_inputs, make_copies, prepare_tokenizer, real_inputs
+from bench.preprocess_inputs import (
+    VOCAB_SIZE,
+    describe_inputs,
+    make_copies,
+    prepare_tokenizer,
+    real_inputs,
+)
 from bench.preprocess_report import (
     BUDGETS,
     METHOD,
@@ -58,7 +66,16 @@ from bench.preprocess_report import (
     print_summary,
     targets,
 )
-from bench.preprocess_runs import CONFIG, MODES, QUIET_WAIT, Setting, irreducible, mib, run_pipeline, startup_cost
+from bench.preprocess_runs import (
+    CONFIG,
+    MODES,
+    QUIET_WAIT,
+    Setting,
+    irreducible,
+    mib,
+    run_pipeline,
+    startup_cost,
+)
 
 MEASURED_CODE = ("preprocess/**/*.py", "configs/preprocess/*.yaml")   # a change mid-run is flagged
 SEPARATE_SECTIONS = ("memory_calibration", "memory_stages", "profile_8x_workers_1")  # results not written here
@@ -75,6 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--against", metavar="REF", help="only paired runs against REF (a commit or a directory)")
     parser.add_argument("--label", help="name of the --against comparison in the results (default: REF)")
     parser.add_argument("--pairs", type=int, default=3, help="pairs per mode with --against (default 3)")
+    parser.add_argument("--extra", default="", metavar="ARGS",
+                        help="more pipeline arguments for every --against run, e.g. --extra='--parts 16'")
     parser.add_argument("--work", type=Path, default=record.WORK / "preprocess",
                         help="scratch dir (default bench/work/preprocess)")
     parser.add_argument("--data", type=Path, default=record.SHARED_DATA,
@@ -184,7 +203,7 @@ def repetitions(setting: Setting, reps: int, say) -> tuple[list[dict], dict[str,
 def against(setting: Setting, args: argparse.Namespace, copies: int, previous: dict, out_file: Path, say) -> int:
     """``--against REF``: the paired comparison, added to the results file under ``comparisons.LABEL``."""
     label = args.label or args.against
-    result = compare(setting, args.against, args.pairs, say)
+    result = compare(setting, args.against, args.pairs, say, shlex.split(args.extra))
     result |= {"date": record.utc_now(), "copies": copies,
                "versions": record.versions(record.DISTRIBUTIONS["preprocess"], ("preprocess", "configs")),
                "note": args.note}

@@ -47,12 +47,15 @@ def pair_order(index: int, reference: Path) -> list[tuple[str, Path]]:
     return runs if index % 2 == 0 else runs[::-1]
 
 
-def compare(setting: Setting, ref: str, pairs: int, say) -> dict:
-    """Paired runs of this tree and of ``ref``, alternating, each pair in the other order than the one before (a run
-    that comes second is not always the same tree's); the median of the pairs' differences."""
+def compare(setting: Setting, ref: str, pairs: int, say, extra_args: list[str] = ()) -> dict:
+    """Paired runs of this tree and of ``ref`` (each with ``extra_args`` too), alternating, each pair in the other
+    order than the one before (a run that comes second is not always the same tree's); the median of the pairs'
+    differences."""
     tree, described = reference_tree(ref, setting.work)
-    out: dict = {"reference": described, "pairs": pairs, "input_bytes": describe_inputs(setting.inputs)["bytes"]}
-    for mode, args in MODES.items():
+    out: dict = {"reference": described, "pairs": pairs, "input_bytes": describe_inputs(setting.inputs)["bytes"],
+                 "extra_args": list(extra_args)}
+    for mode, mode_args in MODES.items():
+        args = [*mode_args, *extra_args]
         rows = []
         for i in range(pairs):
             pair = {}

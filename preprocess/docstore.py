@@ -4,11 +4,6 @@ Documents are partitioned into hash-range *buckets* (the top bits of ``document_
 preprocessing part writes at most one Arrow file per bucket, sorted by hash; reading a bucket merges
 those files. A document's *global index* is its rank in hash order over the whole corpus, which
 does not depend on how many parts or buckets the run used, so the output does not either.
-
-The index stage counts every bucket from its parts' files (``index_bucket``) and, where there are
-several, also writes the bucket merged (``MERGED``: global order, duplicate ids dropped), which the
-instance stage then loads instead: each of its parts loads most buckets of the corpus (random-next
-targets are anywhere), so without it a run of P parts opened and merged P files per bucket P times.
 """
 from __future__ import annotations
 
@@ -25,9 +20,6 @@ from common import schema, storage
 
 def bucket_of(doc_hash: int, bucket_bits: int) -> int:
     return doc_hash >> (64 - bucket_bits) if bucket_bits else 0
-
-
-MERGED = "merged.arrow"  # a bucket's parts' files as one, in global order, written by the index stage
 
 
 def bucket_dir(work: str, bucket: int) -> str:
@@ -114,26 +106,13 @@ class Bucket:
 _SORT_KEYS = [("doc_hash", "ascending"), ("doc_id", "ascending"), ("source", "ascending")]
 
 
-def _part_files(work: str, bucket: int) -> tuple[list[str], str | None]:
-    """(the parts' files of a bucket, its merged file or None)."""
-    files = [u for u in storage.list_files(bucket_dir(work, bucket)) if u.endswith(".arrow")]
-    merged = [u for u in files if u.replace("\\", "/").rsplit("/", 1)[-1] == MERGED]
-    return [u for u in files if u not in merged], (merged[0] if merged else None)
-
-
-def _ordered(work: str, bucket: int, columns: list[str] | None = None, use_merged: bool = True):
+def _ordered(work: str, bucket: int, columns: list[str] | None = None):
     """(a bucket's rows as its files hold them, the row order that puts them in global order (hash, id, source)
-    without duplicate ids, the document ids in that order, the dropped duplicates); a None table if empty. With
-    ``use_merged``, the merged file where there is one (in order already; its duplicates were reported when it
-    was written)."""
+    without duplicate ids, the document ids in that order, the dropped duplicates); a None table if empty."""
     # The instance stage loads buckets many times a second, and Arrow's allocator (mimalloc) keeps freed pages
     # resident for a second: without this, the buffers of the buckets loaded in that second would add up.
     pa.default_memory_pool().release_unused()
-    files, merged = _part_files(work, bucket)
-    if use_merged and merged is not None:
-        table = read_table(merged)
-        table = table.select(columns) if columns else table
-        return table, np.arange(table.num_rows), table.column("doc_id").to_pylist(), []
+    files = [u for u in storage.list_files(bucket_dir(work, bucket)) if u.endswith(".arrow")]
     if not files:
         return None, None, [], []
     tables = [read_table(u) for u in files]
@@ -151,22 +130,14 @@ def _ordered(work: str, bucket: int, columns: list[str] | None = None, use_merge
 
 
 def bucket_ids(work: str, bucket: int) -> tuple[list[str], list[tuple[str, str]]]:
-    """A bucket's document ids in global order and its dropped duplicates (from its parts' files), without
-    touching the tokens."""
-    _, _, doc_ids, duplicates = _ordered(work, bucket, ["doc_hash", "doc_id", "source"], use_merged=False)
+    """A bucket's document ids in global order and its dropped duplicates, without touching the tokens."""
+    _, _, doc_ids, duplicates = _ordered(work, bucket, ["doc_hash", "doc_id", "source"])
     return doc_ids, duplicates
 
 
-def index_bucket(work: str, bucket: int) -> tuple[int, int, list[tuple[str, str]]]:
-    """(bucket, documents after removing duplicate ids, the duplicates): one row of the corpus index, counted from
-    the parts' files. A bucket in several files is also written merged (``MERGED``), the same bytes whoever writes
-    it, so that several index builders (parts run as separate jobs) may race."""
-    files, _ = _part_files(work, bucket)
-    if len(files) < 2:
-        doc_ids, duplicates = bucket_ids(work, bucket)
-        return bucket, len(doc_ids), duplicates
-    table, order, doc_ids, duplicates = _ordered(work, bucket, use_merged=False)
-    write_table(storage.join(bucket_dir(work, bucket), MERGED), table.take(pa.array(order)))
+def bucket_count(work: str, bucket: int) -> tuple[int, int, list[tuple[str, str]]]:
+    """(bucket, documents after removing duplicate ids, the duplicates): one row of the corpus index."""
+    doc_ids, duplicates = bucket_ids(work, bucket)
     return bucket, len(doc_ids), duplicates
 
 

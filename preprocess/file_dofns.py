@@ -98,14 +98,13 @@ class WriteDocumentBucket(beam.DoFn):
 
 
 class CountBucket(beam.DoFn):
-    """bucket -> (bucket, documents after removing duplicate ids, duplicates); a bucket of several parts' files is
-    also written merged for the instance stage (``docstore.index_bucket``)."""
+    """bucket -> (bucket, documents after removing duplicate ids, duplicates)."""
 
     def __init__(self, work: str):
         self._work = work
 
     def process(self, bucket):
-        yield docstore.index_bucket(self._work, bucket)
+        yield docstore.bucket_count(self._work, bucket)
 
 
 class WritePieceGroup(beam.DoFn):

@@ -121,7 +121,7 @@ class Plan:
 
     def count_buckets(self, lo: int, hi: int) -> list[tuple]:
         """The index stage without Beam, first half: (bucket, documents, duplicate ids) of buckets ``[lo, hi)``."""
-        return [docstore.index_bucket(self.work, bucket) for bucket in range(lo, hi)]
+        return [docstore.bucket_count(self.work, bucket) for bucket in range(lo, hi)]
 
     def write_index(self, counts: list[tuple]) -> None:
         """The index stage without Beam, second half: every bucket's counts -> the corpus index."""

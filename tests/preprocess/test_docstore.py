@@ -56,42 +56,9 @@ def test_a_document_id_in_two_parts_is_kept_once_and_reported(tmp_path):
     assert loaded.duplicates == [(docs[2][1], "elsewhere.txt")]
     rank = loaded.doc_ids.index(docs[2][1])
     assert loaded.document(rank)[0].tobytes() == docs[2][3]  # the kept copy is the first source's (b2.txt < elsewhere)
-    assert docstore.index_bucket(work, 0) == (0, 6, [(docs[2][1], "elsewhere.txt")])
+    assert docstore.bucket_count(work, 0) == (0, 6, [(docs[2][1], "elsewhere.txt")])
 
 
 def test_an_empty_bucket_loads_as_no_documents(tmp_path):
     loaded = docstore.load_bucket(str(tmp_path), 5)
     assert len(loaded) == 0 and loaded.token_lengths.size == 0 and loaded.duplicates == []
-
-
-def _documents_of(loaded: docstore.Bucket) -> list[tuple]:
-    return [(doc_id, *(part.tobytes() for part in loaded.document(rank))) for rank, doc_id in enumerate(loaded.doc_ids)]
-
-
-def test_the_index_merges_a_bucket_of_several_files_into_the_same_documents(tmp_path):
-    rng = np.random.default_rng(5)
-    docs = [_document(rng, f"wiki:{i}", "dump.xml") for i in range(30)]
-    copy = _document(rng, docs[7][1], "other.xml")
-    work = str(tmp_path)
-    _write_parts(work, [docs[0::2], [copy, *docs[1::2]]])
-    before = docstore.load_bucket(work, 0)
-
-    assert docstore.index_bucket(work, 0) == (0, 30, [(docs[7][1], "other.xml")])
-
-    merged = docstore.read_table(f"{docstore.bucket_dir(work, 0)}/{docstore.MERGED}")
-    assert merged.num_rows == 30  # in global order, the duplicate dropped
-    after = docstore.load_bucket(work, 0)
-    assert _documents_of(after) == _documents_of(before) and after.doc_ids == before.doc_ids
-    # Counting again (another index builder) reads the parts' files, so it reports the same duplicate and writes
-    # the same bytes.
-    merged_bytes = (tmp_path / "docs" / "b000000" / docstore.MERGED).read_bytes()
-    assert docstore.index_bucket(work, 0) == (0, 30, [(docs[7][1], "other.xml")])
-    assert (tmp_path / "docs" / "b000000" / docstore.MERGED).read_bytes() == merged_bytes
-
-
-def test_a_bucket_in_one_file_is_not_merged(tmp_path):
-    rng = np.random.default_rng(6)
-    work = str(tmp_path)
-    _write_parts(work, [[_document(rng, f"wiki:{i}", "dump.xml") for i in range(5)]])
-    assert docstore.index_bucket(work, 0)[1] == 5
-    assert not (tmp_path / "docs" / "b000000" / docstore.MERGED).exists()

@@ -110,11 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{medians['reference']['cpu_s']:.3f} CPU-s, this tree {medians['this_tree']['cpu_s']:.3f} CPU-s "
                   f"({change:+.1%}); minor faults {medians['reference']['minor_faults']} -> "
                   f"{medians['this_tree']['minor_faults']}", flush=True)
-    machine = record.machine_info()
-    out_file = record.results_file(args.results, "preprocess", machine)
-    results = json.loads(out_file.read_text()) if out_file.exists() else {}
-    results.setdefault("comparisons", {})["docstore_load"] = out
-    record.write_json(out_file, results)
+    record.add_comparison(args.results, "preprocess", "docstore_load", out)
     return 0
 
 

@@ -20,7 +20,6 @@ runs the CLI (``EMULATE``): a benchmark device, not a setting of the pipeline. A
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -105,11 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{mib(medians['reference']['peak_tree_rss_bytes'])} MiB; this tree {medians['this_tree']['cpu_s']:.1f} "
         f"CPU-s, {mib(medians['this_tree']['peak_tree_rss_bytes'])} MiB; shards identical: "
         f"{out['shards_identical_between_trees']}")
-    machine = record.machine_info()
-    out_file = record.results_file(args.results, "preprocess", machine)
-    results = json.loads(out_file.read_text()) if out_file.exists() else {}
-    results.setdefault("comparisons", {})["full_scale_layout"] = out
-    record.write_json(out_file, results)
+    record.add_comparison(args.results, "preprocess", "full_scale_layout", out)
     return 0
 
 

@@ -113,6 +113,16 @@ def write_json(path: Path, value: dict) -> None:
     temporary.replace(path)
 
 
+def add_comparison(results: Path, benchmark: str, label: str, value: dict) -> Path:
+    """Adds ``value`` as ``comparisons.<label>`` of this machine's results file of ``benchmark``, keeping the rest
+    of the file; returns the file."""
+    path = results_file(results, benchmark, machine_info())
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    recorded.setdefault("comparisons", {})[label] = value
+    write_json(path, recorded)
+    return path
+
+
 def shown(path: Path) -> str:
     """``path`` relative to the repository when it is inside it: what the summaries and results print."""
     path = Path(path)

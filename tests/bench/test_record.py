@@ -79,3 +79,13 @@ def test_the_source_digest_follows_the_measured_files_only(tmp_path, monkeypatch
     assert record.source_digest(patterns) not in (first, changed)
     # A file two patterns match counts once.
     assert record.source_digest((*patterns, "code/deep/*.py")) == record.source_digest(patterns)
+
+
+def test_a_comparison_is_added_to_the_results_file_keeping_the_rest(tmp_path):
+    path = record.add_comparison(tmp_path, "demo", "first", {"cpu_s_change": -0.1})
+    record.write_json(path, {**json.loads(path.read_text()), "end_to_end": {"cpu_s": 3}})
+    assert record.add_comparison(tmp_path, "demo", "second", {"cpu_s_change": 0.2}) == path
+    assert json.loads(path.read_text()) == {"comparisons": {"first": {"cpu_s_change": -0.1},
+                                                            "second": {"cpu_s_change": 0.2}},
+                                            "end_to_end": {"cpu_s": 3}}
+    assert path.name == f"demo-{record.machine_info()['slug']}.json"

@@ -40,10 +40,10 @@ CHUNK_ROWS = 8192  # instances finalised at once (bounds the masking matrices)
 # rows each, and their per-object overhead outgrew the rows (comparisons.units_of_buckets_32x in bench/results).
 FLUSH_ROWS = 32768
 # Finished rows cross the ByGroup GroupByKey keyed by a transport group: a run of adjacent key-range groups, at most
-# 2**TRANSPORT_GROUP_BITS of them, so a flush is cut into batches of FLUSH_ROWS >> TRANSPORT_GROUP_BITS rows or more.
-# Key-range groups are sized for the shard writers, so their number grows with the corpus; cut by them, a flush came
-# as a row or two per batch at full scale (comparisons.transport_groups in bench/results). WritePieceGroup cuts a
-# transport group into its key-range groups' pieces.
+# 2**TRANSPORT_GROUP_BITS of them, so a flush is cut into batches of FLUSH_ROWS >> TRANSPORT_GROUP_BITS rows on
+# average, or more. Key-range groups are sized for the shard writers, so their number grows with the corpus; cut by
+# them, a flush came as a row or two per batch at full scale (comparisons.full_scale_layout in bench/results).
+# WritePieceGroup writes a transport group as one piece, its key-range groups one after the other.
 TRANSPORT_GROUP_BITS = 9
 # The random-next join is keyed by a range of target units, at most 2**JOIN_RANGE_BITS of them, for the same reason:
 # a unit's requests cut by every target unit came a few rows each once units numbered in the thousands.

@@ -7,7 +7,8 @@ random sample of the corpus in random order. A piece holds the rows of one trans
 adjacent key-range groups, ``preprocess.transforms.TRANSPORT_GROUP_BITS``) from one part, group after
 group, and its metadata says where each group's rows are; a shard is assembled from the few groups that
 overlap its rank range (each sorted by key as it is read) one group at a time: memory is bounded by a
-group, not by a shard (the pieces are memory-mapped).
+group, not by a shard (local pieces are memory-mapped; from an object store, the pieces of one transport
+group are held while its groups are written).
 """
 from __future__ import annotations
 

@@ -120,15 +120,16 @@ def plan_shards(work: str, cfg: OutputConfig) -> list[int]:
     lost on the way."""
     group_bits = storage.read_json(storage.join(work, INDEX_NAME))["group_bits"]
     group_rows = [0] * (1 << group_bits)
-    layouts = set()
-    for meta in read_metas(storage.join(work, "pieces")).values():
-        layouts.add((meta["group_bits"], meta["transport_bits"]))
-        for group, rows in meta["groups"]:
-            group_rows[group] += rows
+    metas = list(read_metas(storage.join(work, "pieces")).values())
+    layouts = {(meta.get("group_bits"), meta.get("transport_bits")) for meta in metas}  # None: an older version's
     if len(layouts) > 1 or any(bits != group_bits for bits, _ in layouts):
         raise RuntimeError(f"the pieces under {storage.join(work, 'pieces')} were cut by different layouts "
-                           f"({sorted(layouts)}, the index has {group_bits} group bits): they come from different "
-                           "runs or versions, so nothing is published; rerun the instances step of every part")
+                           f"({sorted(layouts, key=str)}, the index has {group_bits} group bits): they come from "
+                           "different runs or versions, so nothing is published; rerun the instances step of every "
+                           "part")
+    for meta in metas:
+        for group, rows in meta["groups"]:
+            group_rows[group] += rows
     transport_shift = group_bits - next(iter(layouts))[1] if layouts else 0
     total = sum(group_rows)
     planned = sum(m["instances"] for m in read_metas(storage.join(work, "planned")).values())

@@ -40,6 +40,11 @@ def test_pieces_of_two_layouts_or_lost_rows_publish_nothing(tmp_path):
     _piece_meta(work, 1, 1, [[1, 15]], transport_bits=4)  # a part cut by another version's transport groups
     with pytest.raises(RuntimeError, match="different layouts.*rerun the instances step"):
         barriers.plan_shards(work, OutputConfig())
+    # A part written by the version before transport groups: one piece per group, no layout in its metadata.
+    storage.remove_tree(f"{work}/pieces/t000001")
+    storage.write_json(f"{work}/pieces/g000001/p0001.json", {"rows": 15, "stats": {}})
+    with pytest.raises(RuntimeError, match=r"different layouts \(\[\(4, 2\), \(None, None\)\].*rerun"):
+        barriers.plan_shards(work, OutputConfig())
     storage.remove_tree(f"{work}/pieces")
     _piece_meta(work, 0, 0, [[0, 10]])
     with pytest.raises(RuntimeError, match="25 instances were planned but 10 written"):

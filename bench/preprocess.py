@@ -47,13 +47,7 @@ from bench import record
 from bench.preprocess_budget import budget_at_scale, budget_run, describe_budget
 from bench.preprocess_compare import compare
 from bench.preprocess_dask import dask_run
-from bench.preprocess_inputs import (
-    VOCAB_SIZE,
-    describe_inputs,
-    make_copies,
-    prepare_tokenizer,
-    real_inputs,
-)
+from bench.preprocess_inputs import VOCAB_SIZE, describe_inputs, make_copies, prepare_tokenizer, real_inputs
 from bench.preprocess_report import (
     BUDGETS,
     METHOD,
@@ -66,16 +60,7 @@ from bench.preprocess_report import (
     print_summary,
     targets,
 )
-from bench.preprocess_runs import (
-    CONFIG,
-    MODES,
-    QUIET_WAIT,
-    Setting,
-    irreducible,
-    mib,
-    run_pipeline,
-    startup_cost,
-)
+from bench.preprocess_runs import CONFIG, MODES, QUIET_WAIT, Setting, irreducible, mib, run_pipeline, startup_cost
 
 MEASURED_CODE = ("preprocess/**/*.py", "configs/preprocess/*.yaml")   # a change mid-run is flagged
 SEPARATE_SECTIONS = ("memory_calibration", "memory_stages", "profile_8x_workers_1")  # results not written here
@@ -127,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     out_file = record.results_file(args.results, "preprocess", machine)
     previous = json.loads(out_file.read_text()) if out_file.exists() else {}
     if args.against:
-        return against(setting, args, copies, previous, out_file, say)
+        return against(setting, args, copies, say)
 
     startup = startup_cost(setting.logs / "startup.log")
     say(f"start-up: driver imports {startup['driver_import_cpu_s']:.2f} CPU-s")
@@ -200,15 +185,14 @@ def repetitions(setting: Setting, reps: int, say) -> tuple[list[dict], dict[str,
     return irr_runs, runs
 
 
-def against(setting: Setting, args: argparse.Namespace, copies: int, previous: dict, out_file: Path, say) -> int:
+def against(setting: Setting, args: argparse.Namespace, copies: int, say) -> int:
     """``--against REF``: the paired comparison, added to the results file under ``comparisons.LABEL``."""
     label = args.label or args.against
     result = compare(setting, args.against, args.pairs, say, shlex.split(args.extra))
     result |= {"date": record.utc_now(), "copies": copies,
                "versions": record.versions(record.DISTRIBUTIONS["preprocess"], ("preprocess", "configs")),
                "note": args.note}
-    previous.setdefault("comparisons", {})[label] = result
-    record.write_json(out_file, previous)
+    record.add_comparison(args.results, "preprocess", label, result)
     for mode in MODES:
         say(f"{label}, {mode}: CPU {result[mode]['cpu_s_change']:+.1%}, wall {result[mode]['wall_s_change']:+.1%},"
             f" peak RSS {result[mode]['peak_tree_rss_bytes_change']:+.1%} (this tree against {args.against}); "

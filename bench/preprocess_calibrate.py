@@ -37,8 +37,8 @@ def runs_to_make(copies: list[int]) -> list[tuple[str, int, tuple[str, ...], int
     largest = max(copies)
     runs = [(f"{kind}_{n}x_parts_1", n, (kind,), 1) for kind in ("wiki", "books") for n in copies]
     runs.append((f"all_{largest}x_parts_1", largest, ("wiki", "books"), 1))
-    # Split runs at two sizes: a part's instance stage also grows with the whole corpus (it sends its rows to
-    # key-range groups, and their number grows with the corpus), which one size alone would not show.
+    # Split runs at two sizes: up to 512 transport groups a part's instance stage cuts its rows by every key-range
+    # group of the corpus, so it also grows with the whole corpus, which one size alone would not show.
     runs += [(f"all_{n}x_parts_{parts}", n, ("wiki", "books"), parts)
              for n in sorted({8, largest}) for parts in (4, 16) if n in copies]
     return runs

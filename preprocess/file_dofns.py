@@ -132,10 +132,6 @@ class WritePieceGroup(beam.DoFn):
         table = pa.Table.from_batches([b if isinstance(b, pa.RecordBatch) else shards.from_ipc(b) for b in received])
         if not table.num_rows:
             return
-        groups = shards.group_of_keys(table.column("order_key").to_numpy(), self._group_bits)
-        if np.any(np.diff(groups) < 0):
-            table = table.take(np.argsort(groups, kind="stable"))
-        table = table.combine_chunks()
         shards.write_piece(self._work, transport, self._part, table, self._group_bits,
                            transport_bits(self._group_bits, self._most_transport_bits),
                            shards.instance_stats(table, self._mask_id))

@@ -10,10 +10,10 @@ The constants come from ``python -m bench.preprocess_calibrate`` (``memory_calib
 results): slopes fitted by least squares to one-part runs of each kind at 1, 8 and 32 copies of the benchmark
 corpus and rounded up, then the smallest base under which the estimate is at or above the peak of every run,
 split runs of 8 and 32 copies included, plus 10 MiB for the spread of a peak between runs. A part's instance stage
-also grows with the whole corpus (it sends its rows to key-range groups, whose number grows with the corpus, a
-few rows each), which the base covers only up to the calibrated size; the peak per stored byte of one part falls
-as the input grows. The plain-XML slope is older and was not measured again. The smallest number of parts whose
-estimate fits is chosen; the output does not depend on it.
+cuts its rows by the corpus's key-range groups up to 512 transport groups (``transforms.TRANSPORT_GROUP_BITS``),
+so below that count it also grows a little with the whole corpus, which the split runs cover; the peak per stored
+byte of one part falls as the input grows. The plain-XML slope is older and was not measured again. The smallest
+number of parts whose estimate fits is chosen; the output does not depend on it.
 """
 from __future__ import annotations
 

@@ -32,15 +32,18 @@ def piece_uri(work: str, transport: int, part: int) -> str:
 
 def write_piece(work: str, transport: int, part: int, table: pa.Table, group_bits: int, transport_bits: int,
                 stats: dict | None = None) -> list[int]:
-    """Write ``table`` (rows of transport group ``transport``, group after group in key-range group order) as the
-    piece of ``part``, and its metadata: rows, each group's row count in file order, the layout's bits and
-    ``stats``. Returns the groups it holds."""
+    """Write ``table`` (rows of transport group ``transport``) as the piece of ``part``, group after group (rows
+    keep their order within a group), and its metadata: rows, each group's row count in file order, the layout's
+    bits and ``stats``. Returns the groups it holds."""
     groups = group_of_keys(table.column("order_key").to_numpy(), group_bits)
-    if np.any(np.diff(groups) < 0) or np.any(groups >> (group_bits - transport_bits) != transport):
-        raise ValueError(f"piece of transport group {transport}: rows out of group order or of another group")
+    if np.any(groups >> (group_bits - transport_bits) != transport):
+        raise ValueError(f"piece of transport group {transport}: rows of another transport group")
+    if np.any(np.diff(groups) < 0):
+        order = np.argsort(groups, kind="stable")
+        table, groups = table.take(order), groups[order]
     present, counts = np.unique(groups, return_counts=True)
     uri = piece_uri(work, transport, part)
-    write_table(uri, table)
+    write_table(uri, table.combine_chunks())
     storage.write_json(uri[:-len(".arrow")] + ".json", {
         "rows": table.num_rows, "groups": [[int(g), int(n)] for g, n in zip(present, counts)],
         "group_bits": group_bits, "transport_bits": transport_bits, "stats": stats or {}})

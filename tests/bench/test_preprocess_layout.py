@@ -1,4 +1,4 @@
-"""bench.preprocess_layout: a pipeline run at key-range group and unit sizes scaled down, on the bundled samples."""
+"""bench.preprocess_layout: a pipeline run with the rows per key-range group scaled down, on the bundled samples."""
 import pathlib
 
 from bench import preprocess_layout, preprocess_runs

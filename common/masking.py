@@ -126,7 +126,7 @@ def mask_rows(tokens: np.ndarray, candidate: np.ndarray, lengths: np.ndarray, ke
             chosen = _choose_ngrams(candidate, words, budget, keys, recipe.ngram_max)
         else:
             chosen, span_first = _choose_spans(candidate, words, budget, keys, recipe)
-    rows, cols = np.nonzero(chosen)
+    rows, cols = _cells(chosen)
     labels = tokens[rows, cols]
     decided_at = cols if span_first is None else span_first[rows, cols]
     decision = uniform(row_random_bits(keys, STREAM_DECISION, rows, decided_at))
@@ -136,6 +136,14 @@ def mask_rows(tokens: np.ndarray, candidate: np.ndarray, lengths: np.ndarray, ke
                      np.where(decision < recipe.unchanged_below, labels, replacement))
     tokens[rows, cols] = shown.astype(tokens.dtype)
     return Masked(rows=rows, cols=cols, labels=labels)
+
+
+def _cells(chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.nonzero`` of a 2-D boolean matrix (rows, then columns, row-major), from the flat indices: numpy's
+    2-D nonzero costs several times more."""
+    flat = np.flatnonzero(chosen)
+    rows = flat // chosen.shape[1]
+    return rows, flat - rows * chosen.shape[1]
 
 
 def choose_positions(candidate: np.ndarray, budget: np.ndarray, keys: np.ndarray) -> np.ndarray:

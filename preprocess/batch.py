@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -94,7 +95,9 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
     cols = np.arange(width)[None, :]
     rows = np.arange(len(lengths))
     pool = np.concatenate([pool, np.zeros(width + 1, dtype=dtype)])
-    tokens = pool[np.where(cols <= len_a[:, None], (a0 - 1)[:, None], (b0 - len_a - 2)[:, None]) + cols]
+    at = np.where(cols <= len_a[:, None], (a0 - 1)[:, None], (b0 - len_a - 2)[:, None])
+    at += cols  # in place: one (n, width) index matrix, not two
+    tokens = pool.take(at)
     valid = cols < lengths[:, None]
     separators = [(rows, len_a + 1), (rows, lengths - 1)]
     tokens[:, 0] = vocab.cls_id
@@ -170,15 +173,14 @@ class InstanceKeys:
         return InstanceKeys(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("random", "order", "tiebreak")))
 
 
-def instance_keys(seed: int, doc_id: str, plans: list) -> InstanceKeys:
-    """Keys of (duplicate, plan) pairs of one document, from a BLAKE2b of (seed, document, duplicate).
-
-    ``order`` and ``tiebreak`` come from independent 64-bit halves, so two instances tie only if both collide.
+def instance_keys(seed: int, runs: list[tuple[str, int]], counts: Sequence[int], index: np.ndarray) -> InstanceKeys:
+    """Keys of instances planned in runs, one run per (document, duplicate): ``counts[i]`` instances of run ``i``
+    after those of the runs before it, each with its ``index`` within its run. A run's keys come from a BLAKE2b of
+    (seed, document, duplicate); ``order`` and ``tiebreak`` from independent 64-bit halves, so two instances tie
+    only if both collide.
     """
-    bases = {dupe: key_bases(seed, doc_id, dupe) for dupe in {d for d, _ in plans}}
-    first = np.asarray([bases[d][0] for d, _ in plans], np.uint64)
-    second = np.asarray([bases[d][1] for d, _ in plans], np.uint64)
-    return keys_from_bases(first, second, np.asarray([p.index for _, p in plans], np.uint64))
+    bases = np.asarray([key_bases(seed, doc_id, dupe) for doc_id, dupe in runs], np.uint64).reshape(-1, 2)
+    return keys_from_bases(np.repeat(bases[:, 0], counts), np.repeat(bases[:, 1], counts), index)
 
 
 def key_bases(seed: int, unit: str, dupe: int) -> tuple[int, int]:

@@ -245,25 +245,23 @@ class PlanAndBuildInstances(BuildsInstances):
         requests (none or one); records its planned count."""
         loaded = docstore.load_bucket(self._work, bucket)
         num_docs, first_index = self._offsets()[-1], self._offsets()[bucket]
-        plans, counts, key_parts = [], [], []
+        plans, runs, counts = [], [], []  # runs: (document, duplicate), each with counts[i] plans in a row
         dropped = 0
         requests = []
         for rank, doc_id in enumerate(loaded.doc_ids):
             offsets = loaded.document(rank)[1]
-            doc_plans = []
             for dupe in range(self._cfg.dupe_factor):
                 planned, dropped_chunks = self._plan(offsets, first_index + rank, num_docs, doc_id, dupe)
-                doc_plans.extend((dupe, plan) for plan in planned)
+                plans.extend(planned)
+                runs.append((doc_id, dupe))
+                counts.append(len(planned))
                 dropped += dropped_chunks
-            key_parts.append(instance_keys(self._seed, doc_id, doc_plans))
-            plans.extend(plan for _, plan in doc_plans)
-            counts.append(len(doc_plans))
         if plans:
             # One row per instance: InstancePlan's fields as integers, and the document's rank in the bucket.
             table = np.fromiter(itertools.chain.from_iterable(plans), np.int64, len(plans) * len(plans[0]))
             table = table.reshape(len(plans), len(plans[0]))
-            ranks = np.repeat(np.arange(len(counts)), counts)
-            keys = InstanceKeys.concat(key_parts)
+            ranks = np.repeat(np.arange(len(loaded.doc_ids)).repeat(self._cfg.dupe_factor), counts)
+            keys = instance_keys(self._seed, runs, counts, table[:, _INDEX])
             is_random = table[:, _IS_RANDOM].astype(bool)
             actual, random_next = np.flatnonzero(~is_random), np.flatnonzero(is_random)
             if len(actual):
@@ -301,7 +299,7 @@ class PlanAndBuildInstances(BuildsInstances):
 
 
 # Columns of a bucket's plan table (one row of InstancePlan fields per instance).
-_A_START, _A_END, _B_START, _B_END, _IS_RANDOM, _TARGET_B_LENGTH, _RANDOM_DOC, _SWAPPED = range(1, 9)
+_INDEX, _A_START, _A_END, _B_START, _B_END, _IS_RANDOM, _TARGET_B_LENGTH, _RANDOM_DOC, _SWAPPED = range(9)
 
 
 class ResolveRandomNext(BuildsInstances):

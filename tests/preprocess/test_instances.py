@@ -196,6 +196,14 @@ def test_random_segment_reaches_target_or_document_end():
 
 def test_ragged_arange():
     assert ragged_arange(np.asarray([3, 10, 0]), np.asarray([2, 0, 3])).tolist() == [3, 4, 0, 1, 2]
+    assert ragged_arange(np.asarray([7, 5]), np.asarray([0, 0])).tolist() == []
+    rng = np.random.default_rng(0)
+    for _ in range(500):  # empty ranges anywhere (first and last included), overlapping and descending starts
+        n = int(rng.integers(1, 8))
+        starts, lengths = rng.integers(0, 40, n), rng.integers(0, 4, n)
+        expected = [value for start, length in zip(starts, lengths) for value in range(start, start + length)]
+        got = ragged_arange(starts, lengths)
+        assert got.dtype == np.int64 and got.tolist() == expected
 
 
 def test_actual_next_b_follows_a_in_the_document():

@@ -23,8 +23,8 @@ from common.errors import InputError
 from common.sizes import format_size
 
 # Peak bytes of one in-memory run per input byte, by kind, and the base every run needs (see the module docstring).
-PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 10.5, "wiki": 3.5, "book": 6.0}
-BASE_PEAK_BYTES = 310 << 20
+PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 7.5, "wiki": 3.5, "book": 6.0}
+BASE_PEAK_BYTES = 340 << 20
 COMPRESSED_SUFFIXES = (".bz2", ".gz", ".xz", ".zst")
 
 

@@ -84,7 +84,6 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
         a_ranges, b_ranges: int64 arrays of shape (n, 2), half-open ``[start, end)`` before truncation.
         keys: uint64 per instance; all of its randomness derives from it.
     """
-    dtype = pool.dtype
     a0, a1 = a_ranges[:, 0].astype(np.int64), a_ranges[:, 1].astype(np.int64)
     b0, b1 = b_ranges[:, 0].astype(np.int64), b_ranges[:, 1].astype(np.int64)
     trim_a, trim_b = truncation_counts(a1 - a0, b1 - b0, cfg.max_seq_length - 3)
@@ -96,15 +95,14 @@ def finalize_batch(pool: np.ndarray, a_ranges: np.ndarray, b_ranges: np.ndarray,
         raise ValueError("empty segment: documents must not contain empty sentences")
     lengths = len_a + len_b + 3
     # Rows as a dense (n, width) matrix: a few whole-matrix passes instead of ragged gathers and scatters.
-    # Column c of a row reads A's token c-1 up to [SEP], then B's; the cells past the row's end read the pool's
-    # zero padding (never used), and [CLS]/[SEP] are written over their columns.
+    # Column c of a row reads A's token c-1 up to [SEP], then B's; [CLS]/[SEP] are written over their columns, and
+    # the cells past the row's end (never used) read whatever token the index is clipped to: the pool is not copied.
     width = int(lengths.max())
     cols = np.arange(width)[None, :]
     rows = np.arange(len(lengths))
-    pool = np.concatenate([pool, np.zeros(width + 1, dtype=dtype)])
     at = np.where(cols <= len_a[:, None], (a0 - 1)[:, None], (b0 - len_a - 2)[:, None])
     at += cols  # in place: one (n, width) index matrix, not two
-    tokens = pool.take(at)
+    tokens = pool.take(at, mode="clip")
     valid = cols < lengths[:, None]
     separators = [(rows, len_a + 1), (rows, lengths - 1)]
     tokens[:, 0] = vocab.cls_id

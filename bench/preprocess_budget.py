@@ -15,6 +15,7 @@ import re
 import sys
 from pathlib import Path
 
+from bench.preprocess_floor import OPTIONAL_CLIENTS
 from bench.preprocess_inputs import sized_files
 from bench.preprocess_runs import MODES, Setting, mib, run_pipeline
 from bench.processes import run_measured
@@ -79,12 +80,17 @@ def budget_at_scale(setting: Setting, copies: int) -> dict:
 
 def memory_floor(setting: Setting, log: Path, runs: int = 3) -> dict:
     """Peak RSS of ``python -m bench.preprocess_floor``: a process that imports the pipeline, loads the tokenizer and
-    runs one trivial in-memory Beam pipeline, what every part of a budgeted run needs before it holds any data."""
+    runs one trivial in-memory Beam pipeline, what every part of a budgeted run needs before it holds any data; and
+    the same with the optional clients that Beam imports when present hidden, what is left without them."""
     cmd = [sys.executable, "-m", "bench.preprocess_floor", str(setting.tokenizer)]
-    measured = [run_measured(cmd, log) for _ in range(runs)]
-    return {"one_trivial_pipeline_peak_bytes": max(r["ru_maxrss_bytes"] for r in measured),
+    plain = [run_measured(cmd, log) for _ in range(runs)]
+    hidden = [run_measured([*cmd, "--hide", *OPTIONAL_CLIENTS], log) for _ in range(runs)]
+    return {"one_trivial_pipeline_peak_bytes": max(r["ru_maxrss_bytes"] for r in plain),
+            "optional_clients_hidden_peak_bytes": max(r["ru_maxrss_bytes"] for r in hidden),
+            "optional_clients": list(OPTIONAL_CLIENTS),
             "method": "max ru_maxrss of python -m bench.preprocess_floor: load_pipeline_modules(), load_tokenizer, "
-                      f"one Create | Map | GroupByKey pipeline on the in-memory runner ({runs} runs)"}
+                      f"one Create | Map | GroupByKey pipeline on the in-memory runner ({runs} runs); then with "
+                      "--hide and the optional clients (imports of them fail, as if not installed)"}
 
 
 def describe_budget(name: str, b: dict) -> str:

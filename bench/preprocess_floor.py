@@ -1,15 +1,33 @@
 """The memory floor under any ``--max-memory`` budget, in a process of its own.
 
-    python -m bench.preprocess_floor TOKENIZER
+    python -m bench.preprocess_floor TOKENIZER [--hide PACKAGE ...]
 
 Imports the pipeline's modules as the CLI loads them, loads the tokenizer and runs one trivial in-memory Beam
 pipeline (Create | Map | GroupByKey): what every part of a budgeted run holds before it holds any data.
 ``bench.preprocess_budget`` starts it as a child and records its peak RSS; it prints nothing.
+
+``--hide`` makes the named top-level packages fail to import, as if they were not installed: how much of the floor
+the optional clients that Apache Beam imports whenever they are present (MongoDB, AWS, IPython) account for. This
+is a measurement only; the pipeline itself never hides a module.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.abc
 import sys
+
+# Imported by Apache Beam 2.77 only when installed (each import is guarded), and used by no run of the benchmark.
+OPTIONAL_CLIENTS = ("pymongo", "bson", "boto3", "botocore", "s3transfer", "IPython")
+
+
+class _Hidden(importlib.abc.MetaPathFinder):
+    def __init__(self, packages: list[str]):
+        self._packages = set(packages)
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in self._packages:
+            raise ImportError(f"{name} is hidden by bench.preprocess_floor --hide")
+        return None
 
 
 def trivial_pipeline(tokenizer: str) -> object:
@@ -32,7 +50,12 @@ def trivial_pipeline(tokenizer: str) -> object:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.preprocess_floor", description=__doc__.split("\n\n")[0])
     parser.add_argument("tokenizer", help="the tokenizer a run would load (a directory or a vocab.txt)")
-    trivial_pipeline(parser.parse_args(argv).tokenizer)
+    parser.add_argument("--hide", nargs="*", default=[], metavar="PACKAGE",
+                        help=f"top-level packages made to fail to import (e.g. {' '.join(OPTIONAL_CLIENTS)})")
+    args = parser.parse_args(argv)
+    if args.hide:
+        sys.meta_path.insert(0, _Hidden(args.hide))
+    trivial_pipeline(args.tokenizer)
     return 0
 
 

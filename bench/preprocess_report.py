@@ -116,8 +116,10 @@ def targets(e2e: dict, speedup: float, quick: bool) -> dict:
 
 
 def describe_floor(budget: dict) -> str:
-    return (f"memory floor (imports, tokenizer, one trivial pipeline): "
-            f"{mib(budget['floor']['one_trivial_pipeline_peak_bytes'])} MiB")
+    floor = budget["floor"]
+    hidden = floor.get("optional_clients_hidden_peak_bytes")
+    return (f"memory floor (imports, tokenizer, one trivial pipeline): {mib(floor['one_trivial_pipeline_peak_bytes'])} "
+            f"MiB" + (f"; {mib(hidden)} MiB with Beam's optional clients hidden" if hidden else ""))
 
 
 def describe_at_scale(scaled: dict) -> str:

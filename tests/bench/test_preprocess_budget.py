@@ -14,6 +14,14 @@ def test_the_floor_holds_more_than_the_imports_alone(tmp_path, bert_vocab):
     # The tokenizer and a pipeline's run come on top of the same imports.
     assert floor["one_trivial_pipeline_peak_bytes"] > imports["peak_rss_bytes"]
     assert "python -m bench.preprocess_floor" in floor["method"] and "(1 runs)" in floor["method"]
+    # pymongo is one of Beam's own dependencies, so at least it is there to hide.
+    assert floor["optional_clients_hidden_peak_bytes"] < floor["one_trivial_pipeline_peak_bytes"]
+
+
+def test_a_hidden_package_fails_to_import_in_the_floor_probe(tmp_path, bert_vocab):
+    result = subprocess.run([sys.executable, "-m", "bench.preprocess_floor", str(bert_vocab), "--hide", "apache_beam"],
+                            cwd=record.REPO, capture_output=True, text=True)
+    assert result.returncode != 0 and "apache_beam is hidden by bench.preprocess_floor --hide" in result.stderr
 
 
 def test_a_missing_tokenizer_fails_the_floor_probe(tmp_path):

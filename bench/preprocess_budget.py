@@ -10,6 +10,7 @@ is well above that floor: the unbudgeted in-memory run and the run under a quart
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -83,14 +84,18 @@ def memory_floor(setting: Setting, log: Path, runs: int = 3) -> dict:
     runs one trivial in-memory Beam pipeline, what every part of a budgeted run needs before it holds any data; and
     the same with the optional clients that Beam imports when present hidden, what is left without them."""
     cmd = [sys.executable, "-m", "bench.preprocess_floor", str(setting.tokenizer)]
-    plain = [run_measured(cmd, log) for _ in range(runs)]
-    hidden = [run_measured([*cmd, "--hide", *OPTIONAL_CLIENTS], log) for _ in range(runs)]
-    return {"one_trivial_pipeline_peak_bytes": max(r["ru_maxrss_bytes"] for r in plain),
-            "optional_clients_hidden_peak_bytes": max(r["ru_maxrss_bytes"] for r in hidden),
+
+    def peak(args: list[str]) -> int:
+        run_measured([*cmd, *args], log)
+        reported = [line for line in log.read_text().splitlines() if line.startswith("{")][-1]
+        return json.loads(reported)["peak_rss_bytes"]
+
+    return {"one_trivial_pipeline_peak_bytes": max(peak([]) for _ in range(runs)),
+            "optional_clients_hidden_peak_bytes": max(peak(["--hide", *OPTIONAL_CLIENTS]) for _ in range(runs)),
             "optional_clients": list(OPTIONAL_CLIENTS),
-            "method": "max ru_maxrss of python -m bench.preprocess_floor: load_pipeline_modules(), load_tokenizer, "
-                      f"one Create | Map | GroupByKey pipeline on the in-memory runner ({runs} runs); then with "
-                      "--hide and the optional clients (imports of them fail, as if not installed)"}
+            "method": "max of the VmHWM that python -m bench.preprocess_floor reports: load_pipeline_modules(), "
+                      f"load_tokenizer, one Create | Map | GroupByKey pipeline on the in-memory runner ({runs} runs); "
+                      "then with --hide and the optional clients (imports of them fail, as if not installed)"}
 
 
 def describe_budget(name: str, b: dict) -> str:

@@ -4,7 +4,9 @@
 
 Imports the pipeline's modules as the CLI loads them, loads the tokenizer and runs one trivial in-memory Beam
 pipeline (Create | Map | GroupByKey): what every part of a budgeted run holds before it holds any data.
-``bench.preprocess_budget`` starts it as a child and records its peak RSS; it prints nothing.
+``bench.preprocess_budget`` starts it as a child; it prints its peak RSS as one JSON line, the high-water mark of
+this program's own memory (``VmHWM``): Linux's rusage of a process also counts, from before it started this
+program, the memory of the process that started it, which in a large parent (a test run) hides the figure.
 
 ``--hide`` makes the named top-level packages fail to import, as if they were not installed: how much of the floor
 the optional clients that Apache Beam imports whenever they are present (MongoDB, AWS, IPython) account for. This
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.abc
+import json
+import resource
 import sys
 
 # Imported by Apache Beam 2.77 only when installed (each import is guarded), and used by no run of the benchmark.
@@ -47,6 +51,15 @@ def trivial_pipeline(tokenizer: str) -> object:
     return loaded
 
 
+def own_peak_rss() -> int:
+    """The high-water mark of this program's resident memory, in bytes (``ru_maxrss`` where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.preprocess_floor", description=__doc__.split("\n\n")[0])
     parser.add_argument("tokenizer", help="the tokenizer a run would load (a directory or a vocab.txt)")
@@ -56,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hide:
         sys.meta_path.insert(0, _Hidden(args.hide))
     trivial_pipeline(args.tokenizer)
+    print(json.dumps({"peak_rss_bytes": own_peak_rss()}))
     return 0
 
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 from common import storage
 from common.errors import InputError
 from common.preprocess_config import InstanceConfig, OutputConfig
-from preprocess import packing, shards
+from preprocess import docstore, packing, shards
 from preprocess.file_dofns import CountBucket
 from preprocess.transforms import INDEX_NAME, unit_shift
 
@@ -52,8 +52,8 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
     offsets = [0]
     for bucket in range(num_buckets):
         offsets.append(offsets[-1] + counts.get(bucket, (0, []))[0])
-    metas = list(read_metas(storage.join(work, "docs")).values())
-    corpus = {"sentences": sum(m["sentences"] for m in metas), "tokens": sum(m["tokens"] for m in metas)}
+    documents = docstore.add_counts(list(read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
+    corpus = {"sentences": documents["sentences"], "tokens": documents["tokens"]}
     needed = 2 if cfg.sentence_objective == "nsp" else 1  # a random next segment comes from another document
     if offsets[-1] < needed:
         raise InputError(f"only {offsets[-1]} usable document(s) in the input; "

@@ -26,6 +26,32 @@ def bucket_dir(work: str, bucket: int) -> str:
     return storage.join(work, "docs", f"b{bucket:06d}")
 
 
+COUNTS_DIR = "doc_counts"  # one file per part of the documents stage: its counts and dead letters
+
+
+def counts_uri(work: str, part: int) -> str:
+    return storage.join(work, COUNTS_DIR, f"p{part:04d}.json")
+
+
+def no_counts() -> dict:
+    return {"documents": 0, "sentences": 0, "tokens": 0, "skipped": {}, "failed": {}, "dead_letters": []}
+
+
+def add_counts(counts: list[dict]) -> dict:
+    """The sum of document counts (``no_counts``' keys: documents kept, their sentences and tokens, documents
+    skipped and failed by reason, and the failed ones' dead letters, ordered by source and id)."""
+    total = no_counts()
+    for part in counts:
+        for key in ("documents", "sentences", "tokens"):
+            total[key] += part[key]
+        for outcome in ("skipped", "failed"):
+            for reason, n in part[outcome].items():
+                total[outcome][reason] = total[outcome].get(reason, 0) + n
+        total["dead_letters"].extend(part["dead_letters"])
+    total["dead_letters"].sort(key=lambda letter: (letter["source"], letter["doc_id"]))
+    return total
+
+
 def write_table(uri: str, table: pa.Table, batch_rows: int = 4096) -> int:
     """Write an Arrow IPC *file* (uncompressed, memory-mappable); returns its size in bytes."""
     sink = io.BytesIO() if not storage.is_local(uri) else None

@@ -72,7 +72,8 @@ class ReadSourceFile(beam.DoFn):
 
 
 class WriteDocumentBucket(beam.DoFn):
-    """(bucket, [records]) -> docs/bNNNNNN/pPPPP.arrow + .json (counts, dead letters). The records are
+    """(bucket, [records]) -> docs/bNNNNNN/pPPPP.arrow, the bucket's documents from this part (none: no file); emits
+    the bucket's counts (``docstore.no_counts``' keys), which ``WritePartCounts`` adds up. The records are
     ``transforms.CleanAndTokenize``'s: ("doc", row) or ("rejected", (source, doc_id, outcome, reason, detail))."""
 
     def __init__(self, work: str, part: int, vocab_size: int):
@@ -81,20 +82,31 @@ class WriteDocumentBucket(beam.DoFn):
     def process(self, element):
         bucket, records = element
         docs = [payload for tag, payload in records if tag == "doc"]
-        rejected = sorted(payload for tag, payload in records if tag == "rejected")
-        meta = {"documents": len(docs), "sentences": 0, "tokens": 0, "skipped": {}, "failed": {}, "dead_letters": []}
-        for source, doc_id, outcome, reason, detail in rejected:
-            meta[outcome][reason] = meta[outcome].get(reason, 0) + 1
+        counts = docstore.no_counts()
+        for source, doc_id, outcome, reason, detail in (payload for tag, payload in records if tag == "rejected"):
+            counts[outcome][reason] = counts[outcome].get(reason, 0) + 1
             if outcome == "failed":
-                meta["dead_letters"].append({"source": source, "doc_id": doc_id, "reason": reason, "detail": detail})
-        base = storage.join(docstore.bucket_dir(self._work, bucket), f"p{self._part:04d}")
+                counts["dead_letters"].append({"source": source, "doc_id": doc_id, "reason": reason, "detail": detail})
         if docs:
-            table = docstore.documents_table(docs, self._vocab_size)
-            meta["sentences"] = sum(len(d[4]) // 4 for d in docs)
-            meta["tokens"] = sum(len(d[3]) for d in docs) // np.dtype(schema.token_numpy_dtype(self._vocab_size)).itemsize
-            docstore.write_table(base + ".arrow", table)
-        storage.write_json(base + ".json", meta)
-        yield bucket
+            counts["documents"] = len(docs)
+            counts["sentences"] = sum(len(d[4]) // 4 for d in docs)
+            token_bytes = np.dtype(schema.token_numpy_dtype(self._vocab_size)).itemsize
+            counts["tokens"] = sum(len(d[3]) for d in docs) // token_bytes
+            docstore.write_table(storage.join(docstore.bucket_dir(self._work, bucket), f"p{self._part:04d}.arrow"),
+                                 docstore.documents_table(docs, self._vocab_size))
+        yield counts
+
+
+class WritePartCounts(beam.DoFn):
+    """(any key, [each bucket's counts]) -> doc_counts/pPPPP.json, this part's documents counted (``docstore``'s
+    ``add_counts``): one file per part for the index and the manifest to read, not one per bucket and part."""
+
+    def __init__(self, work: str, part: int):
+        self._work, self._part = work, part
+
+    def process(self, element):
+        storage.write_json(docstore.counts_uri(self._work, self._part), docstore.add_counts(list(element[1])))
+        yield self._part
 
 
 class CountBucket(beam.DoFn):

@@ -13,7 +13,7 @@ from common import configlib, schema, storage
 from common.errors import InputError
 from common.objectives import ObjectiveEntry
 from common.preprocess_config import InstanceConfig, PreprocessConfig
-from preprocess import barriers, shards, sources, transforms
+from preprocess import barriers, docstore, shards, sources, transforms
 from preprocess.beamrun import WorkerLog
 from preprocess.plan import Plan
 
@@ -71,7 +71,7 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
     index_data = storage.read_json(storage.join(work, transforms.INDEX_NAME))
     counts = {b: (c, d) for b, c, d in index_data["counts"]}
     num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
-    doc_metas = list(barriers.read_metas(storage.join(work, "docs")).values())
+    documents = docstore.add_counts(list(barriers.read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
     stats: dict = {}
     for meta in barriers.read_metas(storage.join(work, "pieces")).values():
         stats = shards.merge_counts(stats, meta["stats"])
@@ -79,17 +79,15 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
     shard_meta_dir = storage.join(work, "shards")
     shard_entries = sorted(barriers.read_metas(shard_meta_dir).values(), key=lambda e: e["name"])
 
-    dead_letters = sorted((dl for m in doc_metas for dl in m["dead_letters"]),
-                          key=lambda d: (d["source"], d["doc_id"]))
     with storage.open_write(storage.join(staging, schema.DEAD_LETTERS_NAME), binary=False) as handle:
-        for letter in dead_letters:
+        for letter in documents["dead_letters"]:
             handle.write(json.dumps(letter, sort_keys=True) + "\n")
     with storage.open_write(storage.join(staging, schema.CONFIG_NAME), binary=False) as handle:
         handle.write(configlib.to_yaml(cfg))
 
     planned = barriers.read_metas(storage.join(work, "planned")).values()
     stats = {**stats, "sop_dropped_chunks": sum(meta.get("sop_dropped_chunks", 0) for meta in planned)}
-    manifest = _manifest(cfg, tok, plan.files, doc_metas, counts, num_docs, corpus, stats, shard_entries,
+    manifest = _manifest(cfg, tok, plan.files, documents, counts, num_docs, corpus, stats, shard_entries,
                          total_rows, plan.bucket_bits, group_bits)
     storage.remove_tree(work)
     manifest["summary"]["wall_seconds"] = round(time.time() - started, 3)
@@ -146,12 +144,9 @@ def _instance_statistics(cfg: InstanceConfig, stats: dict, total_rows: int) -> d
     return {"instances": stats, **out}
 
 
-def _manifest(cfg, tok, sized, doc_metas, counts, num_docs, corpus, stats, shard_entries, total_rows,
+def _manifest(cfg, tok, sized, documents, counts, num_docs, corpus, stats, shard_entries, total_rows,
               bucket_bits, group_bits) -> dict:
-    skipped, failed = {}, {}
-    for meta in doc_metas:
-        skipped = shards.merge_counts(skipped, meta["skipped"])
-        failed = shards.merge_counts(failed, meta["failed"])
+    skipped, failed = dict(documents["skipped"]), dict(documents["failed"])
     duplicates = sum(len(dups) for _, dups in counts.values())
     if duplicates:
         skipped["duplicate_id"] = skipped.get("duplicate_id", 0) + duplicates

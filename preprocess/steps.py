@@ -32,7 +32,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from common import configlib, schema, storage
 from common.errors import InputError
 from common.preprocess_config import PreprocessConfig
-from preprocess import barriers, beamargs, sources, transforms
+from preprocess import barriers, beamargs, docstore, sources, transforms
 from preprocess.beamrun import WorkerLog, beam_options, run_beam
 from preprocess.plan import Plan, resolve_inputs
 from preprocess.publish import publish_dataset, staging_for
@@ -40,6 +40,9 @@ from preprocess.publish import publish_dataset, staging_for
 LOG = logging.getLogger("preprocess")
 STEPS = ("documents", "instances", "finish")
 RUN_IDENTITY = "run.json"
+# The layout of the work directory's files, recorded in its identity: work of another layout is never mixed in.
+# 2: the documents stage's counts in one file per part (doc_counts/), not one per bucket and part.
+WORK_LAYOUT = 2
 DEFAULT_WAIT_SECONDS = 24 * 3600  # all steps of one part: how long to wait for the other parts at a barrier
 POLL_SECONDS = 10.0
 
@@ -113,7 +116,7 @@ def _staging(output: str) -> str:
 
 def _claim(work: str, cfg: PreprocessConfig, sized, tok, bucket_bits: int) -> None:
     """Record which run the work directory belongs to, or check that it is this one."""
-    identity = {"parameters": configlib.to_dict(cfg), "bucket_bits": bucket_bits,
+    identity = {"work_layout": WORK_LAYOUT, "parameters": configlib.to_dict(cfg), "bucket_bits": bucket_bits,
                 "inputs": [[kind, sources.source_name(uri), size] for kind, uri, size in sized],
                 "tokenizer_vocab_sha256": tok.identity()["vocab_sha256"]}
     uri = storage.join(work, RUN_IDENTITY)
@@ -126,6 +129,10 @@ def _claim(work: str, cfg: PreprocessConfig, sized, tok, bucket_bits: int) -> No
         storage.write_json(uri, identity)  # parts starting together write the same bytes
         return
     recorded = storage.read_json(uri)
+    if recorded.get("work_layout") != WORK_LAYOUT:
+        raise InputError(f"{work} holds the unfinished work of an older version of this pipeline (work layout "
+                         f"{recorded.get('work_layout', 1)}, this one writes {WORK_LAYOUT}); delete that directory "
+                         "and run every part again")
     if recorded != identity:
         differs = sorted(key for key in identity if recorded.get(key) != identity[key])
         raise InputError(f"{work} holds the unfinished work of another run (it differs in: {', '.join(differs)}); "
@@ -170,10 +177,10 @@ class _Run:
         if files:
             plan = self._with_tokenizer_copy(f"documents-p{part:04d}")
             self._beam(lambda p, lot: p | "Files" >> beam.Create(files, reshuffle=False) | plan.documents(part, lot))
-        metas = [meta for uri, meta in barriers.read_metas(storage.join(self.work, "docs")).items()
-                 if uri.replace("\\", "/").endswith(f"/p{part:04d}.json")]
+        counts = docstore.counts_uri(self.work, part)
+        counts = storage.read_json(counts) if storage.exists(counts) else docstore.no_counts()
         summary = {"step": "documents", "part": part, "parts": self.cfg.parts, "files": len(files),
-                   "documents": sum(m["documents"] for m in metas), "tokens": sum(m["tokens"] for m in metas),
+                   "documents": counts["documents"], "tokens": counts["tokens"],
                    "started": started, "seconds": round(time.time() - started, 3)}
         storage.write_json(marker(self.work, "documents", part), summary)
         return summary

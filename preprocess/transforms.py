@@ -27,6 +27,7 @@ from preprocess.file_dofns import (
     ReadSourceFile,
     SplitLargeDumps,
     WriteDocumentBucket,
+    WritePartCounts,
     WritePieceGroup,
     transport_bits,
 )
@@ -366,7 +367,8 @@ class CreateInstances(beam.PTransform):
 
 
 class BuildDocumentStore(beam.PTransform):
-    """(kind, uri[, split]) files of this part -> tokenized document store buckets.
+    """(kind, uri[, split]) files of this part -> tokenized document store buckets and the part's document counts
+    (``docstore.counts_uri``); emits the part once they are written (nothing for a part without documents).
 
     With ``spread`` (the default) large dumps are cut into byte ranges and files and documents are spread over
     the runner's workers. Without it reading and cleaning are one fused step, for a caller that hands each
@@ -388,4 +390,6 @@ class BuildDocumentStore(beam.PTransform):
         return (documents
                 | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))
                 | "ByBucket" >> beam.GroupByKey()
-                | "WriteBuckets" >> beam.ParDo(WriteDocumentBucket(self._work, self._part, self._vocab_size)))
+                | "WriteBuckets" >> beam.ParDo(WriteDocumentBucket(self._work, self._part, self._vocab_size))
+                | "OneKey" >> beam.Map(lambda counts: (0, counts)) | "AllBuckets" >> beam.GroupByKey()
+                | "WriteCounts" >> beam.ParDo(WritePartCounts(self._work, self._part)))

@@ -62,3 +62,18 @@ def test_a_document_id_in_two_parts_is_kept_once_and_reported(tmp_path):
 def test_an_empty_bucket_loads_as_no_documents(tmp_path):
     loaded = docstore.load_bucket(str(tmp_path), 5)
     assert len(loaded) == 0 and loaded.token_lengths.size == 0 and loaded.duplicates == []
+
+
+def test_counts_of_parts_add_up_by_reason_with_dead_letters_in_order():
+    letter = {"reason": "not_utf8", "detail": "byte 0x9f"}
+    first = {**docstore.no_counts(), "documents": 2, "sentences": 9, "tokens": 70, "skipped": {"redirect": 1},
+             "failed": {"not_utf8": 1}, "dead_letters": [{"source": "b.txt", "doc_id": "book:b.txt:2", **letter}]}
+    second = {**docstore.no_counts(), "documents": 1, "sentences": 3, "tokens": 20,
+              "skipped": {"redirect": 2, "too_short": 1}, "failed": {"not_utf8": 1},
+              "dead_letters": [{"source": "a.txt", "doc_id": "book:a.txt:7", **letter}]}
+    total = docstore.add_counts([first, second])
+    assert (total["documents"], total["sentences"], total["tokens"]) == (3, 12, 90)
+    assert total["skipped"] == {"redirect": 3, "too_short": 1} and total["failed"] == {"not_utf8": 2}
+    assert [d["source"] for d in total["dead_letters"]] == ["a.txt", "b.txt"]
+    assert docstore.add_counts([]) == docstore.no_counts()
+    assert first["dead_letters"][0]["source"] == "b.txt", "the parts' own counts are left as they were"

@@ -1,6 +1,7 @@
 """Parts run as separate jobs (--part K, --step): the same dataset as one run, in any order, resumable, guarded."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -87,6 +88,17 @@ def test_a_part_of_another_run_is_refused(bert_vocab, tmp_path):
     (stale / "p0000.json").write_text("{}")
     message = _error(_step(bert_vocab, tmp_path / "stale", "--step", "documents", "--part", "0", check=False))
     assert "interrupted run" in message and "delete it" in message
+
+
+def test_the_work_of_an_older_layout_is_refused(bert_vocab, tmp_path):
+    out = tmp_path / "older"
+    _step(bert_vocab, out, "--step", "documents", "--part", "0")
+    identity = tmp_path / "older.incomplete" / "_work" / "run.json"
+    recorded = json.loads(identity.read_text())
+    del recorded["work_layout"]  # as the versions that counted documents per bucket and part wrote it
+    identity.write_text(json.dumps(recorded))
+    message = _error(_step(bert_vocab, out, "--step", "documents", "--part", "1", check=False))
+    assert "older version of this pipeline" in message and "delete that directory" in message
 
 
 @pytest.mark.parametrize("step, part, beam_args, overwrite, needle", [

@@ -88,17 +88,20 @@ def test_build_document_store_writes_sorted_buckets_and_counts(tmp_path, bert_vo
     dump.write_text(f"<mediawiki><siteinfo><dbname>testwiki</dbname></siteinfo>{pages}{redirect}</mediawiki>")
     work = str(tmp_path / "work")
     with test_pipeline() as p:
-        buckets = (p | beam.Create([("wiki", str(dump))])
-                   | transforms.BuildDocumentStore(SOURCES, str(bert_vocab), 2, work, 0, 30522))
-        assert_that(buckets, equal_to([0, 1, 2, 3]))
+        parts = (p | beam.Create([("wiki", str(dump))])
+                 | transforms.BuildDocumentStore(SOURCES, str(bert_vocab), 2, work, 3, 30522))
+        assert_that(parts, equal_to([3]))
     loaded = [docstore.load_bucket(work, b) for b in range(4)]
     assert sum(len(b) for b in loaded) == 20
     for bucket, docs in enumerate(loaded):
         hashes = [document_hash(d) for d in docs.doc_ids]
         assert hashes == sorted(hashes) and all(docstore.bucket_of(h, 2) == bucket for h in hashes)
-    metas = [storage.read_json(f"{work}/docs/b{b:06d}/p0000.json") for b in range(4)]
-    assert sum(m["documents"] for m in metas) == 20
-    assert sum(m["skipped"].get("redirect", 0) for m in metas) == 1
+    # The part's counts in one file, not one per bucket: 4 buckets of documents, the redirect among the skipped.
+    counts = storage.read_json(docstore.counts_uri(work, 3))
+    assert counts["documents"] == 20 and counts["skipped"] == {"redirect": 1} and counts["failed"] == {}
+    assert counts["tokens"] == sum(len(b.tokens) for b in loaded) and counts["sentences"] > 20
+    assert sorted(p.name for p in (tmp_path / "work" / "docs").rglob("*")) == \
+        sorted([f"b{b:06d}" for b in range(4)] + ["p0003.arrow"] * 4)
 
 
 @pytest.fixture()

@@ -1,6 +1,6 @@
 """Benchmark of the preprocessing stage (the Apache Beam job) on the real shared data, at scale.
 
-    python -m bench.preprocess [--quick] [--copies 8] [--reps 3] [--work DIR] [--data DIR] [--results DIR]
+    python -m bench.preprocess [--quick] [--copies 8] [--reps 5] [--work DIR] [--data DIR] [--results DIR]
     python -m bench.preprocess --against REF [--label NAME] [--pairs 3] [--extra='--parts 16']
 
 By default the input is the shared data (the Wikipedia dump slice and the books) copied 8 times with distinct
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--copies", type=int, help="copies of the shared data (default 8; 1 with --quick)")
     parser.add_argument("--scale-copies", type=int, default=32,
                         help="copies of the shared data for the memory budget at scale (default 32; 0: none)")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of items 1-2 (default 3)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of items 1-2 (default 5: this VM drifts)")
     parser.add_argument("--against", metavar="REF", help="only paired runs against REF (a commit or a directory)")
     parser.add_argument("--label", help="name of the --against comparison in the results (default: REF)")
     parser.add_argument("--pairs", type=int, default=3, help="pairs per mode with --against (default 3)")

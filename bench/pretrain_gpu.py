@@ -62,7 +62,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
     padding_free, compiled = mode.startswith("padding-free"), mode.endswith("+compile")
     overrides = [f"model.preset={args.preset}", "model.max_position_embeddings=512", f"train.micro_batch_size={micro}",
                  f"train.global_batch_size={micro * args.accumulation}", "train.precision=bf16", "zero.stage=1",
-                 "optimizer.name=adamw", f"optimizer.torch_adam={str(not torch.cuda.is_available()).lower()}",
+                 "optimizer.name=adamw", f"optimizer.torch_adam={str(args.torch_adam or not torch.cuda.is_available()).lower()}",
                  f"train.max_steps={args.steps + args.warmup}", f"schedule.total_steps={args.steps + args.warmup}",
                  "logging.tensorboard=false", f"model.activation_checkpointing={str(args.checkpointing).lower()}",
                  f"model.padding_free={str(padding_free).lower()}", f"model.compile={str(compiled).lower()}"]
@@ -108,7 +108,8 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
     tokens_per_s = tokens / elapsed
     mfu = tokens_per_s * family.flops_per_token(model, seq, 0.15) / (peak * 1e12) if peak else None
     result = {"mode": mode, "attention_kernel": kernel, "packed_documents": documents, "seq": seq, "micro_batch": micro, "accumulation": args.accumulation, "steps": args.steps,
-              "data": data_dir or "synthetic full-length rows", "sequences_per_s": sequences / elapsed,
+              "data": data_dir or "synthetic full-length rows", "dataset_rows": len(data) if data is not None else None,
+              "optimizer": "torch AdamW" if cfg.optimizer.torch_adam else "DeepSpeed FusedAdam", "sequences_per_s": sequences / elapsed,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "peak_tflops": peak, "step_s": elapsed / args.steps,
               "max_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None}
     print(f"seq {seq} {mode}: {result['sequences_per_s']:,.1f} seq/s, {tokens_per_s:,.0f} tok/s"
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data512")
     parser.add_argument("--modes", default="padded,padding-free",
                         help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--torch-adam", action="store_true",
+                        help="torch's AdamW instead of DeepSpeed's FusedAdam (which JIT-compiles with nvcc on first use)")
     parser.add_argument("--results", type=Path, default=record.RESULTS)
     args = parser.parse_args(argv)
     modes = args.modes.split(",")

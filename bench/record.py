@@ -76,7 +76,8 @@ def git_state(paths: Iterable[str]) -> dict:
         commit = git("rev-parse", "HEAD").strip()
         dirty = sorted(line[3:] for line in git("status", "--porcelain", "--", *paths).splitlines() if line.strip())
     except (OSError, subprocess.CalledProcessError):
-        return {"repo_commit": None, "repo_dirty": None}
+        # A copy of the tree without .git (a device machine): the commit it was copied from, when the caller says.
+        return {"repo_commit": os.environ.get("BENCH_REPO_COMMIT"), "repo_dirty": None}
     return {"repo_commit": commit, "repo_dirty": dirty}
 
 

@@ -35,7 +35,15 @@ def test_dirty_paths_are_limited_to_the_measured_code(tmp_path, monkeypatch):
 
 def test_git_state_without_a_repository_is_none(tmp_path, monkeypatch):
     monkeypatch.setattr(record, "REPO", tmp_path)
+    monkeypatch.delenv("BENCH_REPO_COMMIT", raising=False)
     assert record.git_state(("bench",)) == {"repo_commit": None, "repo_dirty": None}
+
+
+def test_git_state_without_a_repository_takes_the_commit_it_is_told(tmp_path, monkeypatch):
+    """A tree copied without .git (to a GPU machine) names the commit it was copied from; dirty is unknown."""
+    monkeypatch.setattr(record, "REPO", tmp_path)
+    monkeypatch.setenv("BENCH_REPO_COMMIT", "a" * 40)
+    assert record.git_state(("bench",)) == {"repo_commit": "a" * 40, "repo_dirty": None}
 
 
 def test_command_line_is_the_module_form(monkeypatch):

@@ -60,10 +60,11 @@ def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: i
 
 def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict:
     padding_free, compiled = mode.startswith("padding-free"), mode.endswith("+compile")
+    total_steps = args.warmup + args.steps + args.profile_steps
     overrides = [f"model.preset={args.preset}", "model.max_position_embeddings=512", f"train.micro_batch_size={micro}",
                  f"train.global_batch_size={micro * args.accumulation}", "train.precision=bf16", "zero.stage=1",
                  "optimizer.name=adamw", f"optimizer.torch_adam={str(args.torch_adam or not torch.cuda.is_available()).lower()}",
-                 f"train.max_steps={args.steps + args.warmup}", f"schedule.total_steps={args.steps + args.warmup}",
+                 f"train.max_steps={total_steps}", f"schedule.total_steps={total_steps}",
                  "logging.tensorboard=false", f"model.activation_checkpointing={str(args.checkpointing).lower()}",
                  f"model.padding_free={str(padding_free).lower()}", f"model.compile={str(compiled).lower()}"]
     data = ShardedInstances(data_dir) if data_dir else None
@@ -103,6 +104,8 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
             sequences += micro_batch["input_ids"].shape[0]
     sync()
     elapsed = time.perf_counter() - started
+    profiled = (profile_steps(engine, steps, args.profile_steps, sync, args.results / f"profile-seq{seq}-{mode}.txt")
+                if args.profile_steps else None)
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     peak = peak_tflops(device_name if torch.cuda.is_available() else None)
     tokens_per_s = tokens / elapsed
@@ -111,7 +114,8 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
               "data": data_dir or "synthetic full-length rows", "dataset_rows": len(data) if data is not None else None,
               "optimizer": "torch AdamW" if cfg.optimizer.torch_adam else "DeepSpeed FusedAdam", "sequences_per_s": sequences / elapsed,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "peak_tflops": peak, "step_s": elapsed / args.steps,
-              "max_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None}
+              "max_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None,
+              "profile": profiled}
     print(f"seq {seq} {mode}: {result['sequences_per_s']:,.1f} seq/s, {tokens_per_s:,.0f} tok/s"
           + (f", MFU {100 * mfu:.1f}%" if mfu else ""), flush=True)
     del engine
@@ -119,6 +123,41 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     return result
+
+
+def profile_steps(engine, steps, count: int, sync, path: Path) -> dict:
+    """``count`` more optimizer steps under torch.profiler: where a step's time goes (the loader, forward, backward,
+    the optimizer step, each as a span on the host) and how busy the GPU is (kernel time / wall). Writes the
+    operator table to ``path``."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cuda = torch.cuda.is_available()
+    spans = ("bench.next_batch", "bench.to_device", "bench.forward", "bench.backward", "bench.step")
+    sync()
+    started = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(count):
+            with record_function(spans[0]):
+                micro_batches = next(steps)
+            for micro_batch in micro_batches:
+                with record_function(spans[1]):
+                    batch = {k: torch.as_tensor(v).to(engine.device, non_blocking=True) for k, v in micro_batch.items()}
+                with record_function(spans[2]):
+                    loss, _ = engine(**batch)
+                with record_function(spans[3]):
+                    engine.backward(loss)
+                with record_function(spans[4]):
+                    engine.step()
+        sync()
+    wall = time.perf_counter() - started
+    events = prof.key_averages()
+    device_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+    host_ms = {e.key: e.cpu_time_total / 1e3 / count for e in events if e.key in spans}
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(events.table(sort_by=sort, row_limit=40) + "\n" + events.table(sort_by="cpu_time_total", row_limit=25))
+    return {"steps": count, "wall_s_per_step": wall / count, "gpu_busy_share": device_us / 1e6 / wall if cuda else None,
+            "host_ms_per_step": host_ms, "table": path.name}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data512")
     parser.add_argument("--modes", default="padded,padding-free",
                         help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="after the timed steps, this many more under torch.profiler (a table beside the results)")
     parser.add_argument("--torch-adam", action="store_true",
                         help="torch's AdamW instead of DeepSpeed's FusedAdam (which JIT-compiles with nvcc on first use)")
     parser.add_argument("--results", type=Path, default=record.RESULTS)

@@ -93,6 +93,9 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
         steps = synthetic_steps(micro, seq, 30528, args.accumulation)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     tokens = sequences = 0
+    # The loader pads a batch to its longest row (a multiple of 8): each width a run meets for the first time costs
+    # kernel planning (cuDNN attention graphs, GEMM heuristics) or, compiled, a recompilation; counted here.
+    widths_warmup, widths_timed = set(), set()
     for index in range(args.warmup + args.steps):
         if index == args.warmup:
             sync()
@@ -102,6 +105,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
             ds.train_micro_batch(engine, batch)
             tokens += int(micro_batch["attention_mask"].sum())
             sequences += micro_batch["input_ids"].shape[0]
+            (widths_timed if index >= args.warmup else widths_warmup).add(micro_batch["input_ids"].shape[1])
     sync()
     elapsed = time.perf_counter() - started
     profiled = (profile_steps(engine, steps, args.profile_steps, sync, args.results / f"profile-seq{seq}-{mode}.txt")
@@ -113,7 +117,8 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
     result = {"mode": mode, "attention_kernel": kernel, "packed_documents": documents, "seq": seq, "micro_batch": micro, "accumulation": args.accumulation, "steps": args.steps,
               "data": data_dir or "synthetic full-length rows", "dataset_rows": len(data) if data is not None else None,
               "optimizer": "torch AdamW" if cfg.optimizer.torch_adam else "DeepSpeed FusedAdam", "sequences_per_s": sequences / elapsed,
-              "tokens_per_s": tokens_per_s, "mfu": mfu, "peak_tflops": peak, "step_s": elapsed / args.steps,
+              "tokens_per_s": tokens_per_s, "mfu": mfu, "widths_in_warmup": len(widths_warmup),
+              "widths_first_met_in_timed_steps": len(widths_timed - widths_warmup), "peak_tflops": peak, "step_s": elapsed / args.steps,
               "max_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None,
               "profile": profiled}
     print(f"seq {seq} {mode}: {result['sequences_per_s']:,.1f} seq/s, {tokens_per_s:,.0f} tok/s"
@@ -129,6 +134,7 @@ def profile_steps(engine, steps, count: int, sync, path: Path) -> dict:
     """``count`` more optimizer steps under torch.profiler: where a step's time goes (the loader, forward, backward,
     the optimizer step, each as a span on the host) and how busy the GPU is (kernel time / wall). Writes the
     operator table to ``path``."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = torch.cuda.is_available()
@@ -151,12 +157,18 @@ def profile_steps(engine, steps, count: int, sync, path: Path) -> dict:
         sync()
     wall = time.perf_counter() - started
     events = prof.key_averages()
-    device_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
-    host_ms = {e.key: e.cpu_time_total / 1e3 / count for e in events if e.key in spans}
+    # Kernel time: the device-side events themselves (operators only attribute their kernels' time; the spans above
+    # appear on the device too, as annotations).
+    device_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                    if e.device_type == DeviceType.CUDA and not e.name.startswith("bench."))
+    host_ms = {}
+    for e in events:  # a span's key also names its annotation on the device, whose host time is 0
+        if e.key in spans:
+            host_ms[e.key] = max(host_ms.get(e.key, 0.0), e.cpu_time_total / 1e3 / count)
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(events.table(sort_by=sort, row_limit=40) + "\n" + events.table(sort_by="cpu_time_total", row_limit=25))
-    return {"steps": count, "wall_s_per_step": wall / count, "gpu_busy_share": device_us / 1e6 / wall if cuda else None,
+    return {"steps": count, "wall_s_per_step": wall / count, "gpu_kernel_share": device_us / 1e6 / wall if cuda else None,
             "host_ms_per_step": host_ms, "table": path.name}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from common.errors import ConfigError
 from pretrain import safe_loading
 from pretrain.config import BatchPlan, PretrainConfig
 from pretrain.lamb import Lamb
@@ -122,9 +123,23 @@ def initialize(module: torch.nn.Module, ds_config: dict, **arguments):
     quietly; DeepSpeed's engine. Finetuning's engine (finetune/engine.py) is made here too."""
     import deepspeed
 
-    with _quiet():
-        engine, *_ = deepspeed.initialize(model=module, config=ds_config, **arguments)
+    try:
+        with _quiet():
+            engine, *_ = deepspeed.initialize(model=module, config=ds_config, **arguments)
+    except ValueError as error:
+        raise _arch_list_error(error) or error
     return engine
+
+
+def _arch_list_error(error: ValueError) -> ConfigError | None:
+    """DeepSpeed 0.19 JIT-builds FusedAdam on first use and cannot parse an architecture with a suffix (``9.0a``),
+    which some CUDA images put in TORCH_CUDA_ARCH_LIST: that cause and its fix in one line, not a deep traceback."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    suffixed = [a for a in archs.replace(";", " ").split() if not a.split("+")[0].replace(".", "").isdigit()]
+    if not suffixed or "invalid literal for int()" not in str(error):
+        return None
+    return ConfigError(f"TORCH_CUDA_ARCH_LIST={archs!r}: DeepSpeed cannot JIT-build FusedAdam for {suffixed[0]!r}; "
+                       f"set it without the suffix (e.g. TORCH_CUDA_ARCH_LIST=9.0) or optimizer.torch_adam: true")
 
 
 class Engine:

@@ -61,9 +61,10 @@ def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: i
 def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict:
     padding_free, compiled = mode.startswith("padding-free"), mode.endswith("+compile")
     total_steps = args.warmup + args.steps + args.profile_steps
+    torch_adam = args.torch_adam or not torch.cuda.is_available()
     overrides = [f"model.preset={args.preset}", "model.max_position_embeddings=512", f"train.micro_batch_size={micro}",
                  f"train.global_batch_size={micro * args.accumulation}", "train.precision=bf16", "zero.stage=1",
-                 "optimizer.name=adamw", f"optimizer.torch_adam={str(args.torch_adam or not torch.cuda.is_available()).lower()}",
+                 "optimizer.name=adamw", f"optimizer.torch_adam={str(torch_adam).lower()}",
                  f"train.max_steps={total_steps}", f"schedule.total_steps={total_steps}",
                  "logging.tensorboard=false", f"model.activation_checkpointing={str(args.checkpointing).lower()}",
                  f"model.padding_free={str(padding_free).lower()}", f"model.compile={str(compiled).lower()}"]
@@ -114,11 +115,14 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
     peak = peak_tflops(device_name if torch.cuda.is_available() else None)
     tokens_per_s = tokens / elapsed
     mfu = tokens_per_s * family.flops_per_token(model, seq, 0.15) / (peak * 1e12) if peak else None
-    result = {"mode": mode, "attention_kernel": kernel, "packed_documents": documents, "seq": seq, "micro_batch": micro, "accumulation": args.accumulation, "steps": args.steps,
+    result = {"mode": mode, "attention_kernel": kernel, "packed_documents": documents, "seq": seq,
+              "micro_batch": micro, "accumulation": args.accumulation, "steps": args.steps,
               "data": data_dir or "synthetic full-length rows", "dataset_rows": len(data) if data is not None else None,
-              "optimizer": "torch AdamW" if cfg.optimizer.torch_adam else "DeepSpeed FusedAdam", "sequences_per_s": sequences / elapsed,
-              "tokens_per_s": tokens_per_s, "mfu": mfu, "widths_in_warmup": len(widths_warmup),
-              "widths_first_met_in_timed_steps": len(widths_timed - widths_warmup), "peak_tflops": peak, "step_s": elapsed / args.steps,
+              "optimizer": "torch AdamW" if torch_adam else "DeepSpeed FusedAdam",
+              "sequences_per_s": sequences / elapsed, "tokens_per_s": tokens_per_s, "mfu": mfu,
+              "widths_in_warmup": len(widths_warmup),
+              "widths_first_met_in_timed_steps": len(widths_timed - widths_warmup),
+              "peak_tflops": peak, "step_s": elapsed / args.steps,
               "max_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None,
               "profile": profiled}
     print(f"seq {seq} {mode}: {result['sequences_per_s']:,.1f} seq/s, {tokens_per_s:,.0f} tok/s"
@@ -147,7 +151,8 @@ def profile_steps(engine, steps, count: int, sync, path: Path) -> dict:
                 micro_batches = next(steps)
             for micro_batch in micro_batches:
                 with record_function(spans[1]):
-                    batch = {k: torch.as_tensor(v).to(engine.device, non_blocking=True) for k, v in micro_batch.items()}
+                    batch = {k: torch.as_tensor(v).to(engine.device, non_blocking=True)
+                             for k, v in micro_batch.items()}
                 with record_function(spans[2]):
                     loss, _ = engine(**batch)
                 with record_function(spans[3]):
@@ -167,9 +172,11 @@ def profile_steps(engine, steps, count: int, sync, path: Path) -> dict:
             host_ms[e.key] = max(host_ms.get(e.key, 0.0), e.cpu_time_total / 1e3 / count)
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(events.table(sort_by=sort, row_limit=40) + "\n" + events.table(sort_by="cpu_time_total", row_limit=25))
-    return {"steps": count, "wall_s_per_step": wall / count, "gpu_kernel_share": device_us / 1e6 / wall if cuda else None,
-            "host_ms_per_step": host_ms, "table": path.name}
+    path.write_text(events.table(sort_by=sort, row_limit=40) + "\n"
+                    + events.table(sort_by="cpu_time_total", row_limit=25))
+    return {"steps": count, "wall_s_per_step": wall / count,
+            "gpu_kernel_share": device_us / 1e6 / wall if cuda else None, "host_ms_per_step": host_ms,
+            "table": path.name}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="after the timed steps, this many more under torch.profiler (a table beside the results)")
     parser.add_argument("--torch-adam", action="store_true",
-                        help="torch's AdamW instead of DeepSpeed's FusedAdam (which JIT-compiles with nvcc on first use)")
+                        help="torch's AdamW instead of DeepSpeed's FusedAdam (JIT-compiled with nvcc on first use)")
     parser.add_argument("--results", type=Path, default=record.RESULTS)
     args = parser.parse_args(argv)
     modes = args.modes.split(",")

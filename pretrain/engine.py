@@ -138,8 +138,9 @@ def _arch_list_error(error: ValueError) -> ConfigError | None:
     suffixed = [a for a in archs.replace(";", " ").split() if not a.split("+")[0].replace(".", "").isdigit()]
     if not suffixed or "invalid literal for int()" not in str(error):
         return None
-    return ConfigError(f"TORCH_CUDA_ARCH_LIST={archs!r}: DeepSpeed cannot JIT-build FusedAdam for {suffixed[0]!r}; "
-                       f"set it without the suffix (e.g. TORCH_CUDA_ARCH_LIST=9.0) or optimizer.torch_adam: true")
+    return ConfigError(f"TORCH_CUDA_ARCH_LIST={archs!r}: DeepSpeed cannot JIT-build FusedAdam for "
+                       f"{suffixed[0]!r}; set it without the suffix (e.g. TORCH_CUDA_ARCH_LIST=9.0) or "
+                       f"optimizer.torch_adam: true")
 
 
 class Engine:

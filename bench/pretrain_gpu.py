@@ -94,8 +94,8 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
         steps = synthetic_steps(micro, seq, 30528, args.accumulation)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     tokens = sequences = 0
-    # The loader pads a batch to its longest row (a multiple of 8): each width a run meets for the first time costs
-    # kernel planning (cuDNN attention graphs, GEMM heuristics) or, compiled, a recompilation; counted here.
+    # The loader pads a batch to its longest row (a multiple of 8): a width met for the first time may cost kernel
+    # planning (cuDNN attention graphs, GEMM heuristics) or, compiled, a recompilation; counted here.
     widths_warmup, widths_timed = set(), set()
     for index in range(args.warmup + args.steps):
         if index == args.warmup:

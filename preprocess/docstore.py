@@ -42,14 +42,24 @@ def add_counts(counts: list[dict]) -> dict:
     skipped and failed by reason, and the failed ones' dead letters, ordered by source and id)."""
     total = no_counts()
     for part in counts:
-        for key in ("documents", "sentences", "tokens"):
-            total[key] += part[key]
-        for outcome in ("skipped", "failed"):
-            for reason, n in part[outcome].items():
-                total[outcome][reason] = total[outcome].get(reason, 0) + n
-        total["dead_letters"].extend(part["dead_letters"])
+        total = merge_counts(total, part)
     total["dead_letters"].sort(key=lambda letter: (letter["source"], letter["doc_id"]))
     return total
+
+
+def merge_counts(a: dict, b: dict) -> dict:
+    """Add nested count dictionaries (missing keys count as zero)."""
+    out = dict(a)
+    for key, value in b.items():
+        if isinstance(value, dict):
+            out[key] = merge_counts(out.get(key, {}), value)
+        elif isinstance(value, (int, float)):
+            out[key] = out.get(key, 0) + value
+        elif isinstance(value, list):
+            out[key] = list(out.get(key, [])) + value
+        else:
+            out[key] = value
+    return out
 
 
 def write_table(uri: str, table: pa.Table, batch_rows: int = 4096) -> int:

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from common import schema, storage
-from preprocess.docstore import read_table, write_table
+from preprocess.docstore import merge_counts, read_table, write_table
 
 HISTOGRAM_BIN = 16  # sequence-length histogram bin width, in tokens
 
@@ -132,21 +132,6 @@ def instance_stats(table: pa.Table, mask_id: int) -> dict:
         **({"document_blocks": int(pc.sum(pc.list_value_length(table.column("doc_starts"))).as_py() or 0)}
            if "doc_starts" in table.column_names else {}),
     }
-
-
-def merge_counts(a: dict, b: dict) -> dict:
-    """Add nested count dictionaries (missing keys count as zero)."""
-    out = dict(a)
-    for key, value in b.items():
-        if isinstance(value, dict):
-            out[key] = merge_counts(out.get(key, {}), value)
-        elif isinstance(value, (int, float)):
-            out[key] = out.get(key, 0) + value
-        elif isinstance(value, list):
-            out[key] = list(out.get(key, [])) + value
-        else:
-            out[key] = value
-    return out
 
 
 def shard_name(index: int, count: int) -> str:

@@ -127,7 +127,10 @@ def initialize(module: torch.nn.Module, ds_config: dict, **arguments):
         with _quiet():
             engine, *_ = deepspeed.initialize(model=module, config=ds_config, **arguments)
     except ValueError as error:
-        raise _arch_list_error(error) or error
+        translated = _arch_list_error(error)
+        if translated is None:
+            raise
+        raise translated from error
     return engine
 
 

@@ -2,7 +2,8 @@
 
     python -m bench.bert_large [--steps 6] [--resume-steps 3] [--phase2-steps 3] [--work DIR] [--data DIR]
 
-1. phase 1 (configs/pretrain/bert_large_phase1_seq128.yaml): 2 ranks (torchrun), ZeRO 2, bf16, AdamW, global
+1. phase 1 (configs/pretrain/bert_large_phase1_seq128.yaml): 2 ranks (torchrun), ZeRO 2, precision auto (bf16 where
+   the CPU computes it natively, else fp32), AdamW, global
    batch 8 = micro-batch 4 x 2 ranks; a checkpoint at the end and the Hugging Face export;
 2. resume on 1 rank from that checkpoint (converted to a universal checkpoint by the run) for a few more steps;
 3. phase 2 (configs/pretrain/bert_large_phase2_seq512.yaml) initialised from the phase-1 run (``model.init_from``),
@@ -34,11 +35,13 @@ from pathlib import Path
 from bench import record
 from bench.processes import RankPeaks, free_port
 from bench.shards import ensure_dataset
+from common import processes
 
 PHASE1, PHASE2 = "configs/pretrain/bert_large_phase1_seq128.yaml", "configs/pretrain/bert_large_phase2_seq512.yaml"
 RUN = "pretrain/run.py"
+JOB_TIMEOUT_S = 4 * 3600  # a stage past this is stuck: its whole session is killed (BERT-Large on CPU is slow)
 LOGITS_TOLERANCE = 1e-3  # max |ours - transformers| on fp32 logits of 24 layers: summation order only
-COMMON = {"zero.stage": 2, "train.precision": "bf16", "optimizer.name": "adamw", "optimizer.lr": 1e-4,
+COMMON = {"zero.stage": 2, "optimizer.name": "adamw", "optimizer.lr": 1e-4,
           "optimizer.torch_adam": "true", "checkpoint.every_steps": 0, "logging.log_every": 1,
           "logging.tensorboard": "false", "logging.progress": "false"}
 
@@ -47,17 +50,22 @@ def run_job(name: str, cmd: list[str], env: dict, logs: Path) -> dict:
     """Run ``cmd`` to completion (its output in logs/<name>.log); wall seconds and peak RSS per rank."""
     logs.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with open(logs / f"{name}.log", "wb") as log:
-        process = subprocess.Popen(cmd, cwd=record.REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(logs / f"{name}.log", "wb") as log, processes.started(cmd, cwd=record.REPO, env=env, stdout=log,
+                                                                       stderr=subprocess.STDOUT) as process:
         sampler = RankPeaks(process)
         sampler.start()
-        status = process.wait()
-        sampler.done.set()
-        sampler.join()
+        try:
+            status = process.wait(timeout=JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            status = None  # leaving the block kills the launcher's whole session, its ranks included
+        finally:
+            sampler.done.set()
+            sampler.join()
     wall = time.perf_counter() - started
     if status != 0:
         tail = (logs / f"{name}.log").read_text(errors="replace")[-4000:]
-        sys.exit(f"{name} failed with status {status}:\n{tail}")
+        why = f"timed out after {JOB_TIMEOUT_S} s" if status is None else f"failed with status {status}"
+        sys.exit(f"{name} {why}:\n{tail}")
     return {"wall_s": round(wall, 1), "peak_rss_bytes_by_rank": {str(r): b for r, b in sorted(sampler.peaks.items())},
             "command": " ".join(os.path.relpath(c, record.REPO) if c.startswith(str(record.REPO)) else c for c in cmd)}
 
@@ -135,22 +143,24 @@ def weights_diff(left: Path, right: Path) -> float:
 
 def runtime_baseline(env: dict) -> int:
     """Peak RSS of a process that only imports what a rank imports (torch, DeepSpeed, the training loop)."""
-    out = subprocess.run([sys.executable, "-m", "bench.stage_imports", "pretrain"], cwd=record.REPO, env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = processes.run([sys.executable, "-m", "bench.stage_imports", "pretrain"], cwd=record.REPO, env=env,
+                        capture_output=True, text=True, check=True, timeout=600).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_rss_bytes"]
 
 
 def memory_check(config: str, overrides: dict, ranks: int, vocab: int, job: dict, baseline: int) -> dict:
     """The estimate next to the measured peaks, with the two known terms outside the model states: the runtime
-    (baseline) and the fp32 model each rank builds before DeepSpeed casts it to bf16 (two copies with
-    ``init_from``: the loaded model and the clone its fp32 master weights are restored from)."""
+    (baseline) and the fp32 copies each rank holds beside them: the model it builds before DeepSpeed casts it to
+    16 bits (none in fp32), and with ``init_from`` the clone its weights are restored from."""
     from pretrain import config as config_module
+    from pretrain import precision
     from pretrain.memory import estimate_for_run
 
     cfg = config_module.load(config, [f"{k}={v}" for k, v in overrides.items()])
+    cfg, _ = precision.resolve_run(cfg, precision.cpu_hardware())  # as the run resolved it on this CPU
     found = estimate_for_run(cfg, ranks, vocab)
     total = found.device_bytes + found.host_bytes
-    fp32_model = 4 * found.parameters * (2 if cfg.model.init_from else 1)
+    fp32_model = 4 * found.parameters * ((cfg.train.precision != "fp32") + bool(cfg.model.init_from))
     peaks = job["peak_rss_bytes_by_rank"]
     return {"world_size": ranks, "estimate_table": found.table().splitlines(), "estimate_bytes_per_rank": round(total),
             "estimate_paper_bytes_per_rank": round(found.paper_bytes),

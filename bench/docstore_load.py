@@ -17,7 +17,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,10 +63,12 @@ def one_pass(work: str, buckets: int) -> dict:
 
 def pass_in(tree: Path, work: str, buckets: int) -> dict:
     """``one_pass`` in a child whose ``preprocess`` and ``common`` are ``tree``'s (this checkout's ``bench``)."""
+    from common import processes  # here: the child imports this module on ``tree``'s (maybe older) ``common``
+
     env = child_env(tree)
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(record.REPO)])
-    out = subprocess.run([sys.executable, "-m", "bench.docstore_load", "--one-pass", work, str(buckets)], cwd=tree,
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = processes.run([sys.executable, "-m", "bench.docstore_load", "--one-pass", work, str(buckets)], cwd=tree,
+                        env=env, check=True, capture_output=True, text=True, timeout=1800).stdout
     result = json.loads(out)
     if not Path(result["module"]).resolve().is_relative_to(tree.resolve()):
         raise RuntimeError(f"the pass for {tree} loaded {result['module']}, not that tree's docstore.py")

@@ -20,6 +20,7 @@ Writes ``bench/results/loader-<machine>[-quick].json`` and prints a summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -30,11 +31,14 @@ import time
 from pathlib import Path
 
 from bench import record
+from common import processes
 
 TARGETS = {"uss_bytes_per_row_max": 16, "uss_bytes_per_row_goal": 8, "first_batch_s_max": 10.0,
            "samples_per_s_per_rank_min": 20_000}
 PHASE1_CONFIG = record.REPO / "configs" / "pretrain" / "bert_large_phase1_seq128.yaml"
 WORLD_SIZE, RANK = 8, 3  # one node of 8 GPUs; rank 3 stands for any
+WRITE_TIMEOUT_S = 4 * 3600  # writing 100 M synthetic rows takes a while; past this the writer is stuck
+RANK_TIMEOUT_S = 1800       # a rank reads for --seconds after opening; past this it is stuck
 
 
 def rank_shape(quick: bool) -> dict:
@@ -58,9 +62,9 @@ def ensure_dataset(work: Path, rows: int) -> dict:
         return {"path": str(out), "written_now": False}
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "preprocess.synthetic", "--rows", str(rows), "--output", str(out),
-                    "--tokenizer", str(vocab_path()), "--workers", str(os.cpu_count() or 1)], cwd=record.REPO,
-                   check=True)
+    processes.run([sys.executable, "-m", "preprocess.synthetic", "--rows", str(rows), "--output", str(out),
+                   "--tokenizer", str(vocab_path()), "--workers", str(os.cpu_count() or 1)], cwd=record.REPO,
+                  check=True, timeout=WRITE_TIMEOUT_S)
     return {"path": str(out), "written_now": True, "write_s": round(time.perf_counter() - started, 1)}
 
 
@@ -76,12 +80,14 @@ def drop_page_cache() -> bool:
 
 def run_ranks(dataset: str, seconds: float, shape: dict, ranks: tuple[int, ...]) -> list[dict]:
     """Ranks ``ranks`` of the job at once, each in its own process (``bench.loader_rank``); their figures."""
-    with tempfile.TemporaryDirectory(prefix="loader-barrier-") as barrier:
+    with tempfile.TemporaryDirectory(prefix="loader-barrier-") as barrier, contextlib.ExitStack() as running:
         together = {"directory": barrier, "ranks": list(ranks)} if len(ranks) > 1 else None
-        procs = [subprocess.Popen([sys.executable, "-m", "bench.loader_rank", dataset, "--seconds", str(seconds),
-                                   "--shape", json.dumps({**shape, "rank": rank, "together": together})],
-                                  cwd=record.REPO, stdout=subprocess.PIPE, text=True) for rank in ranks]
-        outputs = [proc.communicate()[0] for proc in procs]
+        procs = [running.enter_context(processes.started(
+            [sys.executable, "-m", "bench.loader_rank", dataset, "--seconds", str(seconds),
+             "--shape", json.dumps({**shape, "rank": rank, "together": together})],
+            cwd=record.REPO, stdout=subprocess.PIPE, text=True)) for rank in ranks]
+        deadline = time.monotonic() + seconds + RANK_TIMEOUT_S  # a late rank's whole session is killed on leaving
+        outputs = [proc.communicate(timeout=max(0.0, deadline - time.monotonic()))[0] for proc in procs]
     if any(proc.returncode for proc in procs):
         raise RuntimeError(f"a rank of the loader benchmark failed on {dataset}")
     return [json.loads(out.strip().splitlines()[-1]) for out in outputs]

@@ -38,11 +38,13 @@ from bench import record
 from bench.cpu import CONTENDED_LOAD, OtherProcesses
 from bench.processes import child_env
 from bench.shards import vocab_path
+from common import processes
 
 PREPROCESS_CONFIG = "configs/preprocess/phase1_seq128.yaml"
 PRETRAIN_CONFIG = "configs/pretrain/tiny.yaml"
 HELD_OUT_BOOKS = 2          # the last two books by name
 SEQ = 128
+STEP_TIMEOUT_S = 4 * 3600   # wall seconds of one preprocessing, pretraining, export or finetuning child: past it, stuck
 
 # name -> (preprocessing switches, pretraining switches). Everything else is the same for all.
 RECIPES = {
@@ -107,10 +109,13 @@ def _run(cmd: list[str], log: Path, env: dict | None = None) -> None:
     with open(log, "ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())
         out.flush()
-        status = subprocess.run(cmd, check=False, cwd=record.REPO, stdout=out, stderr=subprocess.STDOUT,
-                                env=env or child_env())
-    if status.returncode != 0:
-        sys.exit(f"{cmd[:4]} failed ({status.returncode}); see {log}:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            status = processes.run(cmd, check=False, cwd=record.REPO, stdout=out, stderr=subprocess.STDOUT,
+                                   env=env or child_env(), timeout=STEP_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            status = f"killed after {STEP_TIMEOUT_S} s"
+    if status != 0:
+        sys.exit(f"{cmd[:4]} failed ({status}); see {log}:\n{log.read_text(errors='replace')[-3000:]}")
 
 
 def _tree_cpu(process: psutil.Process) -> float:
@@ -146,18 +151,20 @@ def run_budgeted(run_dir: Path, settings: dict, steps: int, budget_cpu_s: float 
     with open(log, "ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())
         out.flush()
-        child = subprocess.Popen(cmd, cwd=record.REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
-        watched = psutil.Process(child.pid)
-        while child.poll() is None:
-            try:
-                cpu = max(cpu, _tree_cpu(watched))
-            except psutil.NoSuchProcess:
-                break
-            if budget_cpu_s is not None and cpu >= budget_cpu_s and not stopped:
-                child.send_signal(signal.SIGTERM)
-                stopped = True
-            time.sleep(0.2)
-        status = child.wait()
+        with processes.started(cmd, cwd=record.REPO, stdout=out, stderr=subprocess.STDOUT, env=env) as child:
+            watched = psutil.Process(child.pid)
+            while child.poll() is None:
+                try:
+                    cpu = max(cpu, _tree_cpu(watched))
+                except psutil.NoSuchProcess:
+                    break
+                if budget_cpu_s is not None and cpu >= budget_cpu_s and not stopped:
+                    child.send_signal(signal.SIGTERM)
+                    stopped = True
+                if time.perf_counter() - started > STEP_TIMEOUT_S:  # stuck: leaving the block kills its session
+                    sys.exit(f"pretraining {run_dir.name} still running after {STEP_TIMEOUT_S} s; see {log}")
+                time.sleep(0.2)
+            status = child.wait()
     if status not in (0, 75):
         sys.exit(f"pretraining {run_dir.name} failed ({status}); see {log}")
     # Other processes' CPU meanwhile: under contention OpenMP's waiting threads spin, so a step costs more CPU and

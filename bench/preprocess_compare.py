@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import shutil
 import statistics
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -38,7 +37,8 @@ def reference_tree(ref: str, work: Path) -> tuple[Path, str]:
 
 
 def _git(*args: str) -> bytes:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, check=True).stdout
+    from common import processes  # here: a docstore_load child imports this module on an older tree's ``common``
+    return processes.run(["git", *args], cwd=REPO, capture_output=True, check=True, timeout=300).stdout
 
 
 def pair_order(index: int, reference: Path) -> list[tuple[str, Path]]:

@@ -25,6 +25,6 @@ fi
 python3 -m bench.pretrain_gpu --data128 "$seq128" --data512 "$seq512" --modes "${MODES:-padded,padding-free}" \
   --results "$results" ${BENCH_GPU_ARGS:-}
 status=0
-timeout "${COMPILE_SECONDS:-180}" python3 -m bench.pretrain_gpu --data128 "$seq128" --data512 "$seq512" \
+timeout -k 10 "${COMPILE_SECONDS:-180}" python3 -m bench.pretrain_gpu --data128 "$seq128" --data512 "$seq512" \
   --modes "${COMPILE_MODES:-padded+compile}" --results "$results/compile" ${BENCH_GPU_ARGS:-} || status=$?
 [ "$status" -eq 0 ] || echo "${COMPILE_MODES:-padded+compile} did not finish within ${COMPILE_SECONDS:-180} s (exit $status)"

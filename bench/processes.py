@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import resource
-import signal
 import socket
 import subprocess
 import threading
@@ -123,11 +122,14 @@ def run_measured(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT, env: d
     """Run ``cmd`` (output to ``log``) and measure it: wall time, the CPU of the whole reaped tree (wait4), the
     sampled CPU and summed RSS of the tree, ru_maxrss, and the cores other processes used meanwhile.
     Raises RuntimeError, with the log's tail, when the child fails or runs past ``timeout`` seconds."""
+    from common import processes  # here: a docstore_load child imports this module on an older tree's ``common``
+
     log.parent.mkdir(parents=True, exist_ok=True)
     others = OtherProcesses()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log, "wb") as out:
         started = time.perf_counter()
+        # Not processes.started: the child is reaped by os.wait4 below, for the CPU of every descendant it reaped.
         proc = subprocess.Popen(cmd, cwd=cwd, env=child_env(cwd) | (env or {}), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         sampler = TreeSampler(proc.pid)
@@ -136,14 +138,17 @@ def run_measured(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT, env: d
 
         def kill():
             timed_out.set()
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            processes.kill_session(proc.pid)
 
         timer = threading.Timer(timeout, kill)
         timer.start()
-        _, status, usage = os.wait4(proc.pid, 0)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # interrupted: the whole measured tree goes with the wait
+            timer.cancel()
+            sampler.stop.set()
+            processes.stop(proc)
+            raise
         wall = time.perf_counter() - started
         timer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -154,6 +159,7 @@ def run_measured(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT, env: d
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # Anything the tree did not reap (a stray worker still running) would be missed by wait4.
     leftovers = [p.pid for p in psutil.process_iter(["pid"]) if in_session(p, proc.pid)]
+    processes.kill_session(proc.pid)  # counted above; none of them outlives the run
     if timed_out.is_set() or proc.returncode != 0:
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{' '.join(cmd[:6])}... failed (rc {proc.returncode}, timed out "
@@ -193,15 +199,21 @@ def in_session(proc: psutil.Process, sid: int) -> bool:
 
 
 def stop_and_reap(proc: subprocess.Popen) -> float:
-    """SIGTERM, wait (SIGKILL to its session after 30 s); the CPU of the process and of every descendant it reaped."""
+    """SIGTERM, wait (SIGKILL to its session after 30 s); the CPU of the process and of every descendant it reaped.
+    ``proc`` leads a session of its own: whatever it leaves running in it is killed once it is reaped."""
+    from common import processes  # here: a docstore_load child imports this module on an older tree's ``common``
+
     proc.terminate()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return usage.ru_utime + usage.ru_stime
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    _, _, usage = os.wait4(proc.pid, 0)
-    return usage.ru_utime + usage.ru_stime
+    try:
+        while time.monotonic() < deadline:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                return usage.ru_utime + usage.ru_stime
+            time.sleep(0.1)
+        processes.kill_session(proc.pid)
+        _, _, usage = os.wait4(proc.pid, 0)
+        return usage.ru_utime + usage.ru_stime
+    finally:
+        processes.kill_session(proc.pid)  # its stragglers; all of it when the wait was interrupted

@@ -69,8 +69,10 @@ def versions(distributions: Iterable[str], code: Iterable[str]) -> dict:
 
 def git_state(paths: Iterable[str]) -> dict:
     """``repo_commit`` (HEAD) and ``repo_dirty`` (paths under ``paths`` changed or new since it); None without git."""
+    from common import processes  # here: a docstore_load child imports this module on an older tree's ``common``
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        return processes.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=120).stdout
 
     try:
         commit = git("rev-parse", "HEAD").strip()

@@ -11,8 +11,10 @@ from pathlib import Path
 
 from bench.processes import child_env
 from bench.record import REPO
+from common import processes
 
 CONFIGS = {128: "configs/preprocess/phase1_seq128.yaml", 512: "configs/preprocess/phase2_seq512.yaml"}
+BUILD_TIMEOUT_S = 4 * 3600  # preprocessing the shared data once; a run past this is stuck and its session killed
 
 
 def vocab_path() -> Path:
@@ -41,6 +43,7 @@ def ensure_dataset(seq: int, data: Path, work: Path) -> tuple[Path, dict]:
            "--output", str(out), "--overwrite"]
     started = time.perf_counter()
     with open(work / f"seq{seq}.log", "wb") as log:
-        subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True, env=child_env())
+        processes.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True, env=child_env(),
+                      timeout=BUILD_TIMEOUT_S)
     stamp_file.write_text(json.dumps(stamp, indent=1) + "\n")
     return out, {"built": True, "config": CONFIGS[seq], "build_wall_s": round(time.perf_counter() - started, 1)}

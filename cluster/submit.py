@@ -11,6 +11,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import processes
+
 
 class SubmitError(RuntimeError):
     """The scheduler's client is missing or refused the job."""
@@ -93,7 +95,7 @@ def _kinds(documents: list[dict]) -> str:
 
 def _run(argv: list[str], *, what: str, stdin: str | None = None) -> str:
     try:
-        result = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
+        result = processes.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
         raise SubmitError(f"{what} is not on PATH: submit from a machine with the {what} client, or render the "
                           "job and submit it there") from None

@@ -19,10 +19,10 @@ import dataclasses
 import functools
 import os
 import re
-import subprocess
 from pathlib import Path
 
 from cluster import credentials
+from common import processes
 from common.configlib import ConfigError
 
 CRD_DIR_VARIABLE = "BERT_PIPELINE_CRD_DIR"
@@ -131,7 +131,7 @@ def validate_sbatch(script: str) -> None:
     late = [line for line in lines[first_command:] if line.startswith("#SBATCH")]
     if late:
         raise ValidationError(f"{late[0]!r} comes after the first command, where sbatch ignores it")
-    result = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    result = processes.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         raise ValidationError(f"the batch script is not valid bash: {result.stderr.strip()}")
 

@@ -103,13 +103,16 @@ def expected_error(error: BaseException, output: Path) -> tuple[str | None, bool
 def run(args: argparse.Namespace) -> int:
     from finetune import checkpoint, report, suite
     from finetune.config import load
+    from finetune.trainer import resolved_precision
 
     started = time.time()
     cfg = load(args.config, args.overrides)
     to_run, glue_tasks = plan(args.command, args.tasks)
     suite.check_data(to_run, glue_tasks, args.data, cfg)
+    # Each benchmark's precision as it resolves here (per-task GLUE changes are resolved in the report).
+    notes = [f"{name}.{resolved_precision(getattr(cfg, name).training.precision).line()}" for name in to_run]
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "config.yaml").write_text(configlib.to_yaml(cfg))
+    (args.output / "config.yaml").write_text("".join(f"# {note}\n" for note in notes) + configlib.to_yaml(cfg))
     model_dir = checkpoint.resolve(args.checkpoint, args.output)
     tokenizer = checkpoint.load_tokenizer_for(model_dir)
     log.info(f"model {model_dir}; benchmarks {', '.join(to_run)}; seeds {cfg.seeds}")

@@ -22,7 +22,7 @@ class TrainingConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     dropout: float = 0.1
-    precision: str = "auto"          # auto: bf16 on a GPU that has it, else fp32
+    precision: str = "auto"          # auto | bf16 | fp16 (GPU) | fp32; auto: from the hardware (pretrain.precision)
     max_train_examples: int = 0      # 0: all; for quick runs and tests
     max_eval_examples: int = 0
     select_best_epoch: bool = True   # keep the epoch with the best dev score (the dev-set protocol)
@@ -33,8 +33,8 @@ class TrainingConfig:
     compile: bool = False            # torch.compile the task model (pretrain.compiling): the eager losses to rounding
 
     def __post_init__(self):
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.precision not in ("auto", "bf16", "fp16", "fp32"):
+            raise ValueError(f"precision must be auto, bf16, fp16 or fp32, got {self.precision!r}")
         if self.lr <= 0 or self.epochs <= 0 or self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("lr and epochs must be > 0, batch sizes >= 1")
         if self.deepspeed_zero_stage not in (-1, 0, 1, 2):

@@ -14,8 +14,9 @@ from pretrain.weight_decay import parameter_groups
 
 
 def finetuning_engine(module: torch.nn.Module, *, lr: float, weight_decay: float, max_grad_norm: float,
-                      batch_size: int, zero_stage: int, offload_optimizer: bool, bf16: bool):
-    """DeepSpeed's engine around ``module``: AdamW, gradient clipping, optionally bf16 and the offload.
+                      batch_size: int, zero_stage: int, offload_optimizer: bool, dtype: torch.dtype | None):
+    """DeepSpeed's engine around ``module``: AdamW, gradient clipping, bf16 or fp16 (loss-scaled) when ``dtype``
+    says so (None: fp32), and the offload.
 
     The caller sets the learning rate on ``engine.optimizer.param_groups`` every step. A process group of one
     is started here when there is none (finetuning runs in a single process).
@@ -38,7 +39,9 @@ def finetuning_engine(module: torch.nn.Module, *, lr: float, weight_decay: float
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     else:
         config["optimizer"]["params"]["torch_adam"] = True  # no JIT build of FusedAdam for a finetuning run
-    if bf16:
+    if dtype is torch.bfloat16:
         config["bf16"] = {"enabled": True}
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    elif dtype is torch.float16:
+        config["fp16"] = {"enabled": True, "loss_scale": 0}
     return ds.initialize(module, config, model_parameters=parameter_groups(module, weight_decay))

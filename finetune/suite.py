@@ -18,7 +18,7 @@ from finetune.checkpoint import load_encoder
 from finetune.config import FinetuneConfig, TrainingConfig, task_training
 from finetune.errors import DataError
 from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier
-from finetune.trainer import device_and_dtype, finetune, predict
+from finetune.trainer import device_and_dtype, finetune, predict, training_record
 
 
 def _limit(items: list, count: int) -> list:
@@ -99,7 +99,7 @@ def run_glue(tasks: list[str], data_dir: Path, model_dir: Path, tokenizer, cfg: 
         for name, runs in per_split.items():
             results.append(_summary(name if task == "mnli" else task, runs,
                                     {"benchmark": "glue", "train_examples": len(train_rows),
-                                     "eval_examples": len(dev_rows[name]), "training": training.__dict__}))
+                                     "eval_examples": len(dev_rows[name]), "training": training_record(training)}))
     return results
 
 
@@ -132,7 +132,7 @@ def run_squad(data_dir: Path, model_dir: Path, tokenizer, cfg: FinetuneConfig, o
     task = "squad_v2" if sc.version_2 else "squad"
     return [_summary(task, runs, {"benchmark": "squad", "train_examples": len(train_examples),
                                   "train_features": len(train_rows), "eval_examples": len(dev_examples),
-                                  "training": training.__dict__})]
+                                  "training": training_record(training)})]
 
 
 def squad_evaluator(examples, features, rows, data, sc, tokenizer, device, dtype):
@@ -214,7 +214,8 @@ def run_conll(data_dir: Path, model_dir: Path, tokenizer, cfg: FinetuneConfig, o
         test_metrics, test_primary = score(model, "test")
         results["test"].append(type(run)(seed=seed, best_epoch=run.best_epoch, metrics=test_metrics,
                                          primary=test_primary, steps=run.steps))
-    extra = {"benchmark": "conll", "scheme": scheme, "train_examples": len(train_rows), "training": training.__dict__}
+    extra = {"benchmark": "conll", "scheme": scheme, "train_examples": len(train_rows),
+             "training": training_record(training)}
     return [_summary("conll_dev", results["dev"], {**extra, "eval_examples": len(encoded["dev"])}),
             _summary("conll_test", results["test"], {**extra, "eval_examples": len(encoded["test"])})]
 

@@ -21,6 +21,7 @@ import torch
 
 from finetune.config import TrainingConfig
 from finetune.models import pad_batch
+from pretrain import precision
 from pretrain.compiling import compile_module
 from pretrain.compiling import describe as describe_compile
 from pretrain.schedule import ScheduleConfig, lr_at
@@ -40,13 +41,32 @@ class RunResult:
     steps: int = 0
 
 
-def device_and_dtype(precision: str) -> tuple[torch.device, torch.dtype | None]:
-    if torch.cuda.is_available():
-        device = torch.device("cuda")
-        if precision in ("auto", "bf16") and torch.cuda.is_bf16_supported():
-            return device, torch.bfloat16
-        return device, None
-    return torch.device("cpu"), (torch.bfloat16 if precision == "bf16" else None)
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}  # None: no autocast
+_told: set[str] = set()
+
+
+def resolved_precision(setting: str) -> precision.Choice:
+    """``training.precision`` (auto, bf16, fp16, fp32) resolved on this machine's device (``pretrain.precision``):
+    logged once per process with its reason, and warned of once when it is a bf16 that this CPU emulates."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    choice = precision.choose(setting, precision.detect(device), what="training.precision")
+    if choice.line() not in _told:
+        _told.add(choice.line())
+        logger.info(choice.line())
+    precision.warn_once(choice, logger)
+    return choice
+
+
+def device_and_dtype(setting: str) -> tuple[torch.device, torch.dtype | None]:
+    """The device a run computes on and its autocast dtype (None: fp32) for ``training.precision``."""
+    return (torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+            AUTOCAST[resolved_precision(setting).precision])
+
+
+def training_record(training: TrainingConfig) -> dict:
+    """``training`` as the report records it: its precision resolved, with the reason."""
+    choice = resolved_precision(training.precision)
+    return {**training.__dict__, "precision": choice.precision, "precision_reason": choice.reason}
 
 
 def predict(model: torch.nn.Module, rows: list[dict], batch_size: int, pad_id: int, device, dtype) -> list:
@@ -85,11 +105,13 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
 
         engine = finetuning_engine(model, lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
                                    batch_size=cfg.batch_size, zero_stage=cfg.deepspeed_zero_stage,
-                                   offload_optimizer=cfg.offload_optimizer, bf16=dtype is torch.bfloat16)
-        optimizer, dtype = engine.optimizer, None  # bf16 weights under DeepSpeed: no autocast on top
+                                   offload_optimizer=cfg.offload_optimizer, dtype=dtype)
+        optimizer, dtype = engine.optimizer, None  # 16-bit weights under DeepSpeed: no autocast on top
     else:
         optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999),
                                       eps=1e-6)
+    # fp16 under autocast scales the loss so that small gradients survive (bf16 has fp32's range and needs none).
+    scaler = torch.amp.GradScaler(device.type) if engine is None and dtype is torch.float16 else None
     steps_per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
     total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     schedule = ScheduleConfig(total_steps=total_steps, warmup_proportion=cfg.warmup_proportion)
@@ -118,9 +140,16 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
                 with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                     loss, _ = model(**inputs)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                optimizer.step()
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    scaler.step(optimizer)  # skipped when the scaled gradients overflowed
+                    scaler.update()
+                else:
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    optimizer.step()
             step += 1
             if bar is not None:
                 bar.update(1)

@@ -11,7 +11,7 @@ from common import configlib
 from common.objectives import MASK_UNITS, MASKING_TIMES, SENTENCE_OBJECTIVES, check_replacement_split
 from pretrain.schedule import ScheduleConfig
 
-PRECISIONS = ("bf16", "fp16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")  # auto: chosen from the hardware (pretrain.precision)
 FAMILIES = ("bert", "albert", "electra")  # pretrain.families
 OPTIMIZERS = ("adamw", "lamb")
 ATTENTIONS = ("full", "document")
@@ -70,7 +70,7 @@ class DistillationConfig:
     mlm_weight: float = 2.0              # alpha_mlm
     cosine_weight: float = 1.0           # alpha_cos
     student_layers: int | None = None    # default: half the teacher's layers
-    teacher_precision: str = "bf16"      # bf16 | fp32: the dtype the teacher's no-grad forward runs in
+    teacher_precision: str = "auto"      # auto | bf16 | fp16 | fp32: the dtype of the teacher's no-grad forward
 
     def __post_init__(self):
         if self.temperature <= 0:
@@ -79,8 +79,9 @@ class DistillationConfig:
             raise ValueError("distillation weights (kl_weight, mlm_weight, cosine_weight) must be >= 0")
         if self.student_layers is not None and self.student_layers < 1:
             raise ValueError(f"distillation.student_layers must be >= 1, got {self.student_layers}")
-        if self.teacher_precision not in ("bf16", "fp32"):
-            raise ValueError(f"distillation.teacher_precision must be bf16 or fp32, got {self.teacher_precision!r}")
+        if self.teacher_precision not in PRECISIONS:
+            raise ValueError(f"distillation.teacher_precision must be one of {PRECISIONS}, "
+                             f"got {self.teacher_precision!r}")
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class TrainConfig:
     max_steps: int = 1000                # optimizer steps
     global_batch_size: int = 256         # sequences per optimizer step, over all ranks
     micro_batch_size: int = 32           # sequences per forward pass on one rank
-    precision: str = "bf16"              # bf16 | fp16 (dynamic loss scaling) | fp32
+    precision: str = "auto"              # auto (pretrain.precision) | bf16 | fp16 (dynamic loss scaling) | fp32
     gradient_clipping: float = 1.0       # 0 disables
     initial_scale_power: int = 16        # fp16: the loss scale starts at 2**this
     loss_scale_window: int = 1000

@@ -82,6 +82,13 @@ def init_distributed(rendezvous: Rendezvous, timeout_minutes: float) -> None:
                                    world_size=rendezvous.world_size)
 
 
+def device_type() -> str:
+    """The kind of device DeepSpeed's accelerator computes on here: "cuda", "cpu", ..."""
+    import deepspeed
+
+    return deepspeed.get_accelerator().device_name().split(":")[0]
+
+
 def _every_group_times_out_after(timeout: timedelta) -> None:
     """Make ``timeout`` the default of every process group this process creates from now on.
 

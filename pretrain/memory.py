@@ -154,10 +154,12 @@ def _family_parameters(family, cfg, vocab_size: int | None) -> int:
 
 def estimate_for_run(cfg, world_size: int, vocab_size: int | None = None) -> MemoryEstimate:
     """The estimate for a ``PretrainConfig`` at ``world_size`` ranks, with the family's frozen weights (a
-    distillation teacher) on a line of their own."""
+    distillation teacher) on a line of their own; ``auto`` precisions as they resolve on the planned GPU."""
     from pretrain import families
     from pretrain.model import count_parameters
+    from pretrain.precision import planning_hardware, resolve_run
 
+    cfg, _ = resolve_run(cfg, planning_hardware())
     family = families.for_config(cfg)
     if cfg.model.family == "bert" and not cfg.distillation.teacher:
         parameters = count_parameters(planned_model_config(cfg.model, vocab_size))

@@ -7,9 +7,13 @@ hash. On resume every setting that differs is sorted into one of two kinds:
   hyperparameters, the step budget and micro-batch split, checkpoint cadence, logging, fault limits,
   where the output and the dataset live, and the loss-scaler settings;
 * **refused**, all differences in one line: everything the saved state depends on — the model's shape,
-  the precision, the global batch, the seed, the ZeRO stage and offload layout, the optimizer kind,
-  the sample order (length-grouping window), the dataset itself (its manifest's shard hashes) and its
-  vocabulary.
+  the global batch, the seed, the ZeRO stage and offload layout, the optimizer kind, the sample order
+  (length-grouping window), the dataset itself (its manifest's shard hashes) and its vocabulary.
+
+The precision (``train.precision``, as ``auto`` resolved on the machine that wrote the checkpoint) may change at
+ZeRO 1-3: the checkpoint then loads through DeepSpeed's universal format, whose fp32 weights and optimizer moments
+do not depend on the precision a step computes in (``pretrain.train``). At ZeRO 0 it is refused: there the
+optimizer's file is the precision's own (fp16's loss-scaled master copies, none in fp32).
 
 A setting not listed as applicable is refused, so a new config key is safe until someone decides otherwise.
 """
@@ -30,6 +34,7 @@ APPLIED_FROM_RESUME = (
     "schedule.", "checkpoint.", "faults.", "logging.", "model.activation_checkpointing", "model.init_from",
     "model.padding_free",  # how the same step is computed (equal to rounding), not what it computes
     "model.compile",  # likewise (pretrain.compiling: in place, the checkpoint's names unchanged)
+    "distillation.teacher_precision",  # how the frozen teacher's forward is computed; nothing of it is saved
 )
 
 
@@ -37,6 +42,11 @@ APPLIED_FROM_RESUME = (
 # did: a checkpoint that does not record one was written under this value.
 ADDED_LATER = {"objective.masking": "static", "objective.sentence_objective": "nsp", "objective.attention": "full",
                "objective.mask_unit": None, "objective.masked_lm_prob": None, "objective.max_predictions": None}
+
+
+PRECISION = "train.precision"
+PRECISION_AT_ZERO_0 = ("at ZeRO stage 0 the optimizer's checkpoint is specific to its precision, so this one resumes "
+                       "only in {saved}: set train.precision: {saved}")
 
 
 class ResumeError(ValueError):
@@ -77,21 +87,29 @@ def compare(saved: dict, now: dict) -> tuple[list[Difference], list[Difference]]
         before, after = saved.get(key, ADDED_LATER.get(key)), now.get(key)
         if before == after:
             continue
-        (applied if _applicable(key) else refused).append(Difference(key, before, after))
+        (applied if _applicable(key, saved, now) else refused).append(Difference(key, before, after))
     return refused, applied
+
+
+def precision_changed(saved: dict, now: dict) -> bool:
+    """Whether the run computes in another precision than the checkpoint's (allowed at ZeRO 1-3 only)."""
+    return saved.get(PRECISION) != now.get(PRECISION)
 
 
 def check(saved_settings: dict, now_settings: dict, checkpoint: str) -> list[Difference]:
     """Raise ``ResumeError`` naming every difference the checkpoint cannot take; the applied ones otherwise."""
     refused, applied = compare(saved_settings, now_settings)
     if refused:
+        why = [PRECISION_AT_ZERO_0.format(saved=d.saved) for d in refused if d.key == PRECISION]
         raise ResumeError(f"{checkpoint} cannot continue under this config: " + "; ".join(map(str, refused)) +
-                          ". Put these settings back, or start a new run (output_dir) from its weights "
-                          "(model.init_from)")
+                          (f" ({why[0]})" if why else "") + ". Put these settings back, or start a new run "
+                          "(output_dir) from its weights (model.init_from)")
     return applied
 
 
-def _applicable(key: str) -> bool:
+def _applicable(key: str, saved: dict, now: dict) -> bool:
+    if key == PRECISION:  # see the module's docstring
+        return saved.get("zero.stage") == now.get("zero.stage") and bool(now.get("zero.stage"))
     return any(key == name or (name.endswith(".") and key.startswith(name)) for name in APPLIED_FROM_RESUME)
 
 
@@ -101,4 +119,5 @@ def _show(value: object) -> str:
     return "(not set)" if value is None else json.dumps(value) if not isinstance(value, str) else value
 
 
-__all__ = ["ADDED_LATER", "APPLIED_FROM_RESUME", "Difference", "ResumeError", "check", "compare", "dataset_identity", "flatten"]
+__all__ = ["ADDED_LATER", "APPLIED_FROM_RESUME", "Difference", "PRECISION", "ResumeError", "check", "compare",
+           "dataset_identity", "flatten", "precision_changed"]

@@ -48,13 +48,16 @@ def dry_run(cfg, world_size: int) -> None:
     from pretrain.config import batch_plan
     from pretrain.engine import deepspeed_config
     from pretrain.memory import DEFAULT_VOCAB, estimate_for_run
+    from pretrain.precision import planning_hardware, resolve_run
     from pretrain.schedule import lr_at
 
+    cfg, choices = resolve_run(cfg, planning_hardware())
     plan = batch_plan(cfg.train, world_size)
     ds_config = deepspeed_config(cfg, plan, cfg.output_dir)
     warmup = cfg.schedule.resolved_warmup()
     print(json.dumps(ds_config, indent=2))
     print(f"\n{plan.describe()}")
+    print("\n".join(choice.line() for choice in choices))
     print(f"{cfg.train.max_steps:,} steps x {plan.global_batch:,} sequences = "
           f"{cfg.train.max_steps * plan.global_batch:,} samples; warm-up {warmup:,} steps to lr {cfg.optimizer.lr:g}, "
           f"then {cfg.schedule.decay} decay to {lr_at(cfg.train.max_steps - 1, cfg.optimizer.lr, cfg.schedule):.3g}")

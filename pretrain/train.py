@@ -20,7 +20,7 @@ from torch import nn
 
 from common import configlib, writelock
 from common.manifest import Manifest, ModelRequirements
-from pretrain import attention, checkpoints, families, loop
+from pretrain import attention, checkpoints, families, loop, precision
 from pretrain import engine as ds
 from pretrain import resume as resume_check
 from pretrain.compiling import compile_module
@@ -118,9 +118,21 @@ class Setup:
     timings: dict = field(default_factory=dict)  # seconds of the checkpoint work, for summary.json
 
 
+def resolve_precision(cfg: PretrainConfig, rank: int) -> tuple[PretrainConfig, list[precision.Choice]]:
+    """``cfg`` with its precisions resolved on this machine's device (``auto``: ``pretrain.precision``); rank 0 logs
+    each choice and its reason, and every rank warns once of an explicit bf16 that this CPU emulates."""
+    cfg, choices = precision.resolve_run(cfg, precision.detect(ds.device_type()))
+    for choice in choices:
+        if rank == 0:
+            log.info(choice.line())
+        precision.warn_once(choice, log)
+    return cfg, choices
+
+
 def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     rank, world, out = rendezvous.rank, rendezvous.world_size, Path(cfg.output_dir)
-    run = set_up(cfg, rendezvous, resume=resume)
+    cfg, choices = resolve_precision(cfg, rank)
+    run = set_up(cfg, rendezvous, resume=resume, notes=[choice.line() for choice in choices])
     engine, state = run.engine, run.state
     monitor = Monitor(out if rank == 0 else None, total_steps=cfg.train.max_steps, start_step=state.step,
                       progress=cfg.logging.progress, ds_monitor=engine.monitor)
@@ -156,6 +168,8 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     if rank == 0:
         summary = {"status": {0: "done", PREEMPTED: "preempted", DIVERGED: "diverged"}[status], "step": state.step,
                    "consumed_samples": state.consumed, "skipped_steps": state.skipped, "world_size": world,
+                   "precision": {choice.what: {"requested": choice.requested, "chosen": choice.precision,
+                                               "reason": choice.reason} for choice in choices},
                    "wall_seconds": round(time.time() - started, 1), "timings": run.timings}
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info(f"{summary['status']}: step {state.step}/{cfg.train.max_steps}, {state.consumed:,} samples, "
@@ -163,9 +177,9 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     return status
 
 
-def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setup:
+def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: list[str] = ()) -> Setup:
     """The model, data, engine and loader of the run, at step 0 or at the resumed checkpoint's step; rank 0
-    writes the run directory's config files and tokenizer."""
+    writes the run directory's config files (``notes`` as comments at the top of config.yaml) and tokenizer."""
     rank, world = rendezvous.rank, rendezvous.world_size
     out = Path(cfg.output_dir)
     plan = batch_plan(cfg.train, world)
@@ -189,14 +203,17 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> Setu
             log.info(f"resuming with a changed setting, applied from step {found.step} on: {change}")
     ds_config = ds.deepspeed_config(cfg, plan, out)
     load_from, timings = found, {}
-    if found is not None and found.info["world_size"] != world and cfg.zero.stage > 0:
+    # Another world size, or another precision (pretrain.resume), loads through the universal format.
+    if found is not None and cfg.zero.stage > 0 and (found.info["world_size"] != world or
+                                                     found.info.get("precision", cfg.train.precision) !=
+                                                     cfg.train.precision):
         began = time.perf_counter()
         load_from = _universal(found, rank)
         timings["universal_conversion_s"] = round(time.perf_counter() - began, 2)
         ds_config["checkpoint"]["load_universal"] = True
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(configlib.to_yaml(cfg))
+        (out / "config.yaml").write_text("".join(f"# {note}\n" for note in notes) + configlib.to_yaml(cfg))
         (out / "deepspeed_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
         # The tokenizer travels with the run, so its checkpoints can be exported after the dataset is gone.
         shutil.copytree(data.tokenizer_dir, out / "tokenizer", dirs_exist_ok=True)
@@ -299,8 +316,8 @@ def _universal(found: checkpoints.Checkpoint, rank: int) -> checkpoints.Checkpoi
     """A universal copy of ``found`` (made once, by rank 0) for loading on another world size."""
     target_dir = found.directory / "universal"
     if rank == 0 and not _intact(target_dir, found.tag):
-        log.info(f"{found.path} was written by {found.info['world_size']} ranks: converting it to a universal "
-                 "checkpoint to load on this world size")
+        log.info(f"{found.path} was written by {found.info['world_size']} ranks in {found.info.get('precision')}: "
+                 "converting it to a universal checkpoint to load on this world size and precision")
         shutil.rmtree(target_dir / found.tag, ignore_errors=True)
         ds.convert_to_universal(found.directory, found.tag, target_dir / found.tag)
         checkpoints.publish(target_dir, found.tag, found.info)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo, on the sample corpus that ships in samples/ (a Wikipedia-format XML dump and three books):
 # 1. train a SentencePiece vocabulary; 2. build BERT instances with 2 Beam worker processes;
-# 3. pretrain a tiny BERT on them with DeepSpeed (ZeRO 1, bf16) on 2 CPU processes, and export it;
+# 3. pretrain a tiny BERT on them with DeepSpeed (ZeRO 1; precision auto: bf16 where the CPU computes it natively,
+#    fp32 otherwise) on 2 CPU processes, and export it;
 # 4. finetune that checkpoint on the bundled GLUE-format sample (samples/glue) and write a report.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -17,6 +17,8 @@ import textwrap
 
 import pytest
 
+from common import processes
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _WITHOUT_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
@@ -59,7 +61,7 @@ _SITECUSTOMIZE = textwrap.dedent('''
 
 def _may(command: list[str]) -> bool:
     try:
-        return subprocess.run(command, capture_output=True, timeout=30, check=False).returncode == 0
+        return processes.run(command, capture_output=True, timeout=30, check=False).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -120,12 +122,12 @@ class Child:
             (self.tmp_path / "sitecustomize" / "sitecustomize.py").write_text(_SITECUSTOMIZE)
             env.update(self._hooked)
         env["PYTHONPATH"] = os.pathsep.join(path)
-        return subprocess.run([*self.prefix, sys.executable, *map(str, args)], cwd=REPO, env=env, text=True,
-                              capture_output=True, timeout=timeout, check=False)
+        return processes.run([*self.prefix, sys.executable, *map(str, args)], cwd=REPO, env=env, text=True,
+                             capture_output=True, timeout=timeout, check=False)
 
     def close(self) -> None:
         for directory in self._mounts:
-            subprocess.run(["umount", "-l", str(directory)], capture_output=True, check=False)
+            processes.run(["umount", "-l", str(directory)], capture_output=True, check=False, timeout=60)
         for path in self.tmp_path.rglob("*"):  # give pytest back what it may remove
             with contextlib.suppress(OSError):
                 if not path.is_symlink():

@@ -23,6 +23,7 @@ import sys
 
 import pytest
 
+from common import processes
 from tests.conftest import require
 from tests.pyproject_toml import REPO, read_pyproject
 
@@ -50,8 +51,8 @@ def _environment(**extra: str) -> dict[str, str]:
 
 
 def _run(command: list, what: str, timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(c) for c in command], capture_output=True, text=True, timeout=timeout,
-                            check=False, **kwargs)
+    result = processes.run([str(c) for c in command], capture_output=True, text=True, timeout=timeout,
+                           check=False, **kwargs)
     if result.returncode != 0:
         pytest.fail(f"{what} failed (exit {result.returncode}):\n$ {' '.join(map(str, command))}\n"
                     f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}", pytrace=False)

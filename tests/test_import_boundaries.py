@@ -1,11 +1,12 @@
 """The layout's promises: data code imports no torch; the format module imports no Beam."""
-import subprocess
 import sys
+
+from common import processes
 
 
 def _modules_after(import_line: str) -> set[str]:
     code = f"import sys; {import_line}; print(' '.join(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = processes.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
     return set(out.split())
 
 
@@ -78,5 +79,6 @@ def test_no_stage_imports_the_preprocessing_stage():
 
 def test_the_contracts_need_no_beam_and_no_torch():
     loaded = _modules_after("import common.configlib, common.storage, common.tokenizer, common.schema, "
-                            "common.verify, common.hashing, common.writelock, common.preprocess_config")
+                            "common.verify, common.hashing, common.writelock, common.preprocess_config, "
+                            "common.processes")
     assert not {"apache_beam", "torch", "deepspeed"} & loaded

@@ -8,7 +8,7 @@ the default half (0, 2, 4, 6, 8, 10 of BERT-base; DistilBERT's extraction script
 the top layer). ``model.preset`` is not used. The loss is ``distillation_objective``'s.
 
 Every rank loads the teacher; it is never trained, checkpointed or partitioned (it is no parameter of the module
-DeepSpeed wraps) and runs in ``distillation.teacher_precision`` (bf16 where the device has it). Resuming needs the
+DeepSpeed wraps) and runs in ``distillation.teacher_precision`` (``auto``: ``pretrain.precision``). Resuming needs the
 same teacher: its path is in the run's recorded settings (``pretrain.resume``: a changed one is refused) and the
 sha256 of its weights file in ``<output_dir>/teacher.json``, checked when a run with checkpoints starts again.
 Export, finetuning and ``pretrain.export`` see the student as a plain BERT; the record also holds a copy of the
@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from common import storage
+from pretrain import precision
 from pretrain.families.bert import BertFamily
 from pretrain.families.distillation_objective import STAT_NAMES, DistillationObjective, Weights
 from pretrain.hf_compat import (
@@ -154,12 +155,13 @@ class DistillationFamily(BertFamily):
                                      teacher_dtype=self.teacher_dtype())
 
     def teacher_dtype(self) -> torch.dtype:
-        """bf16 when asked for and the device has it (every CPU runs it; CUDA from Ampere on), else fp32."""
-        if self.settings.teacher_precision != "bf16":
-            return torch.float32
-        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-            return torch.float32
-        return torch.bfloat16
+        """``distillation.teacher_precision`` as the run resolved it; ``auto`` left unresolved (a memory plan, say)
+        is resolved here for this machine's device."""
+        chosen = self.settings.teacher_precision
+        if chosen == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            chosen = precision.choose(chosen, precision.detect(device), what="distillation.teacher_precision").precision
+        return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[chosen]
 
     def summary(self, stats: torch.Tensor) -> dict[str, float]:
         """The weighted loss and each term (token means, ``kl_loss`` with its T^2), the student's MLM accuracy, its

@@ -1,19 +1,19 @@
 """bench.irreducible: the pipeline's reading, cleaning, splitting and tokenizing alone, as a process of its own."""
 import json
 import pathlib
-import subprocess
 import sys
 
 from bench import irreducible, record
+from common import processes
 
 SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 CONFIG = "configs/preprocess/phase1_seq128.yaml"
 
 
 def test_runs_as_a_module_and_reports_one_json_line(bert_vocab):
-    out = subprocess.run([sys.executable, "-m", "bench.irreducible", "--config", CONFIG, "--tokenizer", str(bert_vocab),
-                          "--books", *map(str, sorted((SAMPLES / "books").glob("*.txt")))], cwd=record.REPO,
-                         capture_output=True, text=True, check=True).stdout
+    out = processes.run([sys.executable, "-m", "bench.irreducible", "--config", CONFIG, "--tokenizer", str(bert_vocab),
+                         "--books", *map(str, sorted((SAMPLES / "books").glob("*.txt")))], cwd=record.REPO,
+                        capture_output=True, text=True, check=True, timeout=120).stdout
     found = json.loads(out)
     assert found["documents"] > 0 and found["corpus_tokens"] > found["sentences"] > 0
     assert found["work_cpu_s"] >= found["tokenize_cpu_s"]

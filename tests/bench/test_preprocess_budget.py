@@ -1,16 +1,16 @@
 """bench.preprocess_budget: the memory floor, measured as a process of its own, and how a budget is described."""
 import json
-import subprocess
 import sys
 
 from bench import preprocess_budget, preprocess_runs, record
+from common import processes
 
 
 def test_the_floor_holds_more_than_the_imports_alone(tmp_path, bert_vocab):
     setting = preprocess_runs.Setting({"wiki": [], "books": []}, bert_vocab, tmp_path, quiet_wait=0)
     floor = preprocess_budget.memory_floor(setting, tmp_path / "floor.log", runs=1)
-    imports = json.loads(subprocess.run([sys.executable, "-m", "bench.stage_imports", "preprocess"], cwd=record.REPO,
-                                        capture_output=True, text=True, check=True).stdout)
+    imports = json.loads(processes.run([sys.executable, "-m", "bench.stage_imports", "preprocess"], cwd=record.REPO,
+                                       capture_output=True, text=True, check=True, timeout=120).stdout)
     # The tokenizer and a pipeline's run come on top of the same imports.
     assert floor["one_trivial_pipeline_peak_bytes"] > imports["peak_rss_bytes"]
     assert "python -m bench.preprocess_floor" in floor["method"] and "(1 runs)" in floor["method"]
@@ -19,14 +19,14 @@ def test_the_floor_holds_more_than_the_imports_alone(tmp_path, bert_vocab):
 
 
 def test_a_hidden_package_fails_to_import_in_the_floor_probe(tmp_path, bert_vocab):
-    result = subprocess.run([sys.executable, "-m", "bench.preprocess_floor", str(bert_vocab), "--hide", "apache_beam"],
-                            cwd=record.REPO, capture_output=True, text=True)
+    result = processes.run([sys.executable, "-m", "bench.preprocess_floor", str(bert_vocab), "--hide", "apache_beam"],
+                           cwd=record.REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "apache_beam is hidden by bench.preprocess_floor --hide" in result.stderr
 
 
 def test_a_missing_tokenizer_fails_the_floor_probe(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "bench.preprocess_floor", str(tmp_path / "none")], cwd=record.REPO,
-                            capture_output=True, text=True)
+    result = processes.run([sys.executable, "-m", "bench.preprocess_floor", str(tmp_path / "none")], cwd=record.REPO,
+                           capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and str(tmp_path / "none") in result.stderr
 
 

@@ -1,9 +1,9 @@
 """bench.preprocess_compare: the reference tree a comparison runs (a directory as given, or a commit exported)."""
 import re
-import subprocess
 import sys
 
 from bench import preprocess_compare, processes, record
+from common import processes as sessions
 
 
 def test_a_commit_is_exported_with_the_pipeline_its_contracts_and_its_configs(tmp_path):
@@ -13,14 +13,14 @@ def test_a_commit_is_exported_with_the_pipeline_its_contracts_and_its_configs(tm
     assert sorted(p.name for p in tree.iterdir()) == ["common", "configs", "preprocess"]
     # The pipeline of the exported tree runs on its own modules, not this checkout's.
     code = "import common.preprocess_config as c, preprocess.cli as p; print(c.__file__, p.__file__)"
-    where = subprocess.run([sys.executable, "-c", code], cwd=tree, env=processes.child_env(tree), capture_output=True,
-                           text=True, check=True).stdout
+    where = sessions.run([sys.executable, "-c", code], cwd=tree, env=processes.child_env(tree), capture_output=True,
+                         text=True, check=True, timeout=120).stdout
     assert where.split() == [str(tree / "common" / "preprocess_config.py"), str(tree / "preprocess" / "cli.py")]
 
 
 def test_a_commit_before_common_existed_is_exported_without_it(tmp_path):
-    added = subprocess.run(["git", "log", "--format=%H", "--diff-filter=A", "--", "common/"], cwd=record.REPO,
-                           capture_output=True, text=True, check=True).stdout.split()
+    added = sessions.run(["git", "log", "--format=%H", "--diff-filter=A", "--", "common/"], cwd=record.REPO,
+                         capture_output=True, text=True, check=True, timeout=120).stdout.split()
     before = f"{added[-1]}~1"   # the commit before the first that added files under common/
     tree, _ = preprocess_compare.reference_tree(before, tmp_path)
     assert sorted(p.name for p in tree.iterdir()) == ["configs", "preprocess"]

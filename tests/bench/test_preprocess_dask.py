@@ -1,11 +1,9 @@
 """bench.preprocess_dask: the cluster's own CPU, which the run would otherwise count as contention."""
-import os
-import signal
-import subprocess
 import sys
 import time
 
 from bench import preprocess_dask
+from common import processes
 
 BURN_S = 0.3   # CPU seconds each of the two processes below burns
 # A child that burns CPU, then starts a grandchild that burns CPU too, then waits: a nanny and its worker.
@@ -20,13 +18,9 @@ BUSY = ("import subprocess, sys, time\n"
 
 
 def test_the_cluster_cpu_counts_each_member_and_its_live_descendants():
-    proc = subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
-    try:
+    with processes.started([sys.executable, "-c", BUSY]) as proc:  # its whole session is killed on leaving
         deadline = time.monotonic() + 30
         while preprocess_dask.cluster_cpu_s([proc]) < 2 * BURN_S and time.monotonic() < deadline:
             time.sleep(0.1)
         assert preprocess_dask.cluster_cpu_s([proc]) >= 2 * BURN_S   # the child's and the grandchild's
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
     assert preprocess_dask.cluster_cpu_s([proc]) == 0.0   # gone: nothing more to count

@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from bench import processes
+from common import processes as sessions
 
 # A child that starts a grandchild burning a fixed amount of CPU, waits for it, and prints the grandchild's CPU.
 GRANDCHILD = "import time; sum(i * i for i in range(3_000_000)); print(time.process_time())"
@@ -37,22 +38,23 @@ def test_rank_peaks_read_the_high_water_mark_of_a_lone_process():
     allocate = 64 * 2**20
     code = (f"import sys; block = bytearray({allocate}); block[::4096] = b'x' * len(block[::4096]); "
             "print('ready', flush=True); sys.stdin.readline()")
-    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    sampler = processes.RankPeaks(child, interval=0.01)
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        sampler.start()
-        while sampler.is_alive() and sampler.peaks.get(0, 0) < allocate:
-            sampler.done.wait(0.01)
-    finally:
-        sampler.done.set()
-        child.communicate("go\n")
+    with sessions.started([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as child:
+        sampler = processes.RankPeaks(child, interval=0.01)
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            sampler.start()
+            while sampler.is_alive() and sampler.peaks.get(0, 0) < allocate:
+                sampler.done.wait(0.01)
+        finally:
+            sampler.done.set()
+            child.communicate("go\n", timeout=60)
     assert sampler.peaks[0] >= allocate
 
 
 def test_stop_and_reap_returns_the_cpu_of_a_stopped_child():
     code = "import time; sum(range(2_000_000)); print('ready', flush=True); time.sleep(600)"
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert child.stdout.readline().strip() == "ready"
-    cpu = processes.stop_and_reap(child)
+    with sessions.started([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout.readline().strip() == "ready"
+        cpu = processes.stop_and_reap(child)
     assert child.returncode == -15 and cpu > 0

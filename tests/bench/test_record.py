@@ -2,11 +2,11 @@
 import importlib.metadata
 import json
 import re
-import subprocess
 import sys
 import types
 
 from bench import record
+from common import processes
 
 
 def test_versions_name_each_distribution_and_the_commit():
@@ -22,11 +22,11 @@ def test_dirty_paths_are_limited_to_the_measured_code(tmp_path, monkeypatch):
     (tmp_path / "measured").mkdir()
     (tmp_path / "elsewhere").mkdir()
     for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
-        subprocess.run(["git", *args], cwd=tmp_path, check=True)
+        processes.run(["git", *args], cwd=tmp_path, check=True, timeout=120)
     (tmp_path / "measured" / "a.py").write_text("1\n")
     (tmp_path / "elsewhere" / "b.py").write_text("1\n")
-    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
-    subprocess.run(["git", "commit", "-qm", "x"], cwd=tmp_path, check=True)
+    processes.run(["git", "add", "."], cwd=tmp_path, check=True, timeout=120)
+    processes.run(["git", "commit", "-qm", "x"], cwd=tmp_path, check=True, timeout=120)
     (tmp_path / "measured" / "a.py").write_text("2\n")
     (tmp_path / "elsewhere" / "b.py").write_text("2\n")
     monkeypatch.setattr(record, "REPO", tmp_path)
@@ -66,8 +66,8 @@ def test_the_package_imports_nothing():
     """``bench.stage_imports``, ``bench.irreducible`` and ``bench.preprocess_floor`` are measured as whole processes
     (``python -m``): ``import bench`` must add nothing to them."""
     code = "import sys; before = set(sys.modules); import bench; print(sorted(set(sys.modules) - before))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=record.REPO, capture_output=True, text=True,
-                         check=True).stdout
+    out = processes.run([sys.executable, "-c", code], cwd=record.REPO, capture_output=True, text=True,
+                        check=True, timeout=120).stdout
     assert out.strip() == "['bench']"
 
 

@@ -29,6 +29,7 @@ import time
 
 import pytest
 
+from common import processes
 from tests.pretrain.conftest import sample_dataset  # noqa: F401  (re-exported: one dataset for all live tests)
 from tests.pretrain.launching import free_port, launch, losses, settings
 
@@ -93,14 +94,14 @@ def daemon(command: list[str], log: pathlib.Path) -> subprocess.Popen:
 
 
 def stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
+    """SIGTERM to a ``daemon`` (it shuts down in order), then SIGKILL to whatever still runs in its session."""
+    if proc is None:
         return
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=15)
+    processes.stop(proc)
 
 
 @contextlib.contextmanager
@@ -144,7 +145,7 @@ class SlurmCluster:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "munge").chmod(0o700)
         key = self.root / "munge" / "munge.key"
-        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
+        processes.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True, timeout=60)
         # munged refuses root unless forced; everything here runs as root, so its own munge user buys nothing.
         self._spawn("munged", ["munged", "--foreground", "--force", f"--socket={self.munge_socket}",
                                f"--key-file={key}", f"--pid-file={self.root / 'munge' / 'munged.pid'}",
@@ -169,8 +170,8 @@ class SlurmCluster:
         wait_until(node_ready, f"Slurm node {self.node} idle", 60, diagnose=self.diagnose)
 
     def _config(self) -> str:
-        hardware = dict(item.split("=", 1) for item in subprocess.run(
-            ["slurmd", "-C"], check=True, capture_output=True, text=True).stdout.split() if "=" in item)
+        hardware = dict(item.split("=", 1) for item in processes.run(
+            ["slurmd", "-C"], check=True, capture_output=True, text=True, timeout=60).stdout.split() if "=" in item)
         memory = int(hardware["RealMemory"]) * 9 // 10  # above what slurmd measures would drain the node
         state, log = self.root / "state", self.root / "log"
         return "\n".join([
@@ -221,7 +222,7 @@ class SlurmCluster:
             stop(proc)
 
     def run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(command, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=60)
+        result = processes.run(command, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=60)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr or result.stdout}")
         return result
@@ -286,8 +287,8 @@ class SSHNodes:
         self.bin.mkdir(parents=True, exist_ok=True)
         host_key, user_key = self.root / "host_ed25519", self.root / "id_ed25519"
         for key in (host_key, user_key):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bert-pipeline-test", "-f", str(key)],
-                           check=True, capture_output=True)
+            processes.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bert-pipeline-test", "-f", str(key)],
+                          check=True, capture_output=True, timeout=60)
         (self.root / "authorized_keys").write_text(user_key.with_suffix(".pub").read_text())
         host_public = host_key.with_suffix(".pub").read_text().split()
         (self.root / "known_hosts").write_text(f"bert-pipeline-test-node {host_public[0]} {host_public[1]}\n")
@@ -323,7 +324,7 @@ class SSHNodes:
                    diagnose=lambda: tail(self.root / "sshd.log"))
 
     def ssh(self, host: str, *command: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bin / "ssh"), host, *command], capture_output=True, text=True, timeout=30)
+        return processes.run([str(self.bin / "ssh"), host, *command], capture_output=True, text=True, timeout=30)
 
     def stop(self) -> None:
         """Stop the server and whatever still runs in its sessions (a run that failed midway)."""

@@ -1,6 +1,7 @@
 """The pretraining batch script's own logic, run by bash with stand-ins for Slurm's commands: USR1 reaches the
 training step, status 75 makes the job requeue itself, a cancelled or finished job is not requeued, and the job runs
 the config it carries. (tests/cluster/test_slurm_live.py does the same on a real Slurm cluster.)"""
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 import pytest
 import yaml
 
+from common import processes
 from tests.cluster.rendering import JOBS, PINNED_CHECKOUT, REPO, render
 
 # A training step: records its arguments and pid, then runs until USR1 or TERM, which it answers like
@@ -49,7 +51,10 @@ def _install(bin_dir, name, text):
 
 @pytest.fixture
 def batch(tmp_path):
-    """Start the rendered script under bash as Slurm would (environment of job 1234); returns (process, dir)."""
+    """Start the rendered script under bash as Slurm would (environment of job 1234); returns (process, dir).
+    Each script runs in a session of its own, killed whole (its fake step included) when the test ends."""
+    running = contextlib.ExitStack()
+
     def start(launcher: str = "srun", step: str = "run"):
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir(exist_ok=True)
@@ -64,11 +69,11 @@ def batch(tmp_path):
         (tmp_path / "logs").mkdir(exist_ok=True)
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_DIR": str(tmp_path),
                "FAKE_STEP": step, "SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_NTASKS": "2"}
-        process = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True)
-        return process
+        return running.enter_context(processes.started(["bash", str(script)], env=env, stdout=subprocess.PIPE,
+                                                       stderr=subprocess.STDOUT, text=True))
 
-    return start
+    with running:
+        yield start
 
 
 def _wait_for(path, process):

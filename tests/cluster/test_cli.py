@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from common import processes
 from tests.cluster.rendering import JOBS, REPO, crds, render  # noqa: F401  (crds: a fixture)
 
 TINY = ["--stage", "pretrain", "--cluster", "configs/cluster/slurm_local_cpu.yaml", "--config",
@@ -17,8 +18,8 @@ def cluster(*arguments: str, path_first: str | None = None) -> subprocess.Comple
     env = dict(os.environ)
     if path_first:
         env["PATH"] = f"{path_first}{os.pathsep}{env['PATH']}"
-    return subprocess.run([sys.executable, "-m", "cluster", *arguments], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return processes.run([sys.executable, "-m", "cluster", *arguments], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
 
 
 def fake_client(directory, name: str, reply: str, status: int = 0):
@@ -42,8 +43,8 @@ def test_cluster_imports_no_torch():
             "from tests.cluster.rendering import JOBS, render; "
             "[render(JOBS[name]) for name in JOBS if name.startswith('slurm')]; "
             "print(' '.join(sorted(sys.modules)))")
-    loaded = set(subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                                check=True).stdout.split())
+    loaded = set(processes.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                               check=True, timeout=120).stdout.split())
     assert "cluster.slurm" in loaded and "pretrain.config" in loaded  # the stage configs were loaded ...
     assert not loaded & {"torch", "deepspeed", "apache_beam", "transformers"}  # ... without the training stack
 

@@ -3,6 +3,7 @@ ssh, started through pdsh (the DeepSpeed launcher's default), one process per "n
 import os
 import subprocess
 
+from common import processes
 from pretrain import checkpoints
 from tests.cluster.live import STEPS, summary, tiny_run
 from tests.pretrain.launching import RUN, TINY, environment, free_port, losses
@@ -20,8 +21,8 @@ def test_deepspeed_hostfile_trains_on_two_ssh_nodes_like_two_local_processes(ssh
     out = tmp_path / "run"
     command = ["deepspeed", "--hostfile", str(hostfile), "--launcher", "pdsh", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), RUN, "--config", TINY, *tiny_run(sample_dataset, out)]
-    result = subprocess.run(command, cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            timeout=300, env=environment(PATH=f"{ssh_nodes.bin}{os.pathsep}{os.environ['PATH']}"))
+    result = processes.run(command, cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=300, env=environment(PATH=f"{ssh_nodes.bin}{os.pathsep}{os.environ['PATH']}"))
     assert result.returncode == 0, result.stdout[-5000:]
     # pdsh prefixes each remote line with its host: both nodes ran, and the launcher shipped the accelerator choice.
     for host in ssh_nodes.hosts:

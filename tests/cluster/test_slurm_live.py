@@ -4,11 +4,11 @@ with ``python -m cluster submit slurm`` and the site file configs/cluster/slurm_
 import json
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
 
+from common import processes
 from pretrain import checkpoints, config as pretrain_config
 from tests.cluster.live import STEPS, summary, tiny_run, wait_until
 from tests.pretrain.launching import REPO, TINY, environment, losses
@@ -32,8 +32,8 @@ def submit(slurm, tmp_path_factory):
         command = [sys.executable, "-m", "cluster", "submit", "slurm", "--stage", stage, "--cluster", SITE,
                    "--site-set", f"log_dir={log_dir}", "--site-set", f"python={sys.executable}",
                    "--config", config, *arguments]
-        result = subprocess.run(command, cwd=REPO, env=environment(**slurm.env), capture_output=True, text=True,
-                                timeout=120)
+        result = processes.run(command, cwd=REPO, env=environment(**slurm.env), capture_output=True, text=True,
+                               timeout=120)
         assert result.returncode == 0, f"{' '.join(command)}\n{result.stdout}\n{result.stderr}"
         job_ids = re.findall(r"Submitted batch job (\d+)", result.stdout)
         assert job_ids, f"no job id in the output of {' '.join(command)}:\n{result.stdout}"

@@ -6,11 +6,11 @@ import gzip
 import lzma
 import os
 import stat
-import subprocess
 import sys
 
 import pytest
 
+from common import processes
 from common import storage
 from tests.preprocess.conftest import REPO_ROOT
 
@@ -34,8 +34,8 @@ def test_text_is_utf8_whatever_the_locale(tmp_path):
     path.write_bytes('{"title": "Zo\u00eb"}'.encode("utf-8"))  # raw UTF-8, as other tools write JSON
     code = ("from common import storage\n"
             f"assert storage.read_json({str(path)!r}) == {{'title': 'Zo\\u00eb'}}\n")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, timeout=60,
-                   env={"PATH": "/usr/bin:/bin", "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0",
+    processes.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, timeout=60,
+                  env={"PATH": "/usr/bin:/bin", "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0",
                         "PYTHONPATH": str(REPO_ROOT)})
 
 
@@ -57,8 +57,8 @@ def test_local_files_need_no_object_store_client(tmp_path):
             f"assert storage.read_json({str(tmp_path / 'a.json')!r}) == [1]\n"
             f"assert sources.open_uri({str(dump)!r}).read() == b'<mediawiki/>'\n"
             "print(' '.join(m for m in ('smart_open', 'boto3', 'google.cloud.storage') if m in sys.modules))\n")
-    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, capture_output=True, text=True,
-                         timeout=60).stdout
+    out = processes.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, capture_output=True, text=True,
+                        timeout=60).stdout
     assert out.strip() == ""
 
 

@@ -2,14 +2,13 @@
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 
 import psutil
 import pytest
 
-from common import writelock
+from common import processes, writelock
 from tests.preprocess.conftest import REPO_ROOT
 
 
@@ -32,8 +31,8 @@ def _umask():
 
 
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, caplog):
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
+    with processes.started([sys.executable, "-c", "pass"]) as gone:
+        gone.wait(timeout=60)
     lock = tmp_path / "writer.lock"
     lock.write_text(json.dumps({"pid": gone.pid, "host": socket.gethostname(), "started": time.time() - 60}))
     with writelock.hold(lock, "x"):
@@ -58,20 +57,22 @@ def test_a_lock_from_another_host_is_refused_with_how_to_remove_it(tmp_path):
 
 def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
     child_pid = tmp_path / "child.pid"
-    parent = subprocess.Popen([sys.executable, "-c", f"""
+    # In a session of its own: only the parent is killed below, and the orphan must end by itself; whatever is
+    # left of the session (an orphan that did not, after the assertions) is killed on leaving the block.
+    with processes.started([sys.executable, "-c", f"""
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "from common.writelock import end_with_parent; import time; "
                           "end_with_parent(); open({str(child_pid)!r}, 'w').write(str(__import__('os').getpid())); "
                           "time.sleep(120)"])
 time.sleep(120)
-"""], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    deadline = time.time() + 60
-    while not child_pid.exists() or not child_pid.read_text():
-        assert time.time() < deadline
-        time.sleep(0.05)
-    child = psutil.Process(int(child_pid.read_text()))
-    parent.kill()
-    parent.wait()
-    child.wait(timeout=10)  # raises if the orphan lives on
-    assert not child.is_running()
+"""], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}) as parent:
+        deadline = time.time() + 60
+        while not child_pid.exists() or not child_pid.read_text():
+            assert time.time() < deadline
+            time.sleep(0.05)
+        child = psutil.Process(int(child_pid.read_text()))
+        parent.kill()
+        parent.wait(timeout=60)
+        child.wait(timeout=10)  # raises if the orphan lives on
+        assert not child.is_running()
 

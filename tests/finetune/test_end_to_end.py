@@ -122,7 +122,13 @@ def test_report_lists_every_task_with_the_paper_reference(suite):
         assert [h["epoch"] for h in result["runs"][0]["history"]] == list(range(epochs[result["task"]]))
     logs = suite["out"] / "logs"
     assert (logs / "sst2-seed1.jsonl").is_file() and (logs / "tensorboard").is_dir()
-    assert "max_train_examples: 512" in (suite["out"] / "config.yaml").read_text()
+    saved = (suite["out"] / "config.yaml").read_text()
+    assert "max_train_examples: 512" in saved
+    for result in report["results"]:  # precision auto, resolved on this machine and recorded with its reason
+        training = result["training"]
+        assert training["precision"] in ("bf16", "fp32") and training["precision_reason"]
+        benchmark = {"sst2": "glue", "squad": "squad"}.get(result["task"], "conll")
+        assert f"# {benchmark}.training.precision: {training['precision']} (auto; " in saved
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -130,6 +136,7 @@ def test_report_lists_every_task_with_the_paper_reference(suite):
     (["glue", "--tasks", "squad"], "unknown GLUE task 'squad'"),
     (["suite", "--tasks", "mnli"], "missing data file"),
     (["squad", "--checkpoint", "/nonexistent/run"], "checkpoint /nonexistent/run does not exist"),
+    (["glue", "--tasks", "sst2", "--set", "glue.training.precision=fp16"], "fp16 needs a CUDA GPU"),
 ])
 def test_bad_requests_get_one_clear_message(argv, message, minilm_dir, data_dir, tmp_path, capsys):
     if "--checkpoint" not in argv:

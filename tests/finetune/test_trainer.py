@@ -57,6 +57,12 @@ def test_plain_adamw_learns_the_toy_task(tmp_path):
     assert (tmp_path / "logs" / "toy-seed5.jsonl").read_text().count('"dev"') == 6
 
 
+def test_bf16_autocast_learns_the_toy_task_too(tmp_path):
+    """bf16 on purpose (tiny shapes: quick even where the CPU emulates it)."""
+    result, weights = _train(tmp_path, epochs=6, precision="bf16")
+    assert result.metrics["accuracy"] > 0.8 and all(bool(torch.isfinite(w).all()) for w in weights.values())
+
+
 @pytest.mark.parametrize("stage, offload", [(2, False), (1, True)])
 def test_deepspeed_zero_takes_the_same_steps_as_plain_adamw(tmp_path, stage, offload):
     plain_result, plain = _train(tmp_path / "plain")

@@ -4,11 +4,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
+from common import processes
 from tests.conftest import require
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -34,8 +34,8 @@ def real_books(real_data) -> pathlib.Path:
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600, check: bool = True):
     """Run ``python -m preprocess ARGS`` as a user would; returns the CompletedProcess."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "preprocess", *map(str, args)], cwd=REPO_ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = processes.run([sys.executable, "-m", "preprocess", *map(str, args)], cwd=REPO_ROOT, env=full_env,
+                         capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"preprocess {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr[-4000:]}")

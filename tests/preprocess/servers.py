@@ -9,6 +9,8 @@ import sys
 import time
 import urllib.request
 
+from common import processes
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -26,21 +28,25 @@ def _wait_for(check, what: str, timeout: float = 60) -> None:
     raise RuntimeError(f"{what} did not come up within {timeout} s")
 
 
+def _start(argv: list[str], **popen_arguments) -> subprocess.Popen:
+    """A server in a session of its own, so that ``_stop`` reaches all it started (a Dask nanny's worker)."""
+    return subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            **popen_arguments)
+
+
 def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (the server shuts down in order), then SIGKILL to whatever is left of its session."""
     proc.terminate()
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    processes.stop(proc)
 
 
 @contextlib.contextmanager
 def moto_s3_server():
     """Yield the environment variables that point boto3 and smart_open at a local moto server."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = _start([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)])
     try:
         endpoint = f"http://127.0.0.1:{port}"
         _wait_for(lambda: urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).status == 200, "moto server")
@@ -55,16 +61,15 @@ def dask_cluster(workers: int, cwd: str, env: dict):
     """A Dask scheduler and ``workers`` single-threaded worker processes, as separate programs."""
     port, dashboard = free_port(), free_port()
     address = f"tcp://127.0.0.1:{port}"
-    scheduler = subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                                  "--dashboard-address", f"127.0.0.1:{dashboard}"],
-                                 cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scheduler = _start(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                        "--dashboard-address", f"127.0.0.1:{dashboard}"], cwd=cwd, env=env)
     worker_procs = []
     try:
         _wait_for(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None, "dask scheduler")
         for _ in range(workers):
-            worker_procs.append(subprocess.Popen(
+            worker_procs.append(_start(
                 ["dask", "worker", address, "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"],
-                cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                cwd=cwd, env=env))
         from distributed import Client
 
         with Client(address, timeout=30) as client:

@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import bz2
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
+from common import processes
 from tests.preprocess.conftest import REPO_ROOT, read_manifest, run_cli
 
 CONFIG = "configs/preprocess/tiny.yaml"
@@ -135,16 +134,15 @@ def test_interrupted_run_publishes_nothing_and_a_rerun_succeeds(tmp_path, real_w
     out = tmp_path / "out"
     args = [sys.executable, "-m", "preprocess", "run", "--config", CONFIG, "--wikipedia", str(real_wiki),
             "--books", str(two_books), "--tokenizer", str(bert_vocab), "--output", str(out)]
-    proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
     staging = out.with_name(out.name + ".incomplete")
-    # Kill it mid-run: once the corpus index exists, instances and shards are still to come.
-    deadline = time.time() + 120
-    while not (staging / "_work" / "index.json").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run finished before it could be interrupted"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    with processes.started(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        # Kill it mid-run: once the corpus index exists, instances and shards are still to come.
+        deadline = time.time() + 120
+        while not (staging / "_work" / "index.json").exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run finished before it could be interrupted"
+        processes.kill_session(proc.pid)  # the driver and every worker of its session
+        proc.wait(timeout=30)
     assert not out.exists(), "a killed run must not leave a dataset under the output name"
     assert not (staging / "manifest.json").exists()
     rerun = run_cli(*args[3:])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -13,6 +12,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
+from common import processes
 from common import schema
 from preprocess import shards
 from preprocess.batch import FinalizedBatch, InstanceKeys
@@ -133,9 +133,9 @@ def test_memory_is_bounded_by_a_group_not_by_the_shard(tmp_path):
     group_bytes = max(shards.sorted_group(str(tmp_path / "work"), g, 3).nbytes for g in range(24))
     schema_file = tmp_path / "schema.arrow"
     schema_file.write_bytes(_output_schema().serialize().to_pybytes())
-    proc = subprocess.run([sys.executable, "-c", _PEAK_OF_ONE_SHARD, str(tmp_path / "work"), str(tmp_path / "out"),
-                           json.dumps(group_rows), str(schema_file), "3"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, check=True)
+    proc = processes.run([sys.executable, "-c", _PEAK_OF_ONE_SHARD, str(tmp_path / "work"), str(tmp_path / "out"),
+                          json.dumps(group_rows), str(schema_file), "3"], cwd=REPO_ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, check=True, timeout=120)
     measured = json.loads(proc.stdout.splitlines()[-1])
     assert measured["bytes"] > 15 * group_bytes
     assert measured["arrow_peak"] < 4 * group_bytes, (measured, group_bytes)

@@ -1,6 +1,7 @@
 """Parts run as separate jobs (--part K, --step): the same dataset as one run, in any order, resumable, guarded."""
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import sys
 import pytest
 
 from common import preprocess_config as config_module
+from common import processes
 from common.errors import InputError
 from preprocess.steps import check_request
 from tests.preprocess.conftest import REPO_ROOT, SAMPLES, read_manifest, run_cli, shard_hashes
@@ -69,9 +71,11 @@ def test_parts_that_run_at_once_meet_at_the_barriers_and_part_0_publishes(one_ru
     out = tmp_path / "together"
     argv = [sys.executable, "-m", "preprocess", "run", *map(str, _inputs(bert_vocab)), "--output", str(out),
             "--parts", str(PARTS), "--wait", "300"]
-    procs = [subprocess.Popen([*argv, "--part", str(part)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for part in (2, 1, 0)]
-    outputs = [proc.communicate(timeout=300) for proc in procs]
+    with contextlib.ExitStack() as running:  # every part's session is killed on leaving, a late one's too
+        procs = [running.enter_context(processes.started([*argv, "--part", str(part)], cwd=REPO_ROOT,
+                                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                 for part in (2, 1, 0)]
+        outputs = [proc.communicate(timeout=300) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0, 0], [err[-2000:] for _, err in outputs]
     assert "part 0 writes the shards" in outputs[0][0] and "instances:" in outputs[2][0]
     assert shard_hashes(out) == shard_hashes(one_run)

@@ -1,12 +1,15 @@
 """Start ``pretrain/run.py`` the ways users do (deepspeed, torchrun, mpiexec, srun, plain python) on CPU."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import socket
 import subprocess
 import sys
+
+from common import processes
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RUN = str(REPO / "pretrain" / "run.py")
@@ -44,16 +47,18 @@ def launch(launcher: str, nprocs: int, args: list[str], timeout: float = 300) ->
     """Run to completion; ``srun`` is imitated by starting the tasks with the variables Slurm sets."""
     port = free_port()
     if launcher == "srun":
-        procs = [subprocess.Popen([sys.executable, RUN, "--config", TINY, *args], cwd=REPO, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  env=environment(SLURM_PROCID=str(r), SLURM_NTASKS=str(nprocs), SLURM_LOCALID=str(r),
-                                                  SLURM_STEP_ID="0", SLURM_JOB_ID=str(port),
-                                                  SLURM_STEP_NODELIST="localhost", MASTER_PORT=str(port)))
-                 for r in range(nprocs)]
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+        with contextlib.ExitStack() as running:  # each task's session is killed on leaving, a late one's too
+            procs = [running.enter_context(processes.started(
+                [sys.executable, RUN, "--config", TINY, *args], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env=environment(SLURM_PROCID=str(r), SLURM_NTASKS=str(nprocs),
+                                                          SLURM_LOCALID=str(r), SLURM_STEP_ID="0",
+                                                          SLURM_JOB_ID=str(port), SLURM_STEP_NODELIST="localhost",
+                                                          MASTER_PORT=str(port))))
+                     for r in range(nprocs)]
+            outputs = [p.communicate(timeout=timeout)[0] for p in procs]
         return subprocess.CompletedProcess(procs[0].args, max(p.returncode for p in procs), "\n".join(outputs), "")
-    return subprocess.run(command(launcher, nprocs, args, port), cwd=REPO, text=True, timeout=timeout,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment(MASTER_PORT=str(port)))
+    return processes.run(command(launcher, nprocs, args, port), cwd=REPO, text=True, timeout=timeout,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment(MASTER_PORT=str(port)))
 
 
 def losses(run_dir: pathlib.Path) -> dict[int, float]:

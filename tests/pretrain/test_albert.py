@@ -3,7 +3,6 @@ Hugging Face export and load (pretrain.albert_hf)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from common import processes
 from pretrain import albert_hf
 from pretrain.albert import AlbertConfig, AlbertForPreTraining, flops_per_token, preset
 from pretrain.attention import Packing
@@ -310,6 +310,6 @@ def test_the_model_files_import_nothing_distributed():
                    if line.lstrip().startswith(("import ", "from "))]
         assert not [line for line in imports if "deepspeed" in line or "distributed" in line], (name, imports)
     code = "import sys, pretrain.albert, pretrain.albert_hf; print(' '.join(sorted(sys.modules)))"
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                cwd=root).stdout.split())
+    loaded = set(processes.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                               cwd=root, timeout=120).stdout.split())
     assert "pretrain.albert" in loaded and "deepspeed" not in loaded

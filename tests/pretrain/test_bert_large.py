@@ -1,17 +1,18 @@
 """BERT-Large through every stage on CPU, as ``python -m bench.bert_large`` runs it with fewer steps: the phase-1
-config on 2 ranks (ZeRO 2, bf16) with a checkpoint, that checkpoint resumed on 1 rank (a universal checkpoint), phase 2
-from phase 1 (``model.init_from``), the export against ``transformers`` and ``python -m finetune`` on it.
+config on 2 ranks (ZeRO 2, precision auto) with a checkpoint, that checkpoint resumed on 1 rank (a universal
+checkpoint), phase 2 from phase 1 (``model.init_from``), the export against ``transformers`` and ``python -m finetune``
+on it.
 
 Slow: two BERT-Large ranks in memory at once and several full-size checkpoints on disk (the figures are in
 bench/results/bert-large-*.json)."""
 import json
 import os
-import subprocess
 import sys
 
 import psutil
 import pytest
 
+from common import processes
 from tests.pretrain.launching import REPO, environment
 
 
@@ -23,10 +24,10 @@ def test_bert_large_pretrains_resumes_continues_exports_and_finetunes(shared_dat
             pytest.fail(message)  # CI's machines have it: never let the check go silently
         pytest.skip(message)
     env = {k: v for k, v in environment().items() if k != "OMP_NUM_THREADS"}  # the script sets it per job
-    result = subprocess.run([sys.executable, "-m", "bench.bert_large", "--steps", "2", "--resume-steps", "1",
-                             "--phase2-steps", "1", "--data", str(shared_data), "--work", str(tmp_path / "work"),
-                             "--results", str(tmp_path / "results")], cwd=REPO, env=env, text=True,
-                            capture_output=True, timeout=1800)
+    result = processes.run([sys.executable, "-m", "bench.bert_large", "--steps", "2", "--resume-steps", "1",
+                            "--phase2-steps", "1", "--data", str(shared_data), "--work", str(tmp_path / "work"),
+                            "--results", str(tmp_path / "results")], cwd=REPO, env=env, text=True,
+                           capture_output=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     found = json.loads(next((tmp_path / "results").glob("bert-large-*.json")).read_text())
     phase1, resumed, phase2 = (found["runs"][name]["summary"] for name in ("phase1", "resume", "phase2"))

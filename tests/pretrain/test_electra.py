@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
+from common import processes
 from pretrain import electra_hf
 from pretrain.checkpoints import CheckpointError
 from pretrain.electra import (
@@ -335,5 +335,6 @@ def test_model_file_imports_nothing_distributed():
     imports = [line for line in source.splitlines() if line.lstrip().startswith(("import ", "from "))]
     assert not [line for line in imports if "deepspeed" in line or "distributed" in line], imports
     code = "import sys, pretrain.electra, pretrain.electra_objective, pretrain.electra_hf; print(' '.join(sys.modules))"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    loaded = processes.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           timeout=120).stdout.split()
     assert "deepspeed" not in loaded

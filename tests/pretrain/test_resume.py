@@ -39,7 +39,7 @@ def test_settings_are_sorted_into_refused_and_applied():
 
 @pytest.mark.parametrize("change, named", [
     ({"model.preset": "base"}, "model.preset: tiny -> base"),
-    ({"train.precision": "fp32", "zero.stage": 0}, "train.precision: bf16 -> fp32"),
+    ({"zero.stage": 0}, "zero.stage: 1 -> 0"),
     ({"train.global_batch_size": 64}, "train.global_batch_size: 32 -> 64"),
     ({"seed": 99}, "seed: 1234 -> 99"),
 ])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from common import processes
 from pretrain import checkpoints, config, engine, train
 from pretrain.data import PretrainingLoader
 from tests.pretrain.launching import REPO, RUN, TINY, command, environment, free_port, launch, losses, settings
@@ -160,11 +161,11 @@ def _workers(proc):
 def test_a_signal_to_one_rank_makes_all_save_together_and_exit_for_requeue(sample_dataset, tmp_path):
     out = tmp_path / "run"
     args = settings(sample_dataset, out, steps=100000, **{"checkpoint.every_steps": 0})
-    proc = subprocess.Popen(command("torchrun", 2, args, free_port()), cwd=REPO, env=environment(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    _wait_for_step(out, 2, proc)
-    _workers(proc)[-1].send_signal(signal.SIGUSR1)  # only one rank hears it
-    output = proc.communicate(timeout=120)[0]
+    with processes.started(command("torchrun", 2, args, free_port()), cwd=REPO, env=environment(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        _wait_for_step(out, 2, proc)
+        _workers(proc)[-1].send_signal(signal.SIGUSR1)  # only one rank hears it
+        output = proc.communicate(timeout=120)[0]
     assert "received SIGUSR1: saving at step" in output or "received a signal on another rank" in output
     assert "exitcode: 75" in output or proc.returncode == 75, output[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -178,12 +179,13 @@ def test_a_signal_to_one_rank_makes_all_save_together_and_exit_for_requeue(sampl
 
 def test_a_rank_that_dies_fails_the_job_fast_instead_of_hanging(sample_dataset, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(command("torchrun", 2, settings(sample_dataset, out, steps=100000), free_port()),
-                            cwd=REPO, env=environment(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    _wait_for_step(out, 2, proc)
-    _workers(proc)[-1].kill()
-    started = time.time()
-    output = proc.communicate(timeout=120)[0]
+    with processes.started(command("torchrun", 2, settings(sample_dataset, out, steps=100000), free_port()),
+                           cwd=REPO, env=environment(), text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT) as proc:
+        _wait_for_step(out, 2, proc)
+        _workers(proc)[-1].kill()
+        started = time.time()
+        output = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0 and time.time() - started < 60, output[-3000:]
 
 
@@ -195,9 +197,9 @@ def test_a_dataset_that_does_not_fit_the_model_is_refused(sample_dataset, tmp_pa
 
 
 def test_dry_run_prints_the_deepspeed_config_the_batch_arithmetic_and_the_memory_estimate():
-    result = subprocess.run([sys.executable, RUN, "--config", str(REPO / "configs/pretrain/bert_large_phase1_seq128.yaml"),
-                             "--dry-run", "--world-size", "64"], cwd=REPO, text=True, capture_output=True,
-                            env=environment())
+    result = processes.run([sys.executable, RUN, "--config",
+                            str(REPO / "configs/pretrain/bert_large_phase1_seq128.yaml"), "--dry-run", "--world-size",
+                            "64"], cwd=REPO, text=True, capture_output=True, env=environment(), timeout=120)
     assert result.returncode == 0, result.stderr
     ds_config = json.loads(result.stdout[:result.stdout.index("\n}\n") + 2])
     assert ds_config["train_batch_size"] == 65536 and ds_config["train_micro_batch_size_per_gpu"] == 64

@@ -25,15 +25,48 @@ graphs, compiled for the first batches and then reused for every width (tests/fi
 """
 from __future__ import annotations
 
+import os
+import re
+
+import torch
 from torch import nn
 
 BACKEND = "inductor"
+ISA_PREFIX = "isa-"
 
 
 def compile_module(module: nn.Module) -> nn.Module:
-    """``module`` itself, compiled in place (its ``state_dict`` names unchanged) with symbolic sizes."""
+    """``module`` itself, compiled in place (its ``state_dict`` names unchanged) with symbolic sizes, its kernels
+    cached per CPU instruction set (``key_cache_by_isa``)."""
+    key_cache_by_isa()
     module.compile(backend=BACKEND, dynamic=True)
     return module
+
+
+def key_cache_by_isa() -> str:
+    """Point TorchInductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_<user>``) at a
+    subdirectory named after the vector instruction set its CPU kernels are generated for; that directory.
+
+    torch 2.13 does not key its cached kernels by that set: a kernel compiled under one (``ATEN_CPU_CAPABILITY=avx2``,
+    the AVX2 emulation) and loaded under another returned wrong sums or crashed the process (a shared cache between
+    machines of two CPU kinds would do the same; tests/pretrain/test_compiling.py shows it). The variable is the
+    process's, read by torch whenever it looks for its cache; it is set once, before the first compile.
+    """
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    base = cache_dir()
+    if os.path.basename(base).startswith(ISA_PREFIX):
+        return base
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        vector = str(pick_vec_isa() or "none")
+    except ImportError:  # torch moved it: the ATen capability alone still tells the CPU kinds apart
+        vector = "unknown"
+    name = re.sub(r"[^a-z0-9]+", "_", f"{vector}-{torch.backends.cpu.get_cpu_capability()}".lower())
+    keyed = os.path.join(base, ISA_PREFIX + name)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = keyed
+    return keyed
 
 
 def describe(module: nn.Module) -> str:
@@ -54,4 +87,4 @@ def is_compiled(module: nn.Module) -> bool:
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
-__all__ = ["BACKEND", "compile_module", "describe", "graphs_compiled", "is_compiled"]
+__all__ = ["BACKEND", "compile_module", "describe", "graphs_compiled", "is_compiled", "key_cache_by_isa"]

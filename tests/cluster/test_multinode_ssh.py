@@ -17,7 +17,10 @@ def test_deepspeed_hostfile_trains_on_two_ssh_nodes_like_two_local_processes(ssh
     hostfile.write_text("".join(f"{host} slots=1\n" for host in ssh_nodes.hosts))
     # A remote process gets sshd's bare environment plus what the launcher exports: PYTHON*, the accelerator's
     # own variables (none for CPU) and every line of .deepspeed_env in the working directory or the home directory.
-    (tmp_path / ".deepspeed_env").write_text("DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\n")
+    # The CPU-kind caps go too (the AVX2 emulation): kernels of another instruction set round differently.
+    caps = "".join(f"{name}={os.environ[name]}\n" for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+                   if name in os.environ)
+    (tmp_path / ".deepspeed_env").write_text("DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\n" + caps)
     out = tmp_path / "run"
     command = ["deepspeed", "--hostfile", str(hostfile), "--launcher", "pdsh", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), RUN, "--config", TINY, *tiny_run(sample_dataset, out)]

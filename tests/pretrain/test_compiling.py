@@ -10,6 +10,7 @@ Compiling takes most of these tests' time (tens of seconds per module on two cor
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -165,3 +166,39 @@ def test_a_compiled_run_has_the_eager_losses_and_resumes_from_an_eager_checkpoin
         assert train.run(resumed, one_rank, resume=True) == 0
         assert f"model.compile: {switch} -> {other}" in caplog.text
         np.testing.assert_allclose(_losses(out)[-2:], runs["false"][2:], rtol=TOLERANCE)
+
+
+SUMS = """
+import torch
+from pretrain import compiling
+
+class Sums(torch.nn.Module):
+    def forward(self, mask):
+        return mask.sum(-1), mask.bool().sum(-1)
+
+module = compiling.compile_module(Sums())
+mask = torch.zeros(16, 16, dtype=torch.int64)
+mask[:, :9] = 1
+print(sorted({int(x) for t in module(mask) for x in t}))
+"""
+
+
+def test_kernels_cached_for_one_instruction_set_are_never_loaded_for_another(tmp_path):
+    """torch 2.13 keys its on-disk kernels without the CPU's vector instruction set: a sum compiled under
+    ``ATEN_CPU_CAPABILITY=avx2`` and loaded under AVX-512 gave 25 for 9 (under no vectorisation it failed to build).
+    ``compile_module`` keys the cache by the set; one cache directory serves both here."""
+    import os
+
+    from common import processes
+    from tests.pretrain.launching import REPO
+
+    with open("/proc/cpuinfo") as info:
+        other = "avx512" if "avx512f" in info.read().split() else "default"
+    for capability in ("avx2", other, "avx2"):
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path),
+               "PYTHONPATH": str(REPO)}
+        result = processes.run([sys.executable, "-c", SUMS], env=env, cwd=REPO, capture_output=True, text=True,
+                               timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split("\n")[-2] == "[9]", (capability, result.stdout)
+    assert {p.name for p in tmp_path.glob(f"{compiling.ISA_PREFIX}*")} >= {"isa-avx2_avx2"}

@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6, help="phase-1 steps on 2 ranks")
     parser.add_argument("--resume-steps", type=int, default=3, help="more steps after resuming on 1 rank")
     parser.add_argument("--phase2-steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, nargs=2, default=(8, 4), metavar=("PHASE1", "PHASE2"),
+                        help="global batch of phase 1 (and the resume) and of phase 2, split over 2 ranks (the test "
+                             "runs 2 2: one sequence a rank, as the real size is the point there, not the rate)")
     parser.add_argument("--preset", default="large", help="model.preset of phase 1 (tiny: a smoke test of the script)")
     parser.add_argument("--work", type=Path, default=record.WORK / "bert-large")
     parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
@@ -197,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     baseline = runtime_baseline(environment(1))
 
     phase1 = {**COMMON, "model.preset": args.preset, "data.path": datasets[128][0], "output_dir": runs / "phase1",
-              "train.max_steps": args.steps, "schedule.total_steps": args.steps, "train.global_batch_size": 8,
-              "train.micro_batch_size": 4}
+              "train.max_steps": args.steps, "schedule.total_steps": args.steps,
+              "train.global_batch_size": args.batch[0], "train.micro_batch_size": max(1, args.batch[0] // 2)}
     stages["phase1"] = run_job("phase1", pretrain_command(PHASE1, 2, phase1), environment(2), logs)
-    stats["phase1"] = run_stats(runs / "phase1", 8)
+    stats["phase1"] = run_stats(runs / "phase1", args.batch[0])
     memory["phase1"] = memory_check(PHASE1, phase1, 2, vocab, stages["phase1"], baseline)
     print(f"phase 1: {stats['phase1']['step_s']} s/step, peaks {stages['phase1']['peak_rss_bytes_by_rank']}",
           flush=True)
@@ -213,16 +216,17 @@ def main(argv: list[str] | None = None) -> int:
     resume = {**phase1, "output_dir": resumed, "train.max_steps": total, "schedule.total_steps": total,
               "checkpoint.export_hf": "false"}
     stages["resume"] = run_job("resume-1rank", pretrain_command(PHASE1, 1, resume, resume=True), environment(1), logs)
-    stats["resume"] = run_stats(resumed, 8)
+    stats["resume"] = run_stats(resumed, args.batch[0])
     memory["resume"] = memory_check(PHASE1, resume, 1, vocab, stages["resume"], baseline)
     done_with(resumed)
     print(f"resume: {stats['resume']['step_s']} s/step, timings {stats['resume']['summary']['timings']}", flush=True)
 
     phase2 = {**COMMON, "data.path": datasets[512][0], "output_dir": runs / "phase2",
               "model.init_from": runs / "phase1", "train.max_steps": args.phase2_steps,
-              "schedule.total_steps": args.phase2_steps, "train.global_batch_size": 4, "train.micro_batch_size": 2}
+              "schedule.total_steps": args.phase2_steps, "train.global_batch_size": args.batch[1],
+              "train.micro_batch_size": max(1, args.batch[1] // 2)}
     stages["phase2"] = run_job("phase2", pretrain_command(PHASE2, 2, phase2), environment(2), logs)
-    stats["phase2"] = run_stats(runs / "phase2", 4)
+    stats["phase2"] = run_stats(runs / "phase2", args.batch[1])
     memory["phase2"] = memory_check(PHASE2, phase2, 2, vocab, stages["phase2"], baseline)
     done_with(runs / "phase1" / "checkpoints")  # phase1/hf stays: the phase-2 run's model config comes from it
     print(f"phase 2: {stats['phase2']['step_s']} s/step", flush=True)
@@ -282,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     gib = lambda b: f"{b / 2 ** 30:.2f} GiB"  # noqa: E731
     p1, rs, p2 = stats["phase1"], stats["resume"], stats["phase2"]
     print(f"\nBERT-Large on CPU ({machine['slug']}, {machine['cpu_model']}), {results['bench_wall_s']} s in all")
-    for name, label in (("phase1", "phase 1, 2 ranks, seq 128, batch 8"), ("resume", "resumed, 1 rank, batch 8"),
-                        ("phase2", "phase 2, 2 ranks, seq 512, batch 4")):
+    for name, label in (("phase1", f"phase 1, 2 ranks, seq 128, batch {args.batch[0]}"),
+                        ("resume", f"resumed, 1 rank, batch {args.batch[0]}"),
+                        ("phase2", f"phase 2, 2 ranks, seq 512, batch {args.batch[1]}")):
         peaks = ", ".join(gib(b) for b in stages[name]["peak_rss_bytes_by_rank"].values())
         print(f"  {label}: {stats[name]['step_s_mean_without_first']} s/step (first step left out), peak RSS "
               f"{peaks}; estimate of model states {gib(memory[name]['estimate_bytes_per_rank'])} per rank")

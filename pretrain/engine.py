@@ -24,8 +24,10 @@ from pretrain.weight_decay import parameter_groups
 
 
 def deepspeed_config(cfg: PretrainConfig, plan: BatchPlan, output_dir: str | Path) -> dict:
-    """The DeepSpeed JSON config for this run at this world size."""
+    """The DeepSpeed JSON config for this run at this world size (its precision resolved: ``pretrain.precision``)."""
     train, opt, zero = cfg.train, cfg.optimizer, cfg.zero
+    if train.precision == "auto":
+        raise ValueError("train.precision is auto: resolve it first (pretrain.precision.resolve_run)")
     ds: dict = {
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,

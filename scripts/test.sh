@@ -13,4 +13,4 @@ bash scripts/test_services.sh
 # under ~/.cache/bert-pipeline/extras/ between runs: minutes the first time, seconds after.
 # DeepSpeed runs on CPU for the tests (gloo; its first run JIT-builds a small op, cached afterwards).
 export DS_ACCELERATOR=cpu
-exec python3 -m pytest -q -ra "$@"
+exec python3 -m pytest -q -ra --durations=40 "$@"

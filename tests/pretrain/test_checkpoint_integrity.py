@@ -77,7 +77,7 @@ def test_on_corrupt_is_a_checked_config_key(tmp_path):
 
 @pytest.fixture(scope="module")
 def finished_run(sample_dataset, tmp_path_factory):
-    """4 steps on one rank, ZeRO 1, bf16, checkpoints at steps 2 and 4."""
+    """4 steps on one rank, ZeRO 1, precision auto, checkpoints at steps 2 and 4."""
     out = tmp_path_factory.mktemp("integrity") / "run"
     assert train.run(tiny_config(sample_dataset, out, 4), start_one_rank(), resume=False) == 0
     return out
@@ -164,13 +164,13 @@ def test_weights_that_turn_non_finite_are_not_checkpointed(sample_dataset, tmp_p
         calls.append(1)
         if len(calls) == 8:  # the last step's optimizer step (2 micro-batches a step on one rank) is done
             with torch.no_grad():
-                eng.optimizer.fp32_groups_flat_partition[0][:10] = float("nan")  # ZeRO 1 bf16's fp32 masters
+                eng.optimizer.single_partition_of_fp32_groups[0][:10] = float("nan")  # ZeRO 1's fp32 masters
         return stats
 
     monkeypatch.setattr(engine, "train_micro_batch", poisoning_step)
     caplog.set_level("INFO", logger="pretrain")
     run_dir = tmp_path / "run"
-    cfg = tiny_config(sample_dataset, run_dir, 4, **{"checkpoint.export_hf": "true"})
+    cfg = tiny_config(sample_dataset, run_dir, 4, **{"checkpoint.export_hf": "true", "train.precision": "fp32"})
     assert train.run(cfg, start_one_rank(), resume=False) == train.DIVERGED
     assert "step 4: the weights hold NaN or inf; not saving step_00000004 (nor exporting)" in caplog.text
     assert checkpoints.newest(run_dir / "checkpoints").step == 2 and not (run_dir / "hf").exists()
@@ -183,7 +183,7 @@ def test_two_ranks_resume_past_a_truncated_file_of_rank_1_or_refuse_it(sample_da
     common = {"checkpoint.every_steps": 2, "checkpoint.keep_last": 5}
     result = launch("torchrun", 2, settings(sample_dataset, out, steps=4, **common))
     assert result.returncode == 0, result.stdout[-3000:]
-    damaged = out / "checkpoints" / "step_00000004" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    (damaged,) = (out / "checkpoints" / "step_00000004").glob("*zero_pp_rank_1_mp_rank_00_optim_states.pt")
     truncate(damaged)
     refused = launch("torchrun", 2, ["--resume", *settings(sample_dataset, out, steps=6, **common,
                                                              **{"checkpoint.on_corrupt": "fail"})])

@@ -123,7 +123,8 @@ def test_a_run_records_its_choice_and_a_bf16_checkpoint_resumes_in_fp32_exactly(
     resumed run's export at the checkpoint's step equals the bf16 run's), and training continues."""
     caplog.set_level("INFO", logger="pretrain")
     out = tmp_path / "run"
-    bf16 = {"train.precision": "bf16", "zero.stage": 1, "checkpoint.export_hf": "true"}
+    bf16 = {"train.precision": "bf16", "zero.stage": 1, "checkpoint.export_hf": "true",
+            "train.global_batch_size": 8, "train.micro_batch_size": 8}  # small: quick where bf16 is emulated
     assert train.run(_cfg(sample_dataset, out, 2, **bf16), one_rank, resume=False) == 0
     written = load_file(out / "hf" / "model.safetensors")
     saved = (out / "config.yaml").read_text()

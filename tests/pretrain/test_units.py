@@ -46,11 +46,14 @@ def test_deepspeed_config_follows_the_run_config(tmp_path):
     assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert ds["bf16"]["enabled"] and "fp16" not in ds and ds["optimizer"]["type"] == "AdamW"
     assert ds["gradient_clipping"] == 1.0 and ds["tensorboard"]["enabled"]
-    fp16 = deepspeed_config(config.load(PHASE1), config.batch_plan(config.load(PHASE1).train, 512), tmp_path)
+    phase1 = config.load(PHASE1, ["train.precision=fp16"])  # what auto resolves to on a GPU (LAMB at ZeRO 0)
+    fp16 = deepspeed_config(phase1, config.batch_plan(phase1.train, 512), tmp_path)
     assert fp16["fp16"]["loss_scale"] == 0 and fp16["fp16"]["initial_scale_power"] == 16  # dynamic scaling
     assert "optimizer" not in fp16  # LAMB is ours, handed to DeepSpeed as a client optimizer
     with pytest.raises(ConfigError, match="not a multiple"):
         config.batch_plan(cfg.train, world_size=3)
+    with pytest.raises(ValueError, match="resolve it first"):  # auto is never handed to DeepSpeed unresolved
+        deepspeed_config(config.load(PHASE1), config.batch_plan(phase1.train, 512), tmp_path)
     json.dumps(ds)
 
 

@@ -196,11 +196,13 @@ def test_a_teacher_of_another_vocabulary_or_without_an_mlm_head_is_refused(datas
 
 
 def test_distillation_resumes_bitwise_on_two_ranks(sample_dataset, teacher, tmp_path):
-    """NSP rows (the student's pair head trains too), dropout on, bf16, ZeRO 1: the ranks' RNG states and the
-    teacher (not in the checkpoint, loaded again) must give the uninterrupted run's losses bit for bit. About 30 s:
-    three 2-rank launches (full, resumed, refused), the only way to test a resume across processes."""
+    """NSP rows (the student's pair head trains too), dropout on, bf16 (micro-batches of 4 rows: quick where bf16 is
+    emulated), ZeRO 1: the ranks' RNG states and the teacher (not in the checkpoint, loaded again) must give the
+    uninterrupted run's losses bit for bit. Three 2-rank launches (full, resumed, refused), the only way to test a
+    resume across processes."""
     common = {"distillation.teacher": teacher, "distillation.student_layers": 2, "zero.stage": 1,
-              "train.precision": "bf16", "checkpoint.every_steps": 2, "checkpoint.keep_last": 5}
+              "train.precision": "bf16", "distillation.teacher_precision": "bf16", "train.global_batch_size": 8,
+              "train.micro_batch_size": 4, "checkpoint.every_steps": 2, "checkpoint.keep_last": 5}
     full, part = tmp_path / "full", tmp_path / "part"
     result = launch("torchrun", 2, settings(sample_dataset, full, steps=4, **common))
     assert result.returncode == 0, result.stdout[-4000:]
@@ -210,7 +212,7 @@ def test_distillation_resumes_bitwise_on_two_ranks(sample_dataset, teacher, tmp_
     shutil.copy(full / "teacher.json", part / "teacher.json")
     result = launch("torchrun", 2, ["--resume", *settings(sample_dataset, part, steps=4, **common)])
     assert result.returncode == 0, result.stdout[-4000:]
-    assert "at step 2 (64 samples consumed) on 2 ranks" in result.stdout
+    assert "at step 2 (16 samples consumed) on 2 ranks" in result.stdout
     want, got = losses(full), losses(part)
     assert sorted(got) == [3, 4] and all(got[step] == want[step] for step in got), (got, want)
     records = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]

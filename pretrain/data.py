@@ -191,18 +191,26 @@ def _check_doc_starts(data: ShardedInstances, rows: np.ndarray, starts: np.ndarr
                                  "preprocessing")
 
 
-def pad(block: RowBlock, pad_id: int, first: int = 0, stop: int | None = None, *,
-        documents: bool = False) -> dict[str, np.ndarray]:
-    """Rows ``[first, stop)`` of ``block`` as a padded micro-batch: ids, token types, attention mask, flat
-    masked positions (into the flattened batch) and labels, sentence-pair labels; with ``documents`` (packed
-    rows) also ``document_ids`` (each token's block, from 0) and ``position_ids`` (restarting at each block)."""
+def padded_width(longest: int, multiple: int = PAD_MULTIPLE, limit: int | None = None) -> int:
+    """``longest`` rounded up to a multiple of ``multiple``, but not past ``limit`` (the dataset's sequence length,
+    which no row exceeds): with ``multiple`` a divisor of ``limit``, the widths are ``limit / multiple`` buckets."""
+    width = -(-int(longest) // multiple) * multiple
+    return max(int(longest), min(width, limit)) if limit is not None else width
+
+
+def pad(block: RowBlock, pad_id: int, first: int = 0, stop: int | None = None, *, documents: bool = False,
+        multiple: int = PAD_MULTIPLE, limit: int | None = None) -> dict[str, np.ndarray]:
+    """Rows ``[first, stop)`` of ``block`` as a padded micro-batch (its width: ``padded_width``): ids, token types,
+    attention mask, flat masked positions (into the flattened batch) and labels, sentence-pair labels; with
+    ``documents`` (packed rows) also ``document_ids`` (each token's block, from 0) and ``position_ids`` (restarting
+    at each block)."""
     stop = len(block) if stop is None else stop
     token_ends, mask_ends = np.cumsum(block.lengths), np.cumsum(block.counts)
     lengths, counts = block.lengths[first:stop], block.counts[first:stop]
     tokens = block.tokens[token_ends[first] - block.lengths[first]:token_ends[stop - 1]]
     masked = slice(mask_ends[first] - block.counts[first], mask_ends[stop - 1])
     batch = stop - first
-    width = int(-(-lengths.max() // PAD_MULTIPLE) * PAD_MULTIPLE)
+    width = padded_width(lengths.max(), multiple, limit)
     row_of = np.repeat(np.arange(batch), lengths)
     col_of = np.arange(len(tokens)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     input_ids = np.full((batch, width), pad_id, dtype=np.int64)
@@ -273,7 +281,8 @@ class PretrainingLoader:
 
     def __init__(self, data: ShardedInstances, *, micro_batch: int, accumulation: int, world_size: int,
                  rank: int, seed: int, window_batches: int = 64, masking: DynamicMasking | None = None,
-                 global_sum: Callable[[int], int] | None = None, document_attention: bool = False):
+                 global_sum: Callable[[int], int] | None = None, document_attention: bool = False,
+                 pad_multiple: int = PAD_MULTIPLE):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
         if document_attention and not data.packed:
@@ -289,6 +298,7 @@ class PretrainingLoader:
         self.data, self.seed, self.window_batches = data, seed, window_batches
         self.micro_batch, self.accumulation, self.world_size, self.rank = micro_batch, accumulation, world_size, rank
         self.masking, self.global_sum, self.document_attention = masking, global_sum, document_attention
+        self.pad_multiple, self.width_limit = pad_multiple, data.manifest.max_seq_length
         self.epoch, self.batch_index = 0, 0
         self._order: EpochOrder | None = None
 
@@ -338,10 +348,11 @@ class PretrainingLoader:
         scale = shares / max(1, masked_total)
         token_scale = shares / max(1, int(self.data.lengths_of(rows).sum()))
         micro = self.micro_batch
-        return [{**pad(block, self.data.pad_id, a * micro, (a + 1) * micro, documents=self.document_attention),
+        return [{**pad(block, self.data.pad_id, a * micro, (a + 1) * micro, documents=self.document_attention,
+                       multiple=self.pad_multiple, limit=self.width_limit),
                  "mlm_loss_scale": np.float32(scale), "token_loss_scale": np.float32(token_scale)}
                 for a in range(self.accumulation)]
 
 
 __all__ = ["PretrainingLoader", "RowBlock", "ShardedInstances", "collate",
-           "epoch_batches", "mask_dynamically", "pad", "read_rows", "split_global_batch"]
+           "epoch_batches", "mask_dynamically", "pad", "padded_width", "read_rows", "split_global_batch"]

@@ -27,7 +27,7 @@ from common.manifest import Manifest
 
 # Settings a resumed run takes from its new config: none of them is baked into the saved state.
 APPLIED_FROM_RESUME = (
-    "output_dir", "data.path", "data.verify",
+    "output_dir", "data.path", "data.verify", "data.pad_multiple",  # the padding only: the same rows and losses
     "train.max_steps", "train.micro_batch_size", "train.gradient_clipping", "train.initial_scale_power",
     "train.loss_scale_window", "train.hysteresis", "train.min_loss_scale",
     "optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay", "optimizer.torch_adam",
@@ -41,7 +41,8 @@ APPLIED_FROM_RESUME = (
 # Settings added after checkpoints were first written, with the value that reproduces what those checkpoints
 # did: a checkpoint that does not record one was written under this value.
 ADDED_LATER = {"objective.masking": "static", "objective.sentence_objective": "nsp", "objective.attention": "full",
-               "objective.mask_unit": None, "objective.masked_lm_prob": None, "objective.max_predictions": None}
+               "objective.mask_unit": None, "objective.masked_lm_prob": None, "objective.max_predictions": None,
+               "data.pad_multiple": 8}
 
 
 PRECISION = "train.precision"

@@ -236,7 +236,7 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: 
     loader = PretrainingLoader(data, micro_batch=plan.micro_batch, accumulation=plan.accumulation, world_size=world,
                                rank=rank, seed=cfg.seed, window_batches=cfg.data.window_batches, masking=masking,
                                global_sum=functools.partial(_sum_over_ranks, engine),
-                               document_attention=recipe.document_attention)
+                               document_attention=recipe.document_attention, pad_multiple=cfg.data.pad_multiple)
     state = LoopState()
     if found is not None:
         began = time.perf_counter()

@@ -26,6 +26,7 @@ TOLERANCE = 1e-4
 SEQ = 64
 VOCAB = 30528  # the teacher's (bert-base-uncased, rounded up to 8): distillation's student shares it
 NO_DROPOUT = {"model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0, "train.precision": "fp32"}
+RUN = {**NO_DROPOUT, "model.activation_checkpointing": "true"}
 
 
 def _objective(vocab_size: int) -> PretrainingObjective:
@@ -91,8 +92,7 @@ def test_many_widths_compile_a_bounded_number_of_graphs_and_give_the_eager_losse
 
 
 FAMILIES = {  # each family's tiny model, dropout off (inductor draws its own masks); BERT's own objective compiles in
-    # the two tests around this one, so here it comes with activation checkpointing only
-    "bert_activation_checkpointing": {"model.activation_checkpointing": "true"},
+    # the tests around this one (with activation checkpointing in the run)
     "albert": {"model.family": "albert", "model.preset": "albert_tiny"},
     "electra": {"model.family": "electra", "model.preset": "electra_tiny", "objective.sentence_objective": "none"},
     "distillation": {"distillation.teacher": "MINILM", "distillation.student_layers": 1,  # MiniLM has no MLM head:
@@ -104,8 +104,7 @@ FAMILIES = {  # each family's tiny model, dropout off (inductor draws its own ma
 def test_every_familys_objective_compiles_to_its_eager_losses(name, minilm_dir, tmp_path):
     """What ``pretrain.train`` compiles is ``family.objective(model)``: for each family the compiled objective gives
     the eager one's loss and statistics over micro-batches of several widths, with the family's own inputs
-    (ELECTRA's sampling seed: its sampling from a ``torch.Generator`` runs eagerly between two graphs), and with
-    activation checkpointing (recomputed in the compiled backward)."""
+    (ELECTRA's sampling seed: its sampling from a ``torch.Generator`` runs eagerly between two graphs)."""
     overrides = {**FAMILIES[name], "model.hidden_dropout_prob": 0.0,
                  "model.attention_probs_dropout_prob": 0.0, "data.path": tmp_path, "output_dir": tmp_path}
     overrides = {k: str(minilm_dir) if v == "MINILM" else v for k, v in overrides.items()}
@@ -142,9 +141,10 @@ def _losses(out) -> list[float]:
 
 def test_a_compiled_run_has_the_eager_losses_and_resumes_from_an_eager_checkpoint(one_rank, sample_dataset,
                                                                                   tmp_path, caplog):
-    """``model.compile`` through ``pretrain.train`` (DeepSpeed ZeRO 1, fp32, dropout off): the eager run's losses;
-    a compiled run resumed from the eager run's step-2 checkpoint continues its curve, and an eager run resumed
-    from the compiled run's checkpoint too (the checkpoint names are the same)."""
+    """``model.compile`` through ``pretrain.train`` (DeepSpeed ZeRO 1, fp32, dropout off, activation checkpointing:
+    recomputed in the compiled backward): the eager run's losses; a compiled run resumed from the eager run's step-2
+    checkpoint continues its curve, and an eager run resumed from the compiled run's checkpoint too (the checkpoint
+    names are the same)."""
     from pretrain import train
     from tests.pretrain.test_training import _cfg
 
@@ -152,7 +152,7 @@ def test_a_compiled_run_has_the_eager_losses_and_resumes_from_an_eager_checkpoin
     runs = {}
     for switch in ("false", "true"):
         out = tmp_path / f"run-{switch}"
-        cfg = _cfg(sample_dataset, out, 4, **NO_DROPOUT, **{"model.compile": switch, "checkpoint.every_steps": 2})
+        cfg = _cfg(sample_dataset, out, 4, **RUN, **{"model.compile": switch, "checkpoint.every_steps": 2})
         assert train.run(cfg, one_rank, resume=False) == 0
         runs[switch] = _losses(out)
     assert len(runs["false"]) == 4
@@ -162,7 +162,7 @@ def test_a_compiled_run_has_the_eager_losses_and_resumes_from_an_eager_checkpoin
         out = tmp_path / f"run-{switch}"
         for stale in sorted((out / "checkpoints").glob("step_00000004*")):
             stale.rename(stale.with_name(stale.name + ".old"))  # step 2 is then the newest checkpoint
-        resumed = _cfg(sample_dataset, out, 4, **NO_DROPOUT, **{"model.compile": other, "checkpoint.every_steps": 2})
+        resumed = _cfg(sample_dataset, out, 4, **RUN, **{"model.compile": other, "checkpoint.every_steps": 2})
         assert train.run(resumed, one_rank, resume=True) == 0
         assert f"model.compile: {switch} -> {other}" in caplog.text
         np.testing.assert_allclose(_losses(out)[-2:], runs["false"][2:], rtol=TOLERANCE)

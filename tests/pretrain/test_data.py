@@ -10,7 +10,14 @@ import pytest
 
 from common.errors import DatasetFormatError
 from common.manifest import ModelRequirements
-from pretrain.data import PretrainingLoader, ShardedInstances, collate, epoch_batches, split_global_batch
+from pretrain.data import (
+    PretrainingLoader,
+    ShardedInstances,
+    collate,
+    epoch_batches,
+    padded_width,
+    split_global_batch,
+)
 
 
 def _rows(dataset):
@@ -112,6 +119,40 @@ def test_resume_yields_the_same_next_batch(sample_dataset):
     assert (other.next_step()[3]["input_ids"] == expected[0][1]["input_ids"]).all()  # rows 24:32 of the batch
     with pytest.raises(ValueError, match="global batch"):
         PretrainingLoader(data, micro_batch=8, accumulation=1, world_size=1, rank=0, seed=3).load_state_dict(state)
+
+
+def _unpadded(batch: dict) -> list:
+    """A micro-batch's rows without their padding, and the masked positions as (row, column)."""
+    width = batch["input_ids"].shape[1]
+    rows = [(ids[mask == 1].tolist(), types[mask == 1].tolist()) for ids, types, mask in
+            zip(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])]
+    positions = np.stack(np.divmod(batch["masked_positions"], width), axis=1).tolist()
+    return [rows, positions, batch["masked_labels"].tolist(), batch["next_sentence_labels"].tolist(),
+            float(batch["mlm_loss_scale"]), float(batch["token_loss_scale"])]
+
+
+@pytest.mark.parametrize("multiple, widths", [(32, {32, 64, 96, 128}), (128, {128})])
+def test_static_widths_pad_the_same_rows_in_the_same_order_to_a_few_widths(sample_dataset, multiple, widths):
+    """``data.pad_multiple``: only the padding differs from the default (same rows, order, masks and loss scales),
+    every width is a multiple (or the sequence length, 128 here), and a resumed loader pads alike."""
+    data = ShardedInstances(sample_dataset)
+    assert data.manifest.max_seq_length == 128
+    default, static = (PretrainingLoader(data, micro_batch=4, accumulation=2, world_size=2, rank=1, seed=3,
+                                         pad_multiple=m) for m in (8, multiple))
+    seen = set()
+    for step in range(40):
+        if step == 20:  # resume the static loader mid-run from its own position
+            state = static.state_dict()
+            static = PretrainingLoader(data, micro_batch=4, accumulation=2, world_size=2, rank=1, seed=3,
+                                       pad_multiple=multiple)
+            static.load_state_dict(state)
+        for ours, theirs in zip(static.next_step(), default.next_step()):
+            width = ours["input_ids"].shape[1]
+            seen.add(width)
+            assert width == padded_width(theirs["input_ids"].shape[1], multiple, 128) and width in widths
+            assert _unpadded(ours) == _unpadded(theirs)
+    assert len(seen) >= 2 or multiple == 128
+    assert padded_width(100, 48, 128) == 128 and padded_width(129, 8) == 136 and padded_width(7, 64, 128) == 64
 
 
 def test_mismatched_dataset_is_refused_with_the_reason(sample_dataset, tmp_path):

@@ -23,12 +23,12 @@ def test_settings_are_sorted_into_refused_and_applied():
                             "schedule": {"total_steps": 10}, "data": {"path": "a", "window_batches": 64}})
     now = resume.flatten({"seed": 2, "model": {"preset": "large", "activation_checkpointing": True},
                           "optimizer": {"lr": 5e-5, "name": "adamw", "betas": [0.9, 0.98]},
-                          "schedule": {"total_steps": 20}, "data": {"path": "b", "window_batches": 4},
-                          "new_key": 3})
+                          "schedule": {"total_steps": 20}, "data": {"path": "b", "window_batches": 4,
+                                                                    "pad_multiple": 64}, "new_key": 3})
     refused, applied = resume.compare(saved, now)
     assert [d.key for d in refused] == ["data.window_batches", "model.preset", "new_key", "seed"]
-    assert [d.key for d in applied] == ["data.path", "model.activation_checkpointing", "optimizer.betas",
-                                        "optimizer.lr", "schedule.total_steps"]
+    assert [d.key for d in applied] == ["data.pad_multiple", "data.path", "model.activation_checkpointing",
+                                        "optimizer.betas", "optimizer.lr", "schedule.total_steps"]
     with pytest.raises(resume.ResumeError) as error:
         resume.check(saved, now, "runs/x/checkpoints/step_00000010")
     message = str(error.value)

@@ -6,7 +6,7 @@ the wall time of the README's two commands from a fresh clone.
 ``--emulate-avx2`` runs everything with ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` exported, which
 makes torch on any x86-64 CPU behave as on one with AVX2 only (no AVX-512, no native bf16); the GEMM rates show
 whether the emulation took. ``--demo`` times ``bash scripts/demo.sh`` in a fresh clone of HEAD; ``--suite`` times
-``CI=true bash scripts/test.sh --durations=40`` (what ``.ci/run`` runs) in another, and keeps its slowest tests.
+``CI=true bash scripts/test.sh`` (what ``.ci/run`` runs) in another, and keeps its 40 slowest tests.
 Results go to ``bench/results/cpu-kinds-<machine>.json``, one entry per mode (native or AVX2-emulated), kept
 across runs.
 """
@@ -73,9 +73,13 @@ def cpu_flags() -> dict:
 
 
 def fresh_clone(into: Path) -> Path:
-    """A clone of HEAD (committed code only, as CI and a new user get it)."""
+    """A clone of HEAD (committed code only, as CI and a new user get it), beside a link to this checkout's
+    ``../shared`` (the real data the tests find next to the repository, as in CI)."""
     target = into / "clone"
     processes.run(["git", "clone", "--quiet", str(record.REPO), str(target)], timeout=300, check=True)
+    shared = record.REPO.parent / "shared"
+    if shared.is_dir():
+        (into / "shared").symlink_to(shared)
     return target
 
 
@@ -103,7 +107,7 @@ def demo(emulate: bool, work: Path) -> dict:
 def suite(emulate: bool, work: Path) -> dict:
     clone = fresh_clone(work)
     env = environment(emulate) | {"CI": "true"}
-    found = timed(["bash", "scripts/test.sh", "--durations=40"], clone, env, SUITE_TIMEOUT, work / "suite.log")
+    found = timed(["bash", "scripts/test.sh"], clone, env, SUITE_TIMEOUT, work / "suite.log")  # it prints the slowest
     log = (work / "suite.log").read_text()
     final = [line for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     slowest = re.findall(r"^(\d+\.\d+)s (call|setup|teardown)\s+(\S+)$", log, flags=re.M)

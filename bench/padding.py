@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {"benchmark": "padding", "date": record.utc_now(), "command": record.command_line(),
                "machine": machine, "versions": record.versions(("numpy", "pyarrow"), ("pretrain", "configs")),
                "method": {"order": f"one epoch of pretrain.sampling.EpochOrder (seed {SEED}), windows of "
-                                   f"{WINDOW_ROWS:,} rows or the whole dataset, global batch {ACCUMULATION} micro-batches",
+                                   f"{WINDOW_ROWS:,} rows or the whole dataset, global batch of {ACCUMULATION} "
+                                   "micro-batches",
                           "padding_share": "1 - real tokens / (micro-batch x padded width), over the epoch",
                           "width": "pretrain.data.padded_width(longest row, multiple, the dataset's sequence length)"},
                "phases": found}

@@ -88,14 +88,15 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
         masking = (DynamicMasking.for_dataset(resolve(cfg.objective, data.manifest).dynamic_masking,
                                               data.tokenizer_dir, 0) if cfg.objective.masking == "dynamic" else None)
         loader = PretrainingLoader(data, micro_batch=micro, accumulation=args.accumulation, world_size=1, rank=0,
-                                   seed=0, masking=masking, document_attention=documents)
+                                   seed=0, masking=masking, document_attention=documents,
+                                   pad_multiple=args.pad_multiple)
         steps = iter(loader.next_step, None)
     else:
         steps = synthetic_steps(micro, seq, 30528, args.accumulation)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     tokens = sequences = 0
-    # The loader pads a batch to its longest row (a multiple of 8): a width met for the first time may cost kernel
-    # planning (cuDNN attention graphs, GEMM heuristics) or, compiled, a recompilation; counted here.
+    # The loader pads a batch to its longest row (rounded up to --pad-multiple): a width met for the first time may
+    # cost kernel planning (cuDNN attention graphs, GEMM heuristics) or, compiled, a recompilation; counted here.
     widths_warmup, widths_timed = set(), set()
     for index in range(args.warmup + args.steps):
         if index == args.warmup:
@@ -117,6 +118,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
     mfu = tokens_per_s * family.flops_per_token(model, seq, 0.15) / (peak * 1e12) if peak else None
     result = {"mode": mode, "attention_kernel": kernel, "packed_documents": documents, "seq": seq,
               "micro_batch": micro, "accumulation": args.accumulation, "steps": args.steps,
+              "pad_multiple": args.pad_multiple if data is not None else None,
               "data": data_dir or "synthetic full-length rows", "dataset_rows": len(data) if data is not None else None,
               "optimizer": "torch AdamW" if torch_adam else "DeepSpeed FusedAdam",
               "sequences_per_s": sequences / elapsed, "tokens_per_s": tokens_per_s, "mfu": mfu,
@@ -183,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pretrain_gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="large")
-    parser.add_argument("--micro128", type=int, default=128, help="micro-batch at seq 128")
-    parser.add_argument("--micro512", type=int, default=24, help="micro-batch at seq 512")
-    parser.add_argument("--accumulation", type=int, default=1)
+    # BERT-Large's micro-batches that fill an 80-141 GiB card, with accumulation as the shipped global batches need
+    parser.add_argument("--micro128", type=int, default=256, help="micro-batch at seq 128")
+    parser.add_argument("--micro512", type=int, default=64, help="micro-batch at seq 512")
+    parser.add_argument("--accumulation", type=int, default=4)
+    parser.add_argument("--pad-multiple", type=int, default=8,
+                        help="data.pad_multiple of the loader (32 at seq 128 or 64 at seq 512: a few static widths)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing")

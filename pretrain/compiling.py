@@ -17,8 +17,9 @@ batch to batch. Compiled with static shapes, every new (width, masked count) pai
 and after ``torch._dynamo.config.recompile_limit`` of them the module would silently run eagerly. Compiled with
 ``dynamic=True`` every size but the parameters' is symbolic from the first call, so one graph serves every
 batch: a run compiles one graph for training and one for evaluation (no_grad), plus one where a size of 1
-specialises (a last batch of one row). Bucketing the widths coarser than 8 is therefore not needed; it would
-only add padded compute (tests/pretrain/test_compiling.py counts the graphs over many widths). The packed encoder
+specialises (a last batch of one row), so the graph count does not need coarser widths
+(tests/pretrain/test_compiling.py counts the graphs over many widths); a few static widths (``data.pad_multiple``)
+are for what is planned per shape on a GPU (cuDNN attention plans, CUDA graphs), at the padding's cost. The packed encoder
 (``pretrain.attention.Packing``: finetuning's heads by default, pretraining's ``model.padding_free``) reads
 data-dependent sizes (the number of real tokens, the longest row), where the graph breaks: its forward is a few
 graphs, compiled for the first batches and then reused for every width (tests/finetune/test_compiling.py).

@@ -19,8 +19,8 @@ and after ``torch._dynamo.config.recompile_limit`` of them the module would sile
 batch: a run compiles one graph for training and one for evaluation (no_grad), plus one where a size of 1
 specialises (a last batch of one row), so the graph count does not need coarser widths
 (tests/pretrain/test_compiling.py counts the graphs over many widths); a few static widths (``data.pad_multiple``)
-are for what is planned per shape on a GPU (cuDNN attention plans, CUDA graphs), at the padding's cost. The packed encoder
-(``pretrain.attention.Packing``: finetuning's heads by default, pretraining's ``model.padding_free``) reads
+are for what is planned per shape on a GPU (cuDNN attention plans, CUDA graphs), at the padding's cost. The packed
+encoder (``pretrain.attention.Packing``: finetuning's heads by default, pretraining's ``model.padding_free``) reads
 data-dependent sizes (the number of real tokens, the longest row), where the graph breaks: its forward is a few
 graphs, compiled for the first batches and then reused for every width (tests/finetune/test_compiling.py).
 """

@@ -39,7 +39,7 @@ def widths_of(data: ShardedInstances, micro: int) -> tuple[np.ndarray, int, int]
                        lengths_of=data.lengths_of)
     longest, real = [], 0
     for index in range(len(order)):
-        rows = split_global_batch(order.batch(index), accumulation=global_batch // micro, world_size=1,
+        rows = split_global_batch(order.batch(index), accumulation=ACCUMULATION, world_size=1,
                                   micro_batch=micro).reshape(-1, micro)
         lengths = data.lengths_of(rows.reshape(-1)).reshape(rows.shape)
         longest.append(lengths.max(axis=1))

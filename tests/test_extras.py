@@ -94,9 +94,7 @@ def build_venv(extra: str, root: pathlib.Path) -> pathlib.Path:
         env = _environment()
         python = venv / "bin" / "python"
         _run([sys.executable, "-m", "venv", venv], f"creating the [{extra}] environment", 300, env=env)
-        # --no-compile: the interpreter compiles what it imports on first use, instead of pip compiling every file
-        # of torch and its dependencies (tens of thousands) up front.
-        pip = [python, "-m", "pip", "install", "--quiet", "--no-compile"]
+        pip = [python, "-m", "pip", "install", "--quiet"]
         if torch:
             _run([*pip, torch], f"installing {torch} into the [{extra}] environment", INSTALL_TIMEOUT_S, env=env)
         _run([*pip, "-e", f"{REPO}[{extra}]"], f"pip install -e '.[{extra}]'", INSTALL_TIMEOUT_S, env=env)

@@ -26,9 +26,9 @@ def test_bert_large_pretrains_resumes_continues_exports_and_finetunes(shared_dat
         pytest.skip(message)
     env = {k: v for k, v in environment().items() if k != "OMP_NUM_THREADS"}  # the script sets it per job
     result = processes.run([sys.executable, "-m", "bench.bert_large", "--steps", "1", "--resume-steps", "1",
-                            "--phase2-steps", "1", "--batch", "2", "2", "--data", str(shared_data), "--work", str(tmp_path / "work"),
-                            "--results", str(tmp_path / "results")], cwd=REPO, env=env, text=True,
-                           capture_output=True, timeout=1800)
+                            "--phase2-steps", "1", "--batch", "2", "2", "--data", str(shared_data),
+                            "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")],
+                           cwd=REPO, env=env, text=True, capture_output=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     found = json.loads(next((tmp_path / "results").glob("bert-large-*.json")).read_text())
     phase1, resumed, phase2 = (found["runs"][name]["summary"] for name in ("phase1", "resume", "phase2"))

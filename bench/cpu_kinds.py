@@ -7,8 +7,8 @@ the wall time of the README's two commands from a fresh clone.
 makes torch on any x86-64 CPU behave as on one with AVX2 only (no AVX-512, no native bf16); the GEMM rates show
 whether the emulation took. ``--demo`` times ``bash scripts/demo.sh`` in a fresh clone of HEAD; ``--suite`` times
 ``CI=true bash scripts/test.sh`` (what ``.ci/run`` runs) in another, and keeps its 40 slowest tests.
-Results go to ``bench/results/cpu-kinds-<machine>.json``, one entry per mode (native or AVX2-emulated), kept
-across runs.
+Results go to ``bench/results/cpu-kinds-<kind>-<machine>.json`` (kind: ``bf16`` where the CPU computes bf16
+natively, ``avx512`` or ``avx2`` otherwise), one entry per mode (native or AVX2-emulated), kept across runs.
 """
 from __future__ import annotations
 
@@ -70,6 +70,13 @@ def cpu_flags() -> dict:
     with open("/proc/cpuinfo") as info:
         flags = next((set(line.split(":", 1)[1].split()) for line in info if line.startswith("flags")), set())
     return {flag: flag in flags for flag in FLAGS}
+
+
+def cpu_kind(flags: dict) -> str:
+    """The kind of CPU a result speaks for: native bf16, AVX-512 without it, or AVX2 only."""
+    if flags["avx512_bf16"] or flags["amx_bf16"]:
+        return "bf16"
+    return "avx512" if flags["avx512f"] else "avx2"
 
 
 def fresh_clone(into: Path) -> Path:
@@ -144,7 +151,7 @@ def main(argv=None) -> int:
                 shutil.rmtree(work, ignore_errors=True)
                 reinstall_here()
             print(f"{wanted}: {entry[wanted]['wall_s']} s, status {entry[wanted]['status']}")
-    path = record.results_file(args.results, "cpu-kinds", machine)
+    path = record.results_file(args.results, f"cpu-kinds-{cpu_kind(entry['cpu_flags'])}", machine)
     recorded = json.loads(path.read_text()) if path.exists() else {}
     recorded["machine"] = machine
     previous = recorded.get("modes", {}).get(mode, {})

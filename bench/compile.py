@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": record.command_line(), "machine": machine,
         "versions": record.versions(record.DISTRIBUTIONS["pretrain"], ("pretrain", "finetune")),
         "config": {"torch_threads": torch.get_num_threads(), "rounds": rounds, "steps_per_round": steps,
-                   "compile": f"nn.Module.compile(backend={compiling.BACKEND!r}, dynamic=True)", "precision": "fp32",
+                   "compile": f"regional: torch.compile(backend={compiling.BACKEND!r}, dynamic=True) per region",
+                   "precision": "fp32",
                    "dropout": 0.0, "optimizer": "torch.optim.AdamW(lr=1e-5, weight_decay=0.01)", "seed": SEED},
         "datasets": {f"seq{seq}": {"path": os.path.relpath(dataset, record.REPO), **build}
                      for seq, (dataset, build) in datasets.items()},

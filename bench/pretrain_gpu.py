@@ -8,7 +8,8 @@
 Each phase: the model preset at that sequence length, one rank, bf16 (DeepSpeed's bf16 with ZeRO 1 and
 fp32 master weights), AdamW; ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps; once per mode:
 ``padded`` or ``padding-free`` (``model.padding_free``, with the attention kernel ``pretrain.attention`` picks),
-each eager or ``+compile`` (``model.compile``; its compilation falls in the warm-up steps). Phase 2's rows are
+each eager or ``+compile`` (``model.compile``: regional, each layer kind compiled once; its compilation falls in the
+warm-up steps) or ``+compile-whole`` (the whole objective as one graph, for comparison). Phase 2's rows are
 packed documents when ``--data512`` is a packed dataset (``full_sentences``, document attention).
 Reports sequences/s, tokens/s and MFU = tokens/s x training FLOPs per token (the family's ``flops_per_token``)
 / the GPU's dense bf16 peak. Writes bench/results/pretrain-gpu-<device>.json with the machine (and its GPU) and
@@ -37,7 +38,7 @@ from pretrain.launch import Rendezvous
 from pretrain.monitor import peak_tflops
 from pretrain.recipe import resolve
 
-MODES = ("padded", "padding-free", "padded+compile", "padding-free+compile")
+MODES = ("padded", "padding-free", "padded+compile", "padding-free+compile", "padded+compile-whole")
 
 
 def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: int = 0):
@@ -59,7 +60,8 @@ def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: i
 
 
 def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict:
-    padding_free, compiled = mode.startswith("padding-free"), mode.endswith("+compile")
+    padding_free, compiled = mode.startswith("padding-free"), "+compile" in mode
+    regional = not mode.endswith("+compile-whole")
     total_steps = args.warmup + args.steps + args.profile_steps
     torch_adam = args.torch_adam or not torch.cuda.is_available()
     overrides = [f"model.preset={args.preset}", "model.max_position_embeddings=512", f"train.micro_batch_size={micro}",
@@ -81,7 +83,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
     family.set_activation_checkpointing(model, args.checkpointing)
     objective = family.objective(model)
     if compiled:
-        compile_module(objective)
+        compile_module(objective, regional=regional)
     engine = ds.build(cfg, objective, ds.deepspeed_config(cfg, plan, record.WORK))
     kernel = attention.configure(model, engine.device)[0] if padding_free else None
     if data is not None:

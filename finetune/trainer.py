@@ -22,7 +22,7 @@ import torch
 from finetune.config import TrainingConfig
 from finetune.models import pad_batch
 from pretrain import precision
-from pretrain.compiling import compile_module
+from pretrain.compiling import RecompileLimitWatch, compile_module
 from pretrain.compiling import describe as describe_compile
 from pretrain.schedule import ScheduleConfig, lr_at
 from pretrain.weight_decay import parameter_groups
@@ -99,6 +99,7 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
     if cfg.compile:  # in place, before DeepSpeed wraps it: the state_dict names stay the eager model's
         compile_module(model)
         logger.info(describe_compile(model))
+        RecompileLimitWatch.for_process(logger.warning)
     engine = None
     if cfg.deepspeed_zero_stage >= 0:  # DeepSpeed owns the optimizer, precision and clipping
         from finetune.engine import finetuning_engine

@@ -5,6 +5,7 @@ Exit statuses: 0 done; ``PREEMPTED`` (75) saved after SIGUSR1/SIGTERM and wants 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import random
@@ -23,7 +24,7 @@ from common.manifest import Manifest, ModelRequirements
 from pretrain import attention, checkpoints, families, loop, precision
 from pretrain import engine as ds
 from pretrain import resume as resume_check
-from pretrain.compiling import compile_module
+from pretrain.compiling import RecompileLimitWatch, compile_module
 from pretrain.compiling import describe as describe_compile
 from pretrain.config import BatchPlan, PretrainConfig, batch_plan
 from pretrain.data import PretrainingLoader, ShardedInstances
@@ -141,11 +142,13 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
                      f"ZeRO {cfg.zero.stage}, {cfg.train.precision}, {cfg.optimizer.name}")
     stop = StopFlag().install()
     started = time.time()
+    compiled = RecompileLimitWatch(monitor.info if rank == 0 else log.warning) if cfg.model.compile else None
     try:
         save = functools.partial(_save, engine=engine, cfg=cfg, loader=run.loader, world=world, monitor=monitor,
                                  timings=run.timings)
-        status = loop.train(state, engine, run.loader, monitor, cfg=cfg, plan=run.plan, family=run.family,
-                            model=run.model, rank=rank, stop=stop, save=save)
+        with compiled or contextlib.nullcontext():
+            status = loop.train(state, engine, run.loader, monitor, cfg=cfg, plan=run.plan, family=run.family,
+                                model=run.model, rank=rank, stop=stop, save=save)
         if status == 0 and not engine.weights_finite():  # e.g. the last steps were skipped, so never saved
             monitor.info(f"the final weights hold NaN or inf: the run is not done and {export_directory(out)} is not "
                          f"exported. The last good checkpoint is kept in {out / 'checkpoints'}: resume from it with "
@@ -171,6 +174,8 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
                    "precision": {choice.what: {"requested": choice.requested, "chosen": choice.precision,
                                                "reason": choice.reason} for choice in choices},
                    "wall_seconds": round(time.time() - started, 1), "timings": run.timings}
+        if compiled:
+            summary["compile"] = {"graphs": compiled.graphs(), "recompile_limits_hit": compiled.limits_hit}
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info(f"{summary['status']}: step {state.step}/{cfg.train.max_steps}, {state.consumed:,} samples, "
                  f"{state.skipped} skipped steps, {summary['wall_seconds']} s on {world} ranks; outputs in {out}")

@@ -13,4 +13,6 @@ bash scripts/test_services.sh
 # under ~/.cache/bert-pipeline/extras/ between runs: minutes the first time, seconds after.
 # DeepSpeed runs on CPU for the tests (gloo; its first run JIT-builds a small op, cached afterwards).
 export DS_ACCELERATOR=cpu
-exec python3 -m pytest -q -ra --durations=40 "$@"
+# Two workers, whole files each, tests marked exclusive alone (tests/workers.py): much of the suite waits on one
+# core (start-up, code generation, Beam). TEST_WORKERS=0 runs it in one process.
+exec python3 -m pytest -q -ra --durations=40 -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -9,6 +9,8 @@ _REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
+from tests import workers  # noqa: E402 (after the path it is found on)
+
 
 def require(path: pathlib.Path, what: str) -> pathlib.Path:
     """Real data is required in CI (CI=true): fail there; skip only on a developer machine without it."""
@@ -42,3 +44,22 @@ def minilm_dir() -> pathlib.Path:
 def bert_vocab(minilm_dir) -> pathlib.Path:
     """bert-base-uncased's vocab.txt."""
     return minilm_dir / "vocab.txt"
+
+
+def pytest_configure(config):
+    workers.open_locks(config)
+
+
+def pytest_unconfigure(config):
+    workers.close_locks(config)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    workers.group_by_file(items, pathlib.Path(_REPO_ROOT))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with workers.machine_share(item):
+        return (yield)

@@ -17,6 +17,7 @@ from common import processes
 from tests.pretrain.launching import REPO, environment
 
 
+@pytest.mark.exclusive  # two BERT-Large ranks hold most of the memory
 @pytest.mark.slow
 def test_bert_large_pretrains_resumes_continues_exports_and_finetunes(shared_data, tmp_path):
     if psutil.virtual_memory().total < 20 * 2 ** 30:

@@ -29,9 +29,9 @@ NO_DROPOUT = {"model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_p
 RUN = {**NO_DROPOUT, "model.activation_checkpointing": "true"}
 
 
-def _objective(vocab_size: int) -> PretrainingObjective:
+def _objective(vocab_size: int, layers: int = 2) -> PretrainingObjective:
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0)
     return PretrainingObjective(BertForPreTraining(config), "nsp").train()
@@ -66,10 +66,48 @@ def _micro_batches(count: int, vocab_size: int) -> list[dict]:
 
 def test_compiling_keeps_the_module_and_its_state_dict_names():
     eager, compiled = _objective(64), _objective(64)
-    assert compiling.compile_module(compiled) is compiled and compiling.is_compiled(compiled)
-    assert not compiling.is_compiled(eager)
+    assert compiling.compile_module(compiled) is compiled and compiling.any_compiled(compiled)
+    assert not compiling.any_compiled(eager)
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no "_orig_mod." prefix
     compiled.load_state_dict(eager.state_dict())  # an eager checkpoint loads as it is
+
+
+def test_the_regions_are_each_layer_the_embeddings_and_the_heads():
+    objective = _objective(64, layers=3)
+    names = {id(module): name for name, module in objective.named_modules()}
+    assert [names[id(region)] for region in compiling.regions(objective)] == [
+        "model.bert.embeddings", "model.bert.encoder.layer.0", "model.bert.encoder.layer.1",
+        "model.bert.encoder.layer.2", "model.bert.pooler", "model.cls.predictions", "model.cls.seq_relationship"]
+    compiling.compile_module(objective)
+    assert {name for name, module in objective.named_modules() if compiling.is_compiled(module)} == {
+        names[id(region)] for region in compiling.regions(objective)}
+    assert "7 regions (BertEmbeddings, BertLMPredictionHead, BertLayer, BertPooler, Linear)" in compiling.describe(
+        objective)  # the pre-training heads have no forward of their own: their two heads are called one by one
+
+
+def test_a_module_held_in_a_plain_attribute_is_compiled_by_region_too():
+    """A distillation teacher is kept out of DeepSpeed's reach in a plain attribute; its layers are regions too."""
+    holder = torch.nn.Module()
+    holder.student = _objective(64, layers=1)
+    object.__setattr__(holder, "teacher", _objective(64, layers=2))
+    regions = compiling.regions(holder)
+    assert holder.teacher.model.bert.encoder.layer[1] in regions and holder.student.model.cls.predictions in regions
+
+
+def _graphs_for(objective: PretrainingObjective, batches: list[dict]) -> int:
+    torch._dynamo.reset()
+    before = compiling.graphs_compiled()
+    for batch in batches:
+        loss, _ = objective(**batch)
+        loss.backward()
+    return compiling.graphs_compiled() - before
+
+
+def test_one_layers_graph_serves_every_layer():
+    """Regional compilation: four layers compile the graphs one layer does (BERT-Large: one layer's, not 24)."""
+    batches = _micro_batches(2, 96)
+    one, four = (_graphs_for(compiling.compile_module(_objective(96, layers=n)), batches) for n in (1, 4))
+    assert one == four > 0
 
 
 def test_many_widths_compile_a_bounded_number_of_graphs_and_give_the_eager_losses():
@@ -78,6 +116,7 @@ def test_many_widths_compile_a_bounded_number_of_graphs_and_give_the_eager_losse
     shapes = {(b["input_ids"].shape[1], len(b["masked_positions"])) for b in batches}
     assert len({width for width, _ in shapes}) >= 5 and len(shapes) >= 10  # what would recompile with static shapes
     eager, compiled = _objective(vocab), compiling.compile_module(_objective(vocab))
+    kinds = {type(region) for region in compiling.regions(compiled)}
     torch._dynamo.reset()
     before = compiling.graphs_compiled()
     for batch in batches:
@@ -86,9 +125,23 @@ def test_many_widths_compile_a_bounded_number_of_graphs_and_give_the_eager_losse
         loss.backward()
         torch.testing.assert_close(loss, expected, rtol=TOLERANCE, atol=0)
         torch.testing.assert_close(stats, expected_stats, rtol=TOLERANCE, atol=TOLERANCE)
-    assert 1 <= compiling.graphs_compiled() - before <= 2  # one graph for every shape (two if a size of 1 specialises)
+    # one graph per kind of region for every shape (two where a size of 1 specialises), whatever the widths
+    assert len(kinds) <= compiling.graphs_compiled() - before <= 2 * len(kinds)
     torch.testing.assert_close(  # the gradients flow through the compiled backward
         compiled.model.cls.seq_relationship.weight.grad.abs().sum() > 0, torch.tensor(True))
+
+
+def test_a_region_past_the_recompile_limit_is_reported_as_running_eagerly():
+    """TorchDynamo gives up on a function after ``recompile_limit`` graphs and runs it eagerly, saying so only in its
+    own log; the watch turns that into our line (static shapes, so every width recompiles)."""
+    reports = []
+    region = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=2, automatic_dynamic_shapes=False):
+        with compiling.RecompileLimitWatch(reports.append) as watch:
+            for width in (3, 4, 5, 6):
+                torch.testing.assert_close(region(torch.ones(width)), torch.full((width,), 3.0))
+    assert watch.limits_hit == 1 and len(reports) == 1
+    assert "recompile_limit (2)" in reports[0] and "runs eagerly from here on" in reports[0], reports
 
 
 FAMILIES = {  # each family's tiny model, dropout off (inductor draws its own masks); BERT's own objective compiles in
@@ -117,15 +170,21 @@ def test_every_familys_objective_compiles_to_its_eager_losses(name, minilm_dir, 
         _dropout_off(model)
         family.set_activation_checkpointing(model, cfg.model.activation_checkpointing)
         made.append(family.objective(model).train())
+    torch._dynamo.reset()  # as in a new process: the graphs of the other families' tests are forgotten
     eager, compiled = made[0], compiling.compile_module(made[1])
-    for step, batch in enumerate(_micro_batches(3, VOCAB)):
-        inputs = {**batch, "token_loss_scale": batch["mlm_loss_scale"] / 8,
-                  **family.micro_batch_inputs(step=step, micro=0, rank=0)}
-        expected, expected_stats = eager(**inputs)
-        loss, stats = compiled(**inputs)
-        (expected + loss).backward()  # separate graphs: each objective gets its own gradients
-        torch.testing.assert_close(loss, expected, rtol=TOLERANCE, atol=0)
-        torch.testing.assert_close(stats, expected_stats, rtol=TOLERANCE, atol=TOLERANCE)
+    reports = []
+    with compiling.RecompileLimitWatch(reports.append) as watch:
+        for step, batch in enumerate(_micro_batches(3, VOCAB)):
+            inputs = {**batch, "token_loss_scale": batch["mlm_loss_scale"] / 8,
+                      **family.micro_batch_inputs(step=step, micro=0, rank=0)}
+            expected, expected_stats = eager(**inputs)
+            loss, stats = compiled(**inputs)
+            (expected + loss).backward()  # separate graphs: each objective gets its own gradients
+            torch.testing.assert_close(loss, expected, rtol=TOLERANCE, atol=0)
+            torch.testing.assert_close(stats, expected_stats, rtol=TOLERANCE, atol=TOLERANCE)
+        with torch.no_grad():  # evaluation compiles its own graphs, within the limit too
+            compiled.eval()(**inputs)
+    assert watch.limits_hit == 0, reports  # no region fell back to eager
     grads = {n: p.grad for n, p in compiled.named_parameters() if p.grad is not None}
     assert grads and grads.keys() == {n for n, p in eager.named_parameters() if p.grad is not None}
     for n, p in eager.named_parameters():
@@ -157,6 +216,9 @@ def test_a_compiled_run_has_the_eager_losses_and_resumes_from_an_eager_checkpoin
         runs[switch] = _losses(out)
     assert len(runs["false"]) == 4
     np.testing.assert_allclose(runs["true"], runs["false"], rtol=TOLERANCE)
+    compiled = json.loads((tmp_path / "run-true" / "summary.json").read_text())["compile"]
+    assert compiled["graphs"] > 0 and compiled["recompile_limits_hit"] == 0
+    assert "compile" not in json.loads((tmp_path / "run-false" / "summary.json").read_text())
     assert caplog.text.count("model.compile: torch.compile (inductor, dynamic shapes) of PretrainingObjective") == 1
     for switch, other in (("false", "true"), ("true", "false")):  # resume each run's step-2 checkpoint the other way
         out = tmp_path / f"run-{switch}"

@@ -49,6 +49,7 @@ def test_ranks_exit_when_their_launcher_is_killed(sample_dataset, tmp_path):
         assert not alive, f"ranks {[p.pid for p in alive]} outlived their launcher"
 
 
+@pytest.mark.exclusive  # it bounds the job's end by the wall clock
 def test_a_stopped_rank_makes_the_others_exit_within_the_collective_timeout(sample_dataset, tmp_path):
     out = tmp_path / "run"
     args = settings(sample_dataset, out, steps=100000, **{"faults.timeout_minutes": 0.25, "zero.stage": 2})

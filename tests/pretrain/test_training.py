@@ -182,6 +182,7 @@ def test_a_signal_to_one_rank_makes_all_save_together_and_exit_for_requeue(sampl
     assert result.returncode == 0 and f"at step {saved.step}" in result.stdout
 
 
+@pytest.mark.exclusive  # it bounds the job's end by the wall clock
 def test_a_rank_that_dies_fails_the_job_fast_instead_of_hanging(sample_dataset, tmp_path):
     out = tmp_path / "run"
     with processes.started(command("torchrun", 2, settings(sample_dataset, out, steps=100000), free_port()),

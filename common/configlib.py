@@ -7,6 +7,7 @@ resolved config that gets saved next to the outputs is exactly what ran.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -18,7 +19,39 @@ from common.errors import ConfigError
 
 T = TypeVar("T")
 
+# Values in messages: a few levels, items and characters, so that neither the work nor the line grows with the
+# value (a value that shares its parts can stand for more items than memory holds).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 3, 4, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 80
+_SHOWN_CHARS = 160
 
+
+def _shown(value: Any) -> str:
+    text = _SHOWN.repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 3] + "..."
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """safe_load without aliases: ``*name`` re-uses a node, so a few lines of nested aliases (a "billion laughs"
+    document) expand to more data than memory holds. Our configs never need them: each is one flat file."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"{mark.name}, line {mark.line + 1}: YAML aliases (*name) are not allowed in configs; "
+                              "write the value out in full")
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """``text`` parsed as YAML, refusing aliases; ``source`` names it in the error."""
+    loader = _NoAliasLoader(text)
+    loader.name = source  # shown in yaml's own error marks too
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _type_name(tp: Any) -> str:
@@ -39,31 +72,31 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {_shown(value)}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping for section {_type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{where}: expected a mapping for section {_type_name(tp)}, got {_shown(value)}")
         return _build(tp, value, where)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {_shown(value)}")
         (item_tp, *_) = typing.get_args(tp) or (Any,)
         items = [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{where}: expected a mapping, got {_shown(value)}")
         return dict(value)
     if tp is Any:
         return value
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        raise ConfigError(f"{where}: expected true or false, got {_shown(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer, got {_shown(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -72,11 +105,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        raise ConfigError(f"{where}: expected a number, got {_shown(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        raise ConfigError(f"{where}: expected a string, got {_shown(value)}")
     return value
 
 
@@ -120,7 +153,7 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...], cls: typ
                 raise ConfigError(f"--set {item!r}: unknown key '{'.'.join(keys[:depth + 1])}'")
             field_tp = typing.get_type_hints(node_cls)[key]
             if depth == len(keys) - 1:
-                node[key] = yaml.safe_load(raw)
+                node[key] = parse_yaml(raw, f"--set {path.strip()}")
             else:
                 node[key] = dict(node.get(key) or {})
                 node, node_cls = node[key], field_tp
@@ -138,7 +171,7 @@ def load(cls: type[T], path: str | Path | None, overrides: list[str] | tuple[str
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
         try:
-            data = yaml.safe_load(text) or {}
+            data = parse_yaml(text, str(path)) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from None
         if not isinstance(data, dict):

@@ -141,12 +141,24 @@ def check_format(document: dict, where: str) -> None:
 
 
 def inside(directory: Path, name: str, what: str) -> Path:
-    """``directory / name``, refusing a ``name`` from the manifest that could point outside ``directory``."""
+    """``directory / name``, refusing a ``name`` from the manifest that could point outside ``directory``: by its
+    text, or by a symbolic link on the way that resolves outside (a link that stays inside is allowed)."""
     relative = Path(str(name))
     if not str(name) or relative.is_absolute() or ".." in relative.parts:
         raise DatasetFormatError(f"{Path(directory) / MANIFEST_NAME}: {what} {name!r} is not a relative path inside "
                                  "the dataset directory; the manifest was altered: re-run preprocessing")
-    return Path(directory) / relative
+    path = Path(directory) / relative
+    # The text is not enough: every later check (is_file, stat, the memory map) follows links, so a link would
+    # train on, or verify, a file this dataset's manifest never described.
+    try:
+        resolved, root = path.resolve(), Path(directory).resolve()
+    except (OSError, RuntimeError) as error:  # RuntimeError: a loop of links
+        raise DatasetFormatError(f"{path}: {what} cannot be resolved ({error}); replace the link with the file "
+                                 "itself, or re-run preprocessing") from None
+    if not resolved.is_relative_to(root):
+        raise DatasetFormatError(f"{path}: {what} is a link to {resolved}, outside the dataset directory {root}; "
+                                 "copy the file itself into the directory (cp -L), or re-run preprocessing")
+    return path
 
 
 def _optional_int(value) -> int | None:

@@ -118,13 +118,16 @@ def _read_question(qa, title: str, context: str, version_2: bool, path: str, whe
     if is_impossible and not version_2:
         raise DataError(f"{path}: {where} (id {qid}) is marked is_impossible, which only SQuAD v2.0 has; "
                         f"read this file with version_2=True")
+    # Without "answers" a question is unlabelled (a test set); with it, it must be a list of answers.
+    listed = _field(qa, "answers", list, path, f"{where} (id {qid})") if "answers" in qa else []
     answers = []
-    for answer_index, answer in enumerate(qa.get("answers", [])):
-        text = _field(answer, "text", str, path, f"{where}.answers[{answer_index}]")
-        start = _field(answer, "answer_start", int, path, f"{where}.answers[{answer_index}]")
+    for answer_index, answer in enumerate(listed):
+        at = f"{where}.answers[{answer_index}] (question id {qid})"
+        text = _field(answer, "text", str, path, at)
+        start = _field(answer, "answer_start", int, path, at)
         if not 0 <= start <= len(context):
-            raise DataError(f"{path}: {where}.answers[{answer_index}] starts at character {start}, outside its "
-                            f"{len(context)}-character context")
+            raise DataError(f"{path}: {at} starts at character {start}, outside its {len(context)}-character "
+                            "context")
         answers.append((text, start))
     return SquadExample(qid, title, context, question, tuple(answers), is_impossible)
 

@@ -62,7 +62,9 @@ class MappedShard:
         size = first.num_rows if first is not None else 0
         if size and (batches - 1) * size < self.num_rows <= batches * size:
             self.batch_starts = np.minimum(np.arange(batches + 1, dtype=np.int64) * size, self.num_rows)
-            self._place(0, first)
+            # Checked like every later batch: in a one-batch shard, batch 0 is the only place a manifest
+            # that lists fewer rows than the file holds can show.
+            self._place_checked(0, first)
         else:
             self._read_every_header()
         self._bytes = np.frombuffer(self._whole, np.uint8)
@@ -71,11 +73,17 @@ class MappedShard:
         """Place the record batches ``indices``; False when one of them is not the size expected (every
         header has then been read, and ``batch_starts`` changed)."""
         for index in indices.tolist():
-            batch = self._reader.get_batch(index)
-            if batch.num_rows != self.batch_starts[index + 1] - self.batch_starts[index]:
-                self._read_every_header()
+            if not self._place_checked(index, self._reader.get_batch(index)):
                 return False
-            self._place(index, batch)
+        return True
+
+    def _place_checked(self, index: int, batch: pa.RecordBatch) -> bool:
+        """Place record batch ``index`` if it holds the rows ``batch_starts`` expects; otherwise read every
+        header instead (which refuses a shard whose rows differ from the manifest's) and return False."""
+        if batch.num_rows != self.batch_starts[index + 1] - self.batch_starts[index]:
+            self._read_every_header()
+            return False
+        self._place(index, batch)
         return True
 
     def _read_every_header(self) -> None:

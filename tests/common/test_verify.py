@@ -59,7 +59,16 @@ def _escaping_path(copy, manifest):
     return "tokenizer.dir '../../elsewhere' is not a relative path inside the dataset directory"
 
 
-@pytest.mark.parametrize("damage", [_altered_shard, _truncated_shard, _missing_shard, _partial_manifest, _escaping_path])
+def _shard_linked_outside(copy, manifest):
+    shard = copy / manifest["shards"][1]["name"]
+    outside = copy.parent / "outside.arrow"
+    shard.replace(outside)  # the very bytes the manifest lists: only where the file lies is wrong
+    shard.symlink_to(outside)
+    return f"{shard}: shard name is a link to {outside}, outside the dataset directory"
+
+
+@pytest.mark.parametrize("damage", [_altered_shard, _truncated_shard, _missing_shard, _partial_manifest, _escaping_path,
+                                    _shard_linked_outside])
 def test_damage_is_named_in_one_line(dataset, tmp_path, capsys, damage):
     copy, manifest = _copy(dataset, tmp_path)
     expected = damage(copy, manifest)

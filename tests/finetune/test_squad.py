@@ -308,7 +308,7 @@ def test_missing_file_is_a_clear_error(tmp_path):
     ('{"version": "1.1", "rows": []}', "found keys \\['rows', 'version'\\]"),
     ('{"data": [{"title": "x"}]}', r'data\[0\] needs "paragraphs"'),
     ('{"data": [{"paragraphs": [{"context": "c", "qas": [{"id": "1", "question": "q", '
-     '"answers": [{"text": "c", "answer_start": "0"}]}]}]}]}', r'qas\[0\]\.answers\[0\] needs "answer_start"'),
+     '"answers": [{"text": "c", "answer_start": "0"}]}]}]}]}', r'qas\[0\]\.answers\[0\] \(question id 1\) needs "answer_start"'),
     ('{"data": [{"paragraphs": [{"context": "c", "qas": [{"id": "1", "question": "q", '
      '"answers": [], "is_impossible": true}]}]}]}', "version_2=True"),
 ])
@@ -318,6 +318,32 @@ def test_non_squad_json_is_a_clear_error(tmp_path, content, message):
     with pytest.raises(DataError, match=message) as raised:
         read_squad(str(path))
     assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize("answers, message", [
+    (None, r'qas\[1\] \(id q7\) needs "answers" \(list\), found answers=None'),
+    ("cat", r'qas\[1\] \(id q7\) needs "answers" \(list\), found answers=\'cat\''),
+    (["cat"], r'qas\[1\]\.answers\[0\] \(question id q7\) needs "text" \(str\), found not an object'),
+    ([{"answer_start": 2}], r'answers\[0\] \(question id q7\) needs "text" \(str\), found text=None'),
+    ([{"text": "cat", "answer_start": "2"}], r'answers\[0\] \(question id q7\) needs "answer_start" \(int\)'),
+    ([{"text": "cat", "answer_start": True}], r'answers\[0\] \(question id q7\) needs "answer_start" \(int\)'),
+    ([{"text": "cat"}, {"text": "cat", "answer_start": 9}], r"answers\[0\] \(question id q7\) needs"),
+])
+def test_a_malformed_question_is_one_line_naming_the_file_and_the_question_id(tmp_path, answers, message):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "a cat", "qas": [
+        {"id": "q1", "question": "q", "answers": [{"text": "cat", "answer_start": 2}]},
+        {"id": "q7", "question": "r", "answers": answers}]}]}]}), encoding="utf-8")
+    with pytest.raises(DataError, match=message) as raised:
+        read_squad(str(path))
+    assert str(raised.value).startswith(f"{path}: data[0].paragraphs[0].qas[1]") and "\n" not in str(raised.value)
+
+
+def test_a_question_without_answers_is_read_as_unlabelled(tmp_path):
+    path = tmp_path / "test.json"
+    path.write_text(json.dumps({"data": [{"title": "T", "paragraphs": [{"context": "a cat", "qas": [
+        {"id": "q1", "question": "q"}]}]}]}), encoding="utf-8")
+    assert read_squad(str(path)) == [SquadExample("q1", "T", "a cat", "q", ())]
 
 
 def test_version_2_file_reads_unanswerable_questions(tmp_path):

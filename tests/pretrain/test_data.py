@@ -241,6 +241,22 @@ def test_a_damaged_or_altered_shard_is_refused_naming_it(synthetic_dataset, tmp_
         collate(ShardedInstances(copy), np.asarray([19_000]))  # in the shard's last record batch
 
 
+def test_a_manifest_listing_fewer_rows_than_a_one_batch_shard_is_refused_at_its_first_row(synthetic_dataset,
+                                                                                          tmp_path):
+    """Batch 0 is checked like every later one: in a one-batch shard it is the only place the lie shows."""
+    copy, manifest = _copy(synthetic_dataset(6_000, rows_per_shard=3_000), tmp_path)  # shards of one record batch
+    shard = copy / manifest["shards"][1]["name"]
+    assert ipc.open_file(pa.memory_map(str(shard))).num_record_batches == 1
+    manifest["shards"][1]["rows"] -= 100
+    manifest["rows"] -= 100  # the totals still add up: only the shard itself shows the difference
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    data = ShardedInstances(copy)
+    collate(data, np.arange(5))  # the other shard is intact
+    with pytest.raises(DatasetFormatError, match=f"^{shard}: 3000 rows but the manifest lists 2900; .*re-run "
+                                                 "preprocessing$"):
+        collate(data, np.asarray([3_000]))
+
+
 def test_a_position_saved_in_another_sample_order_is_refused(sample_dataset):
     loader = PretrainingLoader(ShardedInstances(sample_dataset), micro_batch=8, accumulation=1, world_size=1, rank=0,
                                seed=3)
@@ -281,6 +297,22 @@ def test_manifest_paths_must_stay_inside_the_dataset(sample_dataset, tmp_path, f
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetFormatError, match="is not a relative path inside the dataset directory"):
         ShardedInstances(copy)
+
+
+def test_a_shard_linked_to_a_file_outside_the_dataset_is_refused_naming_it(sample_dataset, tmp_path):
+    copy, manifest = _copy(sample_dataset, tmp_path)
+    shard = copy / manifest["shards"][0]["name"]
+    outside = tmp_path / "outside.arrow"
+    shutil.copyfile(shard, outside)  # the same bytes: only where the file lies is wrong
+    shard.unlink()
+    shard.symlink_to(outside)
+    with pytest.raises(DatasetFormatError, match=f"^{shard}: shard name is a link to {outside}, outside the dataset "
+                                                 f"directory {copy}; copy the file itself"):
+        ShardedInstances(copy)
+    shard.unlink()
+    (copy / "moved.arrow").write_bytes(outside.read_bytes())
+    shard.symlink_to(copy / "moved.arrow")  # a link that stays inside the directory is allowed
+    assert len(ShardedInstances(copy)) == manifest["rows"]
 
 
 def test_a_manifest_that_lists_only_some_shards_is_refused(synthetic_dataset, tmp_path):

@@ -112,10 +112,10 @@ class ElectraObjective(nn.Module):
             found = (disc_logits > 0) == replaced
             stats = torch.stack([
                 mlm_losses.sum(), (gen_logits.argmax(-1) == masked_labels).sum().float(),
-                torch.tensor(float(masked_labels.numel()), device=input_ids.device),
+                torch.full((), float(masked_labels.numel()), device=input_ids.device),
                 disc_losses.sum(), (found & real).sum().float(), real.sum().float(),
                 (replaced & real).sum().float(), (found & replaced & real).sum().float(),
-                torch.tensor(float(input_ids.shape[0]), device=input_ids.device), real.sum().float(),
+                torch.full((), float(input_ids.shape[0]), device=input_ids.device), real.sum().float(),
                 (~torch.isfinite(total)).float(),
             ]).float()
         return ElectraTerms(generator_loss, discriminator_loss, stats)

@@ -85,81 +85,133 @@ class LoopState:
 
 
 def train(state: LoopState, engine: Engine, loader, monitor: Monitor, *, cfg: PretrainConfig, plan: BatchPlan,
-          family: Family, model: nn.Module, rank: int = 0, stop: StopFlag, save: Callable[[LoopState], None]) -> int:
+          family: Family, model: nn.Module, rank: int = 0, stop: StopFlag, save: Callable[[LoopState], None],
+          read_lag: int = 0) -> int:
     """Step until ``train.max_steps`` or a stop; the status (0, ``PREEMPTED`` or ``DIVERGED``).
 
     ``loader.next_step()`` gives this rank's micro-batches of the next step; ``family`` adds its inputs to each,
     reads the statistics and counts ``model``'s FLOPs; ``save(state)`` writes a checkpoint (every
     ``checkpoint.every_steps``, at the end and on a stop) and may raise ``Diverged``.
+
+    ``read_lag=1`` (a run on a GPU) reads each step's statistics only once the next step is queued on the device,
+    so the host never waits on the step it just queued: the device stays busy while the host logs, checks and loads
+    the next batches. The records, the skip rules and the checkpoints are the same; a non-finite step, or a stop
+    signal, is acted on one step later (the statistics of a step that saves are read before it saves).
     """
     try:
         return _steps(state, engine, loader, monitor, cfg=cfg, plan=plan, family=family, model=model, rank=rank,
-                      stop=stop, save=save)
+                      stop=stop, save=save, read_lag=read_lag)
     except Diverged as error:
         monitor.info(str(error))
         return DIVERGED
 
 
-def _steps(state, engine, loader, monitor, *, cfg, plan, family, model, rank, stop, save) -> int:
-    train, faults, ckpt_dir = cfg.train, cfg.faults, Path(cfg.output_dir) / "checkpoints"
+@dataclass
+class _Finished:
+    """One optimizer step as queued: its statistics (summed over ranks, the stop flag last), still on the device."""
+
+    step: int
+    consumed: int
+    reduced: torch.Tensor
+    applied: bool
+    lr: float
+    width: int                 # the padded widths of its micro-batches, summed
+    grad_norm: float | None    # read at log steps only
+    loss_scale: float | None
+
+
+class _Window:
+    """What the loop reads from finished steps: the skip rules, the metrics window and the stop signal."""
+
+    def __init__(self, monitor: Monitor, *, cfg: PretrainConfig, plan: BatchPlan, family: Family, model: nn.Module,
+                 state: LoopState):
+        self.cfg, self.plan, self.family, self.model = cfg, plan, family, model
+        self.monitor, self.state = monitor, state
+        self.names = family.stat_names
+        self.peak = cfg.logging.peak_tflops or peak_tflops(
+            torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+        self.sums = torch.zeros(len(self.names), dtype=torch.float64)
+        self.started, self.width, self.steps, self.consecutive = time.time(), 0, 0, 0
+        self.signalled = False
+
+    def read(self, done: _Finished) -> None:
+        """Account ``done``: skip or diverge, add it to the window, log the window at a log step."""
+        cfg, names = self.cfg, self.names
+        reduced = done.reduced.cpu()
+        stats, self.signalled = reduced[:-1], self.signalled or bool(reduced[-1] > 0)
+        ckpt_dir = Path(cfg.output_dir) / "checkpoints"
+        loss_value = self.family.summary(stats)["loss"]
+        if not done.applied:
+            self.state.skipped, self.consecutive = self.state.skipped + 1, self.consecutive + 1
+            self.monitor.info(f"step {done.step}: non-finite loss or gradient; step skipped "
+                              f"({self.consecutive} in a row, {self.state.skipped} in all)")
+            if self.consecutive >= cfg.faults.max_consecutive_skips:
+                raise Diverged(f"{self.consecutive} consecutive steps had a non-finite loss or gradient (limit "
+                               f"faults.max_consecutive_skips={cfg.faults.max_consecutive_skips}); stopping. "
+                               f"The last good checkpoint is kept in {ckpt_dir}: resume from it with a lower "
+                               "learning rate, or fp16 -> bf16")
+        elif stats[names.index("nonfinite_losses")] > 0 or not math.isfinite(loss_value):
+            raise Diverged(f"step {done.step}: the loss is not finite and {cfg.train.precision} has no overflow "
+                           "check to skip the step; the weights are no longer usable. The last good checkpoint "
+                           f"is kept in {ckpt_dir}: resume with bf16 or fp16, or a lower learning rate")
+        else:
+            self.consecutive = 0
+            self.sums += stats
+            self.steps += 1
+        self.width += done.width
+        self.monitor.step(loss_value)
+        if self.steps and done.grad_norm is not None:
+            elapsed = time.time() - self.started
+            width = self.width / (self.steps * self.plan.accumulation)
+            flops = self.family.flops_per_token(self.model, int(width), masked_fraction(self.sums, names))
+            self.monitor.record(metrics(self.sums, self.family, step=done.step, lr=done.lr,
+                                        grad_norm=done.grad_norm, loss_scale=done.loss_scale,
+                                        skipped=self.state.skipped, elapsed=elapsed, consumed=done.consumed,
+                                        flops_per_token=flops, peak_tflops=self.peak, world=self.plan.world_size),
+                                line=True)
+            self.sums.zero_()
+            self.started, self.width, self.steps = time.time(), 0, 0
+
+
+def _steps(state, engine, loader, monitor, *, cfg, plan, family, model, rank, stop, save, read_lag) -> int:
+    train = cfg.train
     device = engine.device
-    peak = cfg.logging.peak_tflops or peak_tflops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
-    names = family.stat_names
-    window = torch.zeros(len(names), dtype=torch.float64)
-    window_started, window_width, window_steps, consecutive = time.time(), 0, 0, 0
+    window = _Window(monitor, cfg=cfg, plan=plan, family=family, model=model, state=state)
+    # The stop flag is filled in place on the device (a kernel argument), not copied from the host each step.
+    flag = torch.zeros(1, dtype=torch.float64, device=device)
+    queued: list[_Finished] = []
     while state.step < train.max_steps:
-        stats = torch.zeros(len(names), dtype=torch.float64, device=device)
+        stats = torch.zeros(len(family.stat_names), dtype=torch.float64, device=device)
         lr = engine.lr()  # the rate this step uses
+        width = 0
         for index, micro in enumerate(loader.next_step()):
             batch = {k: torch.as_tensor(v).to(device, non_blocking=True) for k, v in micro.items()}
             batch.update(family.micro_batch_inputs(step=state.step, micro=index, rank=rank))
             stats += engine.train_micro_batch(batch).double()
-            window_width += micro["input_ids"].shape[1]
+            width += micro["input_ids"].shape[1]
         applied = engine.step_applied()
         # One small all-reduce per step: the statistics and each rank's view of the stop signal.
-        flags = torch.tensor([float(stop.signal is not None)], dtype=torch.float64, device=device)
-        reduced = torch.cat([stats, flags])
+        flag.fill_(float(stop.signal is not None))
+        reduced = torch.cat([stats, flag])
         engine.all_reduce(reduced)
-        stats, signalled = reduced[:-1].cpu(), reduced[-1].item() > 0
         state.step += 1
         state.consumed += plan.global_batch
-        step, loss_value = state.step, family.summary(stats)["loss"]
-        if not applied:
-            state.skipped, consecutive = state.skipped + 1, consecutive + 1
-            monitor.info(f"step {step}: non-finite loss or gradient; step skipped "
-                         f"({consecutive} in a row, {state.skipped} in all)")
-            if consecutive >= faults.max_consecutive_skips:
-                raise Diverged(f"{consecutive} consecutive steps had a non-finite loss or gradient (limit "
-                               f"faults.max_consecutive_skips={faults.max_consecutive_skips}); stopping. "
-                               f"The last good checkpoint is kept in {ckpt_dir}: resume from it with a lower "
-                               "learning rate, or fp16 -> bf16")
-        elif stats[names.index("nonfinite_losses")] > 0 or not math.isfinite(loss_value):
-            raise Diverged(f"step {step}: the loss is not finite and {train.precision} has no overflow "
-                           "check to skip the step; the weights are no longer usable. The last good checkpoint "
-                           f"is kept in {ckpt_dir}: resume with bf16 or fp16, or a lower learning rate")
-        else:
-            consecutive = 0
-            window += stats
-            window_steps += 1
-        monitor.step(loss_value)
-        last = step == train.max_steps
-        if window_steps and (step % cfg.logging.log_every == 0 or last):
-            elapsed = time.time() - window_started
-            width = window_width / (window_steps * plan.accumulation)
-            flops = family.flops_per_token(model, int(width), masked_fraction(window, names))
-            monitor.record(metrics(window, family, step=step, lr=lr, grad_norm=engine.grad_norm(),
-                                   loss_scale=engine.loss_scale(), skipped=state.skipped, elapsed=elapsed,
-                                   consumed=state.consumed, flops_per_token=flops, peak_tflops=peak,
-                                   world=plan.world_size), line=True)
-            window.zero_()
-            window_started, window_width, window_steps = time.time(), 0, 0
-        if signalled:
+        step, last = state.step, state.step == train.max_steps
+        logs = step % cfg.logging.log_every == 0 or last
+        queued.append(_Finished(step, state.consumed, reduced, applied, lr, width,
+                                engine.grad_norm() if logs else None, engine.loss_scale() if logs else None))
+        saves = last or bool(cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0)
+        while len(queued) > (0 if saves or window.signalled else read_lag):
+            window.read(queued.pop(0))
+        if window.signalled:
+            while queued:  # the steps run so far are read (and checked) before they are saved
+                window.read(queued.pop(0))
             name = signal.Signals(stop.signal).name if stop.signal else "a signal on another rank"
             monitor.info(f"received {name}: saving at step {step} and exiting for requeue")
             save(state)
             return PREEMPTED
-        if last or (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0):
-            if consecutive:  # keep the last checkpoint from before the trouble as the newest
+        if saves:
+            if window.consecutive:  # keep the last checkpoint from before the trouble as the newest
                 monitor.info(f"step {step}: not checkpointing during a run of skipped steps")
             else:
                 save(state)

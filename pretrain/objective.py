@@ -71,13 +71,13 @@ class PretrainingObjective(nn.Module):
             loss = loss + pair_losses.mean()
             pair_loss_sum = pair_losses.detach().sum()
             pair_correct = (pair_logits.detach().argmax(-1) == next_sentence_labels).sum().float()
-            pair_sequences = torch.tensor(float(input_ids.shape[0]), device=loss.device)
-        with torch.no_grad():
+            pair_sequences = torch.full((), float(input_ids.shape[0]), device=loss.device)
+        with torch.no_grad():  # counts known on the host enter by torch.full: a kernel argument, not a copy
             stats = torch.stack([
                 mlm_losses.sum(), (mlm_logits.argmax(-1) == masked_labels).sum().float(),
-                torch.tensor(float(masked_labels.numel()), device=loss.device),
+                torch.full((), float(masked_labels.numel()), device=loss.device),
                 pair_loss_sum, pair_correct, pair_sequences,
-                torch.tensor(float(input_ids.shape[0]), device=loss.device), attention_mask.sum().float(),
+                torch.full((), float(input_ids.shape[0]), device=loss.device), attention_mask.sum().float(),
                 (~torch.isfinite(loss.detach())).float(),
             ]).float()
         return loss, stats

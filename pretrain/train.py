@@ -147,8 +147,11 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
         save = functools.partial(_save, engine=engine, cfg=cfg, loader=run.loader, world=world, monitor=monitor,
                                  timings=run.timings)
         with compiled or contextlib.nullcontext():
+            # On a GPU each step's statistics are read once the next step is queued (the device never idles on
+            # the host's read); on CPU the collectives are synchronous anyway, and each step is read at once.
             status = loop.train(state, engine, run.loader, monitor, cfg=cfg, plan=run.plan, family=run.family,
-                                model=run.model, rank=rank, stop=stop, save=save)
+                                model=run.model, rank=rank, stop=stop, save=save,
+                                read_lag=1 if engine.device.type == "cuda" else 0)
         if status == 0 and not engine.weights_finite():  # e.g. the last steps were skipped, so never saved
             monitor.info(f"the final weights hold NaN or inf: the run is not done and {export_directory(out)} is not "
                          f"exported. The last good checkpoint is kept in {out / 'checkpoints'}: resume from it with "

@@ -132,15 +132,15 @@ class DistillationObjective(nn.Module):
             loss = loss + pair_losses.mean()
             pair_loss_sum = pair_losses.detach().sum()
             pair_correct = (student.pair_logits.detach().argmax(-1) == next_sentence_labels).sum().float()
-            pair_sequences = torch.tensor(float(input_ids.shape[0]), device=loss.device)
+            pair_sequences = torch.full((), float(input_ids.shape[0]), device=loss.device)
         with torch.no_grad():
             predicted = student.mlm_logits.argmax(-1)
             stats = torch.stack([
                 mlm_losses.sum(), (predicted == masked_labels).sum().float(),
-                torch.tensor(float(masked_labels.numel()), device=loss.device), kl_losses.sum(),
+                torch.full((), float(masked_labels.numel()), device=loss.device), kl_losses.sum(),
                 (predicted == teacher.mlm_logits.argmax(-1)).sum().float(), cosine_losses.sum(),
                 pair_loss_sum, pair_correct, pair_sequences,
-                torch.tensor(float(input_ids.shape[0]), device=loss.device), attention_mask.sum().float(),
+                torch.full((), float(input_ids.shape[0]), device=loss.device), attention_mask.sum().float(),
                 (~torch.isfinite(loss.detach())).float(),
             ]).float()
         return loss, stats

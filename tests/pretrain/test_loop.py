@@ -116,8 +116,10 @@ def dataset(synthetic_dataset):
     return synthetic_dataset(256, max_seq_length=32, max_predictions=5)
 
 
-def _run(tmp_path, dataset, *, poisoned=(), signal_at=None, overflow_check=True, save=None, **settings) -> Outcome:
+def _run(tmp_path, dataset, *, poisoned=(), signal_at=None, overflow_check=True, save=None, read_lag=0,
+         **settings) -> Outcome:
     """Six steps of 2 micro-batches of 4 rows; a record and a checkpoint every 2 steps unless ``settings`` say."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     values = {"output_dir": tmp_path, "train.max_steps": 6, "schedule.total_steps": 6, "schedule.warmup_steps": 2,
               "train.global_batch_size": 8, "train.micro_batch_size": 4, "logging.log_every": 2,
               "logging.progress": "false", "checkpoint.every_steps": 2, **settings}
@@ -140,7 +142,7 @@ def _run(tmp_path, dataset, *, poisoned=(), signal_at=None, overflow_check=True,
     stop = loop.StopFlag().install()
     try:
         status = loop.train(state, engine, loader, monitor, cfg=cfg, plan=plan, family=BertFamily(cfg), model=model,
-                            stop=stop, save=record_save)
+                            stop=stop, save=record_save, read_lag=read_lag)
     finally:
         stop.restore()
         monitor.close()
@@ -208,3 +210,29 @@ def test_a_save_that_finds_non_finite_weights_ends_the_run_as_diverged(tmp_path,
     run = _run(tmp_path, dataset, save=refuse)
     assert run.status == loop.DIVERGED and run.state.step == 4 and run.saved == [2, 4]
     assert "step 4: the weights hold NaN or inf" in caplog.text
+
+
+TIMED = ("tokens_per_second", "sequences_per_second", "mfu")  # wall-clock figures: the rest must be equal
+
+
+def _untimed(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in record.items() if k not in TIMED} for record in records]
+
+
+def test_reading_each_step_once_the_next_is_queued_keeps_records_skips_and_checkpoints(tmp_path, dataset):
+    """``read_lag=1`` (on a GPU: the host never waits for the step it just queued) logs, skips and saves as the
+    step-by-step reading does."""
+    now, late = (_run(tmp_path / f"lag{lag}", dataset, poisoned={3}, read_lag=lag) for lag in (0, 1))
+    assert _untimed(late.records) == _untimed(now.records) and len(late.records) == 3
+    assert late.saved == now.saved == [2, 4, 6] and late.state == now.state
+    assert late.engine.reductions == now.engine.reductions == 6
+
+
+def test_read_a_step_late_a_stop_or_a_divergence_is_acted_on_one_step_later(tmp_path, dataset, caplog):
+    stopped = _run(tmp_path / "stop", dataset, signal_at=3, read_lag=1, **{"checkpoint.every_steps": 5})
+    assert stopped.status == loop.PREEMPTED and stopped.state.step == 4 and stopped.saved == [4]
+    assert "received SIGUSR1: saving at step 4 and exiting for requeue" in caplog.text
+    diverged = _run(tmp_path / "diverged", dataset, poisoned={3, 4, 5}, read_lag=1,
+                    **{"faults.max_consecutive_skips": 3})
+    assert diverged.status == loop.DIVERGED and diverged.state.step == 6 and diverged.saved == [2]
+    assert "3 consecutive steps had a non-finite loss or gradient" in caplog.text

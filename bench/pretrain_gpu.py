@@ -18,6 +18,7 @@ the versions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
@@ -26,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench import record
-from pretrain import attention, families
+from pretrain import attention, compiling, families
 from pretrain import config as config_module
 from pretrain import engine as ds
 from pretrain.compiling import compile_module
@@ -38,6 +40,9 @@ from pretrain.launch import Rendezvous
 from pretrain.monitor import peak_tflops
 from pretrain.recipe import resolve
 
+# F.scaled_dot_product_attention's kernels, each alone (with BERT's attention dropout, where the kernel allows it)
+SDPA = {"default": None, "flash": [SDPBackend.FLASH_ATTENTION], "efficient": [SDPBackend.EFFICIENT_ATTENTION],
+        "cudnn": [SDPBackend.CUDNN_ATTENTION], "math": [SDPBackend.MATH]}
 MODES = ("padded", "padding-free", "padded+compile", "padding-free+compile", "padded+compile-whole")
 
 
@@ -97,6 +102,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
         steps = synthetic_steps(micro, seq, 30528, args.accumulation)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     tokens = sequences = 0
+    graphs_before, warmup_started = compiling.graphs_compiled(), time.perf_counter()
     # The loader pads a batch to its longest row (rounded up to --pad-multiple): a width met for the first time may
     # cost kernel planning (cuDNN attention graphs, GEMM heuristics) or, compiled, a recompilation; counted here.
     widths_warmup, widths_timed = set(), set()
@@ -104,6 +110,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
         if index == args.warmup:
             sync()
             started, tokens, sequences = time.perf_counter(), 0, 0
+            warmup_s = started - warmup_started
         for micro_batch in next(steps):
             batch = {k: torch.as_tensor(v).to(engine.device, non_blocking=True) for k, v in micro_batch.items()}
             ds.train_micro_batch(engine, batch)
@@ -112,6 +119,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
             (widths_timed if index >= args.warmup else widths_warmup).add(micro_batch["input_ids"].shape[1])
     sync()
     elapsed = time.perf_counter() - started
+    graphs = compiling.graphs_compiled() - graphs_before
     profiled = (profile_steps(engine, steps, args.profile_steps, sync, args.results / f"profile-seq{seq}-{mode}.txt")
                 if args.profile_steps else None)
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
@@ -126,7 +134,10 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
               "sequences_per_s": sequences / elapsed, "tokens_per_s": tokens_per_s, "mfu": mfu,
               "widths_in_warmup": len(widths_warmup),
               "widths_first_met_in_timed_steps": len(widths_timed - widths_warmup),
-              "peak_tflops": peak, "step_s": elapsed / args.steps,
+              "peak_tflops": peak, "step_s": elapsed / args.steps, "sdpa_backend": args.sdpa,
+              # the warm-up's excess over as many timed steps: mostly compilation (and first-width planning)
+              "compile_s": round(warmup_s - args.warmup * elapsed / args.steps, 2) if compiled else None,
+              "graphs_compiled": graphs if compiled else None,
               "max_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None,
               "profile": profiled}
     print(f"seq {seq} {mode}: {result['sequences_per_s']:,.1f} seq/s, {tokens_per_s:,.0f} tok/s"
@@ -204,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="after the timed steps, this many more under torch.profiler (a table beside the results)")
     parser.add_argument("--torch-adam", action="store_true",
                         help="torch's AdamW instead of DeepSpeed's FusedAdam (JIT-compiled with nvcc on first use)")
+    parser.add_argument("--phases", default="128,512", help="sequence lengths to run, of 128 and 512")
+    parser.add_argument("--sdpa", default="default", choices=sorted(SDPA),
+                        help="limit F.scaled_dot_product_attention to one kernel (default: torch's choice)")
     parser.add_argument("--results", type=Path, default=record.RESULTS)
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
@@ -211,8 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes: choose from {', '.join(MODES)}")
     port = int(os.environ.get("MASTER_PORT", 29555))
     ds.init_distributed(Rendezvous(0, 1, 0, "127.0.0.1", port, "single"), timeout_minutes=10)
-    phases = [measure(args, seq, micro, data, mode) for seq, micro, data in
-              ((128, args.micro128, args.data128), (512, args.micro512, args.data512)) for mode in modes]
+    wanted = {int(seq) for seq in args.phases.split(",")}
+    with sdpa_kernel(SDPA[args.sdpa]) if SDPA[args.sdpa] else contextlib.nullcontext():
+        phases = [measure(args, seq, micro, data, mode) for seq, micro, data in
+                  ((128, args.micro128, args.data128), (512, args.micro512, args.data512)) if seq in wanted
+                  for mode in modes]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     versions = record.versions(("torch", "deepspeed"), ("pretrain", "bench/pretrain_gpu.py"))
     result = {"benchmark": "pretrain-gpu", "date": record.utc_now(), "command": record.command_line(),

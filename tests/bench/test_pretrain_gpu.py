@@ -23,3 +23,34 @@ def test_the_gpu_benchmark_runs_both_phases_and_records_every_figure(tmp_path):
     for (seq, _), phase in phases.items():
         assert phase["accumulation"] == 2 and phase["micro_batch"] == (2 if seq == 128 else 1)
         assert phase["sequences_per_s"] > 0 and phase["tokens_per_s"] > 0 and phase["step_s"] > 0
+
+
+def _grid(tmp_path, *options: str) -> dict:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "bench.pretrain_gpu_grid", "--preset", "tiny", "--micro128", "2", "--micro512",
+               "1", "--accumulation", "2", "--steps", "1", "--warmup", "1", "--results", str(tmp_path), *options]
+    result = processes.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(next(tmp_path.glob("pretrain-gpu-grid-*.json")).read_text())
+
+
+def test_the_grid_runs_each_variant_apart_then_the_best_again_and_records_each_outcome(tmp_path):
+    """Flash attention takes no padding mask (nor does it on a GPU): its failure is recorded with its reason and the
+    grid goes on."""
+    grid = _grid(tmp_path, "--variants", "eager,flash", "--budget", "900", "--timeout", "150")
+    runs = {(run["variant"], run["seq"]): run for run in grid["runs"]}
+    assert {key for key in runs if not key[0].startswith("final")} == {
+        (variant, seq) for variant in ("eager", "flash") for seq in (128, 512)}
+    for seq in (128, 512):
+        assert runs[("eager", seq)]["status"] == "ok" and runs[("eager", seq)]["sequences_per_s"] > 0
+        assert runs[("flash", seq)]["status"].startswith("failed (exit 1): RuntimeError: No available kernel")
+    finals = [run for (variant, _), run in runs.items() if variant.startswith("final: eager")]
+    assert sorted(run["seq"] for run in finals) == [128, 512] and all(run["status"] == "ok" for run in finals)
+
+
+def test_a_variant_past_its_timeout_is_recorded_and_the_grid_goes_on_within_its_budget(tmp_path):
+    grid = _grid(tmp_path, "--variants", "eager,regional", "--budget", "6", "--timeout", "1")
+    statuses = [(run["variant"], run["seq"], run["status"]) for run in grid["runs"]]
+    assert statuses[0] == ("eager", 128, "timeout")  # killed with its whole session, recorded, and on to the next
+    assert any(status.startswith("not run: the budget") for *_, status in statuses), statuses
+    assert grid["wall_s"] < 60

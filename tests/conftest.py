@@ -47,6 +47,7 @@ def bert_vocab(minilm_dir) -> pathlib.Path:
 
 
 def pytest_configure(config):
+    workers.share_the_cores(config)
     workers.open_locks(config)
 
 

@@ -78,10 +78,24 @@ def test_outside_a_worker_nothing_is_locked(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
-def test_every_test_joins_its_files_group_or_the_merged_one():
+class FixtureDef:
+    def __init__(self, scope):
+        self.scope = scope
+
+
+def test_tests_sharing_a_module_fixture_join_their_files_group_and_the_others_stay_free():
     root = pathlib.Path(workers.__file__).parents[1]
-    plain, live, chosen = (FakeItem("tests/pretrain/test_a.py"), FakeItem("tests/cluster/test_slurm_live.py"),
-                           FakeItem("tests/x/test_b.py", marks=[pytest.mark.xdist_group("mine").mark]))
-    workers.group_by_file([plain, live, chosen], root)
-    assert [item.marks["xdist_group"].args[0] for item in (plain, live, chosen)] == [
-        "tests/pretrain/test_a.py", "live-cluster", "mine"]
+    shared, free, live, chosen = (FakeItem("tests/pretrain/test_a.py"), FakeItem("tests/pretrain/test_a.py"),
+                                  FakeItem("tests/cluster/test_slurm_live.py"),
+                                  FakeItem("tests/x/test_b.py", marks=[pytest.mark.xdist_group("mine").mark]))
+    shared._fixtureinfo = type("Info", (), {"name2fixturedefs": {"setup": [FixtureDef("module")]}})()
+    free._fixtureinfo = type("Info", (), {"name2fixturedefs": {"tmp_path": [FixtureDef("function")],
+                                                                "data": [FixtureDef("session")]}})()
+    workers.group_by_file([shared, free, live, chosen], root)
+    assert [item.marks.get("xdist_group") and item.marks["xdist_group"].args[0]
+            for item in (shared, free, live, chosen)] == ["tests/pretrain/test_a.py", None, "live-cluster", "mine"]
+
+
+def test_each_worker_gets_its_share_of_the_cores():
+    assert [workers.threads_per_worker(cpus, 2) for cpus in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert workers.threads_per_worker(2, 0) == 2

@@ -3,10 +3,11 @@
 Much of the suite waits on single-threaded work (interpreter and torch start-up, TorchInductor's code generation,
 Beam's DirectRunner, pip), so a second worker fills the other core. Two rules keep that safe:
 
-* **Files stay whole.** Every test joins the ``xdist_group`` of its file (``--dist loadgroup`` then sends whole
-  files to a worker, as ``loadfile`` would), so module fixtures (a finetuning setup of a minute and a half, the live
-  Slurm jobs) are built once; ``MERGED`` puts files that share session fixtures or machine-wide services in one
-  group.
+* **Shared fixtures stay whole.** A test that uses a module-scoped fixture joins the ``xdist_group`` of its file
+  (``--dist loadgroup`` sends a group to one worker), so that fixture (a finetuning setup of a minute and a half, the
+  live Slurm jobs) is built once; ``MERGED`` puts files that share machine-wide services in one group. Every other
+  test goes to whichever worker is free.
+* **The cores are shared out.** Each worker's ``OMP_NUM_THREADS`` is its share of the cores.
 * **Some tests run alone.** A test marked ``exclusive`` waits until the other workers have finished their current
   test and keeps them waiting until it ends: it needs most of the memory (BERT-Large), bounds its own wall time
   (a fault must end a job within N seconds), or drives services every worker would share (Slurm, sshd). The lock
@@ -34,14 +35,38 @@ MERGED = {
 
 
 def group_by_file(items: list[pytest.Item], root: pathlib.Path) -> None:
-    """Give every test without an ``xdist_group`` its file's (or its merged group's) name."""
+    """Give every test that uses a fixture shared beyond one test (module, class or package scope) its file's (or
+    its merged group's) ``xdist_group``, so that fixture is built once; the others stay free, so the two workers
+    balance to the end instead of one finishing a long file alone."""
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            path = pathlib.Path(str(item.path)).resolve().relative_to(root).as_posix()
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = pathlib.Path(str(item.path)).resolve().relative_to(root).as_posix()
+        if path in MERGED or _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(MERGED.get(path, path)))
 
 
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(d.scope in ("module", "class", "package") for defs in definitions.values() for d in defs)
+
+
 LOCKS = "BERT_PIPELINE_TEST_LOCKS"  # the directory of this run's lock files, made by the controller
+
+
+def threads_per_worker(cpus: int, workers: int) -> int:
+    """Threads each worker's torch (and the children it starts) may use: the cores shared out, at least one."""
+    return max(1, cpus // max(1, workers))
+
+
+def share_the_cores(config: pytest.Config) -> None:
+    """In an xdist worker, before torch is imported: ``OMP_NUM_THREADS`` set to this worker's share of the cores
+    (children inherit it; a launcher's ranks set their own). Two workers of two threads each on two cores run
+    OpenMP's spinning threads over each other: an in-process training test took twice as long beside another."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        threads = threads_per_worker(len(os.sched_getaffinity(0)), int(workerinput["workercount"]))
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 def open_locks(config: pytest.Config) -> None:

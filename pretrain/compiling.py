@@ -21,8 +21,8 @@ positions change from batch to batch. Compiled with static shapes, every new (wi
 another graph, and after ``torch._dynamo.config.recompile_limit`` of them the region would run eagerly. Compiled with
 ``dynamic=True`` every size but the parameters' is symbolic from the first call, so one graph per region serves
 every batch (one more where a size of 1 specialises, e.g. a last batch of one row); tests/pretrain/test_compiling.py
-counts the graphs over many widths. ``GraphCount`` counts them during a run, and says so in the log when TorchDynamo
-gave up on a region (its recompile limit) and left it eager. The packed encoder (``pretrain.attention.Packing``:
+counts the graphs over many widths. ``RecompileLimitWatch`` counts them during a run, and says so in the log when
+TorchDynamo gave up on a region (its recompile limit) and left it eager. The packed encoder (``pretrain.attention.Packing``:
 finetuning's heads by default, pretraining's ``model.padding_free``) reads data-dependent sizes (the number of real
 tokens, the longest row) in the eager glue, so the compiled blocks see only tensors.
 """
@@ -67,7 +67,7 @@ def regions(module: nn.Module) -> list[nn.Module]:
     such list on a path), and each module with parameters that hangs off the blocks' ancestors (embeddings, heads);
     the same for modules held in plain attributes. A module with no repeated block is one region."""
     found: dict[int, nn.Module] = {}
-    for root in [module, *(value for value in vars(module).values() if isinstance(value, nn.Module))]:  # + teacher
+    for root in [module, *_held(module)]:
         blocks, ancestors = _blocks(root)
         if not blocks:
             found.setdefault(id(root), root)
@@ -194,9 +194,14 @@ def any_compiled(module: nn.Module) -> bool:
     return any(is_compiled(part) for part in [module, *module.modules(), *_plain_modules(module)])
 
 
+def _held(module: nn.Module) -> list[nn.Module]:
+    """Modules held in ``module``'s plain attributes, not as submodules (a distillation teacher)."""
+    return [value for value in vars(module).values() if isinstance(value, nn.Module)]
+
+
 def _plain_modules(module: nn.Module) -> list[nn.Module]:
-    """Modules held in ``module``'s plain attributes (not submodules: a distillation teacher) and their modules."""
-    return [part for value in vars(module).values() if isinstance(value, nn.Module) for part in value.modules()]
+    """The modules of ``_held(module)``, theirs included."""
+    return [part for held in _held(module) for part in held.modules()]
 
 
 __all__ = ["BACKEND", "RecompileLimitWatch", "any_compiled", "compile_module", "describe", "graphs_compiled",

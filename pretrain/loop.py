@@ -201,11 +201,11 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, family, model, rank, st
         queued.append(_Finished(step, state.consumed, reduced, applied, lr, width,
                                 engine.grad_norm() if logs else None, engine.loss_scale() if logs else None))
         saves = last or bool(cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0)
+        # A step that saves, or a stop seen in a step read here, reads every queued step first: what is saved was
+        # checked.
         while len(queued) > (0 if saves or window.signalled else read_lag):
             window.read(queued.pop(0))
         if window.signalled:
-            while queued:  # the steps run so far are read (and checked) before they are saved
-                window.read(queued.pop(0))
             name = signal.Signals(stop.signal).name if stop.signal else "a signal on another rank"
             monitor.info(f"received {name}: saving at step {step} and exiting for requeue")
             save(state)

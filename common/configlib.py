@@ -32,26 +32,45 @@ def _shown(value: Any) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 3] + "..."
 
 
+# Our configs are a few sections deep; yaml composes nested nodes recursively, so a document of thousands of
+# "[" would end in a RecursionError instead of a message.
+_MAX_DEPTH = 50
+
+
 class _NoAliasLoader(yaml.SafeLoader):
     """safe_load without aliases: ``*name`` re-uses a node, so a few lines of nested aliases (a "billion laughs"
     document) expand to more data than memory holds. Our configs never need them: each is one flat file."""
+
+    depth = 0
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise ConfigError(f"{mark.name}, line {mark.line + 1}: YAML aliases (*name) are not allowed in configs; "
                               "write the value out in full")
-        return super().compose_node(parent, index)
+        if self.depth >= _MAX_DEPTH:
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"{mark.name}, line {mark.line + 1}: values nested more than {_MAX_DEPTH} levels deep; "
+                              "a config is a few sections of plain values: flatten it")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def parse_yaml(text: str, source: str) -> Any:
-    """``text`` parsed as YAML, refusing aliases; ``source`` names it in the error."""
-    loader = _NoAliasLoader(text)
-    loader.name = source  # shown in yaml's own error marks too
+    """``text`` parsed as YAML, refusing aliases; ``source`` names it in the error (a ``ConfigError``)."""
+    loader = None
     try:
+        loader = _NoAliasLoader(text)  # refuses unprintable characters already
+        loader.name = source  # shown in yaml's own error marks too
         return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _type_name(tp: Any) -> str:
@@ -59,7 +78,8 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
+    # A bare ``dict`` or ``list`` annotation has no origin; it is checked as ``dict[Any, Any]`` would be.
+    origin = typing.get_origin(tp) or (tp if tp in (dict, list, tuple) else None)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -116,7 +136,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 def _build(cls: type[T], data: dict, where: str) -> T:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)  # YAML keys may be numbers or null too
     if unknown:
         known = ", ".join(sorted(fields))
         raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known keys here: {known})")
@@ -155,7 +175,11 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...], cls: typ
             if depth == len(keys) - 1:
                 node[key] = parse_yaml(raw, f"--set {path.strip()}")
             else:
-                node[key] = dict(node.get(key) or {})
+                section = node.get(key) or {}
+                if not isinstance(section, dict):
+                    raise ConfigError(f"--set {item!r}: '{'.'.join(keys[:depth + 1])}' is {_shown(section)} in the "
+                                      "config, not a section; fix the config file")
+                node[key] = dict(section)
                 node, node_cls = node[key], field_tp
     return data
 
@@ -170,10 +194,12 @@ def load(cls: type[T], path: str | Path | None, overrides: list[str] | tuple[str
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
-        try:
-            data = parse_yaml(text, str(path)) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save the config as "
+                              "UTF-8") from None
+        except OSError as exc:  # a directory, no permission
+            raise ConfigError(f"{path}: cannot read the config ({exc.strerror}); pass a readable YAML file") from None
+        data = parse_yaml(text, str(path)) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
     data = apply_overrides(data, overrides, cls)

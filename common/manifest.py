@@ -69,7 +69,7 @@ class Manifest:
                                      "is not a dataset directory)")
         try:
             document = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:  # Recursion: [[[[...
             raise DatasetFormatError(f"{path}: not readable JSON ({error}); copy it again, or re-run "
                                      "preprocessing") from None
         return cls.parse(document, path)
@@ -77,6 +77,9 @@ class Manifest:
     @classmethod
     def parse(cls, document: dict, path: str | Path) -> Manifest:
         path = Path(path)
+        if not isinstance(document, dict):
+            raise DatasetFormatError(f"{path}: a JSON {type(document).__name__}, not the manifest's object; the "
+                                     "manifest was altered or written by another tool: re-run preprocessing")
         check_format(document, str(path.parent))
         try:
             tok = document["tokenizer"]
@@ -93,7 +96,7 @@ class Manifest:
         except KeyError as missing:
             raise DatasetFormatError(f"{path}: no {missing.args[0]!r} field; the manifest was altered or written by "
                                      "another tool: re-run preprocessing") from None
-        except (TypeError, ValueError, AttributeError) as error:
+        except (TypeError, ValueError, AttributeError, OverflowError) as error:  # Overflow: int(Infinity)
             raise DatasetFormatError(f"{path}: a field has the wrong type ({error}); the manifest was altered: "
                                      "re-run preprocessing") from None
 

@@ -322,17 +322,21 @@ def _load_saved(directory: str) -> Tokenizer:
                          f"at the .model or vocab.txt file itself, or at a directory written by Tokenizer.save()")
     try:
         meta = json.loads(_read_bytes(meta_path))
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: thousands of nested [
         raise InputError(f"{meta_path}: not valid JSON ({error}); the file is truncated or damaged: copy the "
                          "tokenizer directory again, or re-save the tokenizer") from None
-    if not isinstance(meta, dict) or meta.get("kind") not in _KINDS or not isinstance(meta.get("file"), str):
+    kind = meta.get("kind") if isinstance(meta, dict) else None
+    # save() writes the kind's own file name: any other name (a path leading out of the directory) is not ours.
+    if not isinstance(kind, str) or kind not in _KINDS or meta.get("file") != _KINDS[kind].file_name:
         raise InputError(f"{meta_path}: not a tokenizer meta file written by Tokenizer.save() (a Hugging Face "
                          f"tokenizer.json is not one); point tokenizer.path at the vocab.txt or .model file instead")
     file = storage.join(directory, meta["file"])
-    tokenizer = _KINDS[meta["kind"]](_read_bytes(file), bool(meta.get("lowercase")), source=file)
+    tokenizer = _KINDS[kind](_read_bytes(file), bool(meta.get("lowercase")), source=file)
     recorded = {key: meta.get(key) for key in tokenizer.identity()}
     if recorded["vocab_size"] != tokenizer.vocab_size:
-        raise InputError(f"{file}: {tokenizer.vocab_size:,} ids where {META_FILE} records {recorded['vocab_size']:,}; "
+        size = recorded["vocab_size"]
+        size = f"{size:,}" if type(size) is int else repr(size)  # a damaged file may hold any JSON value here
+        raise InputError(f"{file}: {tokenizer.vocab_size:,} ids where {META_FILE} records {size}; "
                          "the file is truncated or was replaced: copy the tokenizer directory again, or re-save the "
                          "tokenizer")
     if recorded != tokenizer.identity():

@@ -18,7 +18,6 @@ Every family comes out the same way: ``load_encoder`` gives the encoder (``BertM
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from pretrain.hf_compat import (
     is_complete_run_export,
     load_config,
     load_pretrained,
+    read_json_object,
 )
 from pretrain.model import BertConfig, BertModel, BertSelfAttention
 
@@ -55,12 +55,7 @@ def model_type(directory: str | Path) -> str:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory}: no config.json; pass a Hugging Face {', '.join(FAMILIES)} directory")
-    try:
-        raw = json.loads(path.read_text())
-    except ValueError as error:
-        raise CheckpointError(f"{path}: not valid JSON ({error}); the file is truncated or damaged: export or "
-                              "download the model again") from None
-    family = raw.get("model_type", "bert") if isinstance(raw, dict) else None
+    family = read_json_object(path).get("model_type", "bert")
     if family not in FAMILIES:
         raise CheckpointError(f"{path}: model_type {family!r} cannot be finetuned here; pass a directory of one of "
                               f"{', '.join(FAMILIES)} (config.json model_type)")
@@ -139,7 +134,7 @@ def load_tokenizer_for(directory: Path):
         lowercase = True
         settings = directory / "tokenizer_config.json"
         if settings.is_file():
-            lowercase = bool(json.loads(settings.read_text()).get("do_lower_case", True))
+            lowercase = bool(read_json_object(settings).get("do_lower_case", True))
         tokenizer = load_tokenizer(str(directory / "vocab.txt"), lowercase=lowercase)
     elif (directory / "spiece.model").is_file():  # Google's ALBERT releases: the model carries its normalizer
         tokenizer = load_tokenizer(str(directory / "spiece.model"))

@@ -52,6 +52,10 @@ class GlueConfig:
     # Per-task changes to `training`, e.g. {"rte": {"lr": 3e-5, "epochs": 4}}.
     per_task: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        for task in self.per_task:  # checked at load, not when the task's turn comes hours into a suite
+            task_training(self, task)
+
 
 @dataclass(frozen=True)
 class SquadConfig:
@@ -93,4 +97,7 @@ def load(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Finet
 def task_training(cfg: GlueConfig, task: str) -> TrainingConfig:
     """The GLUE training settings of one task: the shared ones with that task's changes applied."""
     changes = cfg.per_task.get(task) or {}
+    if not isinstance(changes, dict):
+        raise configlib.ConfigError(f"glue.per_task.{task}: expected a mapping of training settings (e.g. lr: 3e-5), "
+                                    f"got a {type(changes).__name__}")
     return configlib.from_dict(TrainingConfig, {**configlib.to_dict(cfg.training), **changes}, f"glue.per_task.{task}")

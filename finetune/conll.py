@@ -13,6 +13,7 @@ and the special tokens get -100, the index PyTorch's cross-entropy ignores.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, TypeVar
@@ -23,6 +24,7 @@ LABELS: list[str] = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", 
 IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index
 _KNOWN_TAGS = frozenset(LABELS)
 _DOCUMENT_START = "-DOCSTART-"
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # how errors="surrogateescape" reads a byte that is not UTF-8
 _FORMAT = "CoNLL-2003 columns 'word POS chunk NER' separated by spaces, a blank line after each sentence"
 
 T = TypeVar("T")
@@ -60,8 +62,12 @@ def read_conll(path: str | Path) -> list[Sentence]:
             words.clear()
             tags.clear()
 
-    with open(path, encoding="utf-8") as handle:
+    # Bytes that are not UTF-8 are read as surrogates (never produced by valid UTF-8), to name their line.
+    with open(path, encoding="utf-8", errors="surrogateescape") as handle:
         for line_number, line in enumerate(handle, start=1):
+            if _NOT_UTF8.search(line):
+                raise DataError(f"{path}, line {line_number}: not UTF-8 text; the file must be {_FORMAT}, in UTF-8: "
+                                "re-save it as UTF-8")
             columns = line.split()
             if not columns or columns[0] == _DOCUMENT_START:
                 close_sentence()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 _BINARY = ("0", "1")
 _ENTAILMENT = ("entailment", "not_entailment")
 _LAYOUT_HINT = "download_glue_data.py layout"
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # how errors="surrogateescape" reads a byte that is not UTF-8
 
 
 @dataclass(frozen=True)
@@ -179,31 +181,48 @@ def load_split(data_dir: str | Path, task: str, split: str) -> SplitReport:
     if not path.is_file():
         raise DataError(f"{path} not found: expected the GLUE layout {data_dir}/{spec.directory}/"
                         f"{spec.file_for(split)} ({_LAYOUT_HINT})")
-    examples, skipped = [], []
-    # newline="" hands line endings to csv, which is what its reader expects.
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    # newline="" hands line endings to csv, which is what its reader expects. Bytes that are not UTF-8 are read as
+    # surrogates (which valid UTF-8 never gives), so that the row holding one is named.
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as handle:
         rows = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-        if spec.has_header:
-            header = next(rows, None)
-            if header is None:
-                raise DataError(f"{path}: the file is empty; expected a header line and rows ({_LAYOUT_HINT})")
-            columns = _column_indices(spec, header, path)
-            width = len(header)
-        else:
-            columns = (spec.text_a, spec.text_b, spec.label)
-            width = spec.num_columns
-        text_a, text_b, label = columns
-        for row in rows:
-            line = rows.line_num
-            if not row:  # a blank line (e.g. a trailing one) is not a row
-                continue
-            if len(row) != width:
-                skipped.append(line)
-                continue
-            examples.append(Example(guid=f"{split}-{line}", text_a=row[text_a],
-                                    text_b=None if text_b is None else row[text_b],
-                                    label=_parse_label(spec, row[label], path, line)))
+        try:
+            return _read_rows(spec, split, rows, path)
+        except csv.Error as error:  # e.g. a field over csv's 131,072-character limit
+            raise DataError(f"{path}, line {rows.line_num}: {error}; the file is damaged or not a GLUE TSV: use the "
+                            f"unmodified GLUE file ({_LAYOUT_HINT})") from None
+
+
+def _read_rows(spec: TaskSpec, split: str, rows, path: Path) -> SplitReport:
+    """``load_split`` of the open ``rows`` (a csv reader)."""
+    examples, skipped = [], []
+    if spec.has_header:
+        header = next(rows, None)
+        if header is None:
+            raise DataError(f"{path}: the file is empty; expected a header line and rows ({_LAYOUT_HINT})")
+        _check_utf8(header, path, rows.line_num)
+        columns = _column_indices(spec, header, path)
+        width = len(header)
+    else:
+        columns = (spec.text_a, spec.text_b, spec.label)
+        width = spec.num_columns
+    text_a, text_b, label = columns
+    for row in rows:
+        line = rows.line_num
+        if not row:  # a blank line (e.g. a trailing one) is not a row
+            continue
+        _check_utf8(row, path, line)
+        if len(row) != width:
+            skipped.append(line)
+            continue
+        examples.append(Example(guid=f"{split}-{line}", text_a=row[text_a],
+                                text_b=None if text_b is None else row[text_b],
+                                label=_parse_label(spec, row[label], path, line)))
     return SplitReport(path=path, examples=examples, skipped_lines=tuple(skipped))
+
+
+def _check_utf8(row: list[str], path: Path, line: int) -> None:
+    if any(_NOT_UTF8.search(field) for field in row):
+        raise DataError(f"{path}, line {line}: not UTF-8 text; re-save the file as UTF-8 ({_LAYOUT_HINT})")
 
 
 def _column_indices(spec: TaskSpec, header: list[str], path: Path) -> tuple[int, int | None, int]:

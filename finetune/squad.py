@@ -88,7 +88,7 @@ def load_squad_json(path: str, version_2: bool = False) -> tuple[list[SquadExamp
     try:
         with open(path, encoding="utf-8") as handle:
             root = json.load(handle)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:  # Recursion: thousands of nested [
         raise DataError(f"{path}: not valid UTF-8 JSON ({error}); expected a {_EXPECTED_LAYOUT}") from None
     if not isinstance(root, dict) or not isinstance(root.get("data"), list):
         found = f"keys {sorted(root)[:5]}" if isinstance(root, dict) else f"a JSON {type(root).__name__}"
@@ -139,6 +139,13 @@ def _field(record, name: str, kind: type, path: str, where: str):
         found = "not an object" if not isinstance(record, dict) else f"{name}={record.get(name)!r:.60}"
         raise DataError(f'{path}: {where} needs "{name}" ({kind.__name__}), found {found}; '
                         f"expected a {_EXPECTED_LAYOUT}")
+    if kind is str:  # JSON may escape a lone UTF-16 surrogate ("\\ud800"): a str no tokenizer takes
+        try:
+            record[name].encode("utf-8")
+        except UnicodeEncodeError as error:
+            escape = f"\\u{ord(error.object[error.start]):04x}"
+            raise DataError(f'{path}: {where} "{name}" holds a lone surrogate escape ({escape} at character '
+                            f"{error.start}), which is not text; fix or drop it in the file") from None
     return record[name]
 
 

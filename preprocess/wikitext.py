@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections import Counter
 
 import mwparserfromhell
 from mwparserfromhell.nodes import (
@@ -44,9 +45,12 @@ _DROPPED_TAGS = frozenset({
 # carry most of the citation templates). The ref body may not contain another <ref or </ref, so
 # an unclosed <ref> cannot swallow the text up to some later ref's close tag; such a stray tag
 # is left to the parser, whose Tag node is dropped as well.
-_COMMENT_RE = re.compile(r"<!--.*?-->", re.S)
+# Each scan stops where the construct cannot go on, so every pattern stays linear: an unclosed comment hides the
+# rest of the page (as MediaWiki renders it), and a tag's attributes end at the next "<" (else each of thousands of
+# "<!--" or "<ref name=" would rescan the rest of the page: minutes for a few hundred kilobytes).
+_COMMENT_RE = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 _REF_RE = re.compile(
-    r"<ref\b[^>]*/>|<ref(?:\s[^>]*)?(?<!/)>[^<]*(?:<(?!/?ref\b)[^<]*)*</ref\s*>", re.I
+    r"<ref\b[^<>]*/>|<ref(?:\s[^<>]*)?(?<!/)>[^<]*(?:<(?!/?ref\b)[^<]*)*</ref\s*>", re.I
 )
 _HEADING_RE = re.compile(r"^(=+)[ \t]*(.*?)[ \t]*\1[ \t]*$", re.M)
 
@@ -196,19 +200,26 @@ _MAX_UNCLOSED_BRACKETS = 50
 _MAX_UNCLOSED_TAGS = 200
 _FALLBACK_TEMPLATE_RE = re.compile(r"\{\{[^{}]*\}\}|\{\|(?:(?!\{\||\|\}).)*\|\}", re.S)
 _FALLBACK_LINK_RE = re.compile(r"\[\[([^\[\]]*)\]\]")
-_FALLBACK_EXTERNAL_RE = re.compile(r"\[[a-z]+://[^\s\]]*\s*([^\[\]]*)\]", re.I)
+_FALLBACK_EXTERNAL_RE = re.compile(r"\[[a-z]+://[^\s\[\]]*\s*([^\[\]]*)\]", re.I)  # a URL ends at a bracket
 _FALLBACK_DROPPED_RE = re.compile(
-    r"<(math|gallery|code|pre|score|timeline|source|syntaxhighlight|table)\b[^>]*>"
+    r"<(math|gallery|code|pre|score|timeline|source|syntaxhighlight|table)\b[^<>]*>"  # attributes end at a "<"
     r"[^<]*(?:<(?!/?\1\b)[^<]*)*</\1\s*>",
     re.S | re.I)
 _FALLBACK_MARKUP_RE = re.compile(r"<[^<>\n]{0,300}>|\{\{|\}\}|\[\[|\]\]|\{\||\|\}")
+_OPENING_TAG_RE = re.compile(r"<([a-z][a-z0-9]*)\b[^<>]*(?<!/)>", re.I)  # not self-closing
+_CLOSING_TAG_RE = re.compile(r"</([a-z][a-z0-9]*)", re.I)
 
 
 def _is_pathological(body: str) -> bool:
     brackets = (abs(body.count("{{") - body.count("}}")) + abs(body.count("[") - body.count("]"))
                 + abs(body.count("{|") - body.count("|}")))
     tags = body.count("<") - 2 * body.count("</") - body.count("/>")
-    return brackets > _MAX_UNCLOSED_BRACKETS or tags > _MAX_UNCLOSED_TAGS
+    # Counted by name too: closing tags of another name do not close anything, and an unclosed <nowiki> or <pre>
+    # makes the parser rescan the rest of the section ("<nowiki></ref>" * 8000: minutes).
+    unclosed = Counter(map(str.lower, _OPENING_TAG_RE.findall(body))) - Counter(
+        map(str.lower, _CLOSING_TAG_RE.findall(body)))
+    return (brackets > _MAX_UNCLOSED_BRACKETS or tags > _MAX_UNCLOSED_TAGS
+            or sum(unclosed.values()) > _MAX_UNCLOSED_TAGS)
 
 
 def _fallback_link(match: re.Match) -> str:

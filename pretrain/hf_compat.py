@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from common.errors import storage_failure
+from common import configlib
+from common.errors import ConfigError, storage_failure
 from pretrain.checkpoints import CheckpointError
 from pretrain.model import BertConfig, BertForPreTraining
 
@@ -35,21 +36,36 @@ def read_config(directory: str | Path, model_type: str, config_cls):
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory}: no config.json; pass a Hugging Face {model_type.upper()} directory")
-    return config_from_dict(json.loads(path.read_text()), path, model_type, config_cls)
+    return config_from_dict(read_json_object(path), path, model_type, config_cls)
+
+
+def read_json_object(path: str | Path) -> dict:
+    """A Hugging Face directory's JSON file (config.json, tokenizer_config.json) as a dict; a one-line
+    ``CheckpointError`` naming the file when it is not a JSON object. It is only read: nothing it names is imported
+    (``auto_map``, remote code) or run."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:  # not UTF-8 or not JSON; RecursionError: thousands of nested [
+        raise CheckpointError(f"{path}: not valid JSON ({error}); the file is truncated or damaged: export or "
+                              "download the model again") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: a JSON {type(raw).__name__}, not an object; the file is damaged or not a "
+                              "Hugging Face config: export or download the model again")
+    return raw
 
 
 def config_from_dict(raw: dict, path: str | Path, model_type: str, config_cls):
     """``read_config`` of a config.json already read (e.g. the copy a distillation run records of its teacher's);
-    ``path`` names it in the errors."""
+    ``path`` names it in the errors. Values are type-checked as a YAML config's are (``configlib``)."""
     if raw.get("model_type", "bert") != model_type:
         raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not {model_type!r}")
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(f"{path}: only absolute position embeddings are supported")
     known = {f.name for f in dataclasses.fields(config_cls)}
     try:
-        return config_cls(**{k: v for k, v in raw.items() if k in known})
-    except ValueError as error:
-        raise CheckpointError(f"{path}: {error}") from None
+        return configlib.from_dict(config_cls, {k: v for k, v in raw.items() if k in known}, str(path))
+    except ConfigError as error:
+        raise CheckpointError(f"{error}; export or download the model again") from None
 
 
 # The networks a run's export of a ``model_type`` holds in subdirectories beside its own files (``write_export``'s
@@ -70,10 +86,10 @@ def is_complete_run_export(directory: str | Path) -> bool:
     if not is_complete(directory):
         return False
     try:
-        model_type = json.loads((directory / "config.json").read_text()).get("model_type", "bert")
-    except (ValueError, AttributeError):  # not JSON, or not an object: not an export this pipeline wrote whole
+        model_type = read_json_object(directory / "config.json").get("model_type", "bert")
+    except CheckpointError:  # not a JSON object: not an export this pipeline wrote whole
         return False
-    return all(is_complete(directory / part) for part in RUN_EXPORT_PARTS.get(model_type, ()))
+    return all(is_complete(directory / part) for part in RUN_EXPORT_PARTS.get(str(model_type), ()))
 
 
 def export_directory(run_directory: str | Path) -> Path:

@@ -51,6 +51,8 @@ class BertConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
+        if self.num_attention_heads < 1:
+            raise ValueError(f"num_attention_heads is {self.num_attention_heads}; it must be at least 1")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                              f"{self.num_attention_heads}")

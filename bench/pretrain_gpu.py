@@ -9,7 +9,8 @@ Each phase: the model preset at that sequence length, one rank, bf16 (DeepSpeed'
 fp32 master weights), AdamW; ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps; once per mode:
 ``padded`` or ``padding-free`` (``model.padding_free``, with the attention kernel ``pretrain.attention`` picks),
 each eager or ``+compile`` (``model.compile``: regional, each layer kind compiled once; its compilation falls in the
-warm-up steps) or ``+compile-whole`` (the whole objective as one graph, for comparison). Phase 2's rows are
+warm-up steps) or ``+compile-whole`` (the whole objective as one graph, for comparison), ``+compile+cudagraphs``
+adding CUDA graphs to the regions (``model.compile_cuda_graphs``). Phase 2's rows are
 packed documents when ``--data512`` is a packed dataset (``full_sentences``, document attention).
 Reports sequences/s, tokens/s and MFU = tokens/s x training FLOPs per token (the family's ``flops_per_token``)
 / the GPU's dense bf16 peak. Writes bench/results/pretrain-gpu-<device>.json with the machine (and its GPU) and
@@ -34,7 +35,7 @@ from pretrain import attention, compiling, families
 from pretrain import config as config_module
 from pretrain import engine as ds
 from pretrain.compiling import compile_module
-from pretrain.data import PretrainingLoader, ShardedInstances
+from pretrain.data import PretrainingLoader, ShardedInstances, host_packing
 from pretrain.dynamic_masking import DynamicMasking
 from pretrain.launch import Rendezvous
 from pretrain.monitor import peak_tflops
@@ -43,11 +44,13 @@ from pretrain.recipe import resolve
 # F.scaled_dot_product_attention's kernels, each alone (with BERT's attention dropout, where the kernel allows it)
 SDPA = {"default": None, "flash": [SDPBackend.FLASH_ATTENTION], "efficient": [SDPBackend.EFFICIENT_ATTENTION],
         "cudnn": [SDPBackend.CUDNN_ATTENTION], "math": [SDPBackend.MATH]}
-MODES = ("padded", "padding-free", "padded+compile", "padding-free+compile", "padded+compile-whole")
+MODES = ("padded", "padding-free", "padded+compile", "padding-free+compile", "padded+compile-whole",
+         "padded+compile+cudagraphs", "padding-free+compile+cudagraphs")
 
 
-def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: int = 0):
-    """Full-length rows with 15% of positions masked: the worst case for padding, the best for MFU."""
+def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: int = 0, packing: bool = False):
+    """Full-length rows with 15% of positions masked: the worst case for padding, the best for MFU; with
+    ``packing`` the sizes the padding-free path takes from the loader (``pretrain.data.host_packing``)."""
     rng = np.random.default_rng(seed)
     per_row = max(1, int(0.15 * seq))
     while True:
@@ -61,12 +64,22 @@ def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: i
                             "masked_labels": rng.integers(1000, vocab, size=micro * per_row),
                             "next_sentence_labels": rng.integers(0, 2, size=micro),
                             "mlm_loss_scale": np.float32(1.0 / (micro * per_row))})
+            if packing:
+                batches[-1].update(host_packing(np.arange(micro * seq), np.full(micro, seq),
+                                                batches[-1]["masked_positions"]))
         yield batches
+
+
+def to_device(micro_batch: dict, device: torch.device) -> dict:
+    """A loader micro-batch on ``device``, as the training loop moves it (sizes sent as ints stay on the host)."""
+    return {k: v if isinstance(v, int) else torch.as_tensor(v).to(device, non_blocking=True)
+            for k, v in micro_batch.items()}
 
 
 def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict:
     padding_free, compiled = mode.startswith("padding-free"), "+compile" in mode
     regional = not mode.endswith("+compile-whole")
+    cuda_graphs = mode.endswith("+cudagraphs")
     total_steps = args.warmup + args.steps + args.profile_steps
     torch_adam = args.torch_adam or not torch.cuda.is_available()
     overrides = [f"model.preset={args.preset}", "model.max_position_embeddings=512", f"train.micro_batch_size={micro}",
@@ -74,7 +87,8 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
                  "optimizer.name=adamw", f"optimizer.torch_adam={str(torch_adam).lower()}",
                  f"train.max_steps={total_steps}", f"schedule.total_steps={total_steps}",
                  "logging.tensorboard=false", f"model.activation_checkpointing={str(args.checkpointing).lower()}",
-                 f"model.padding_free={str(padding_free).lower()}", f"model.compile={str(compiled).lower()}"]
+                 f"model.padding_free={str(padding_free).lower()}", f"model.compile={str(compiled).lower()}",
+                 f"model.compile_cuda_graphs={str(cuda_graphs).lower()}"]
     data = ShardedInstances(data_dir) if data_dir else None
     documents = data is not None and data.packed
     if documents:
@@ -88,7 +102,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
     family.set_activation_checkpointing(model, args.checkpointing)
     objective = family.objective(model)
     if compiled:
-        compile_module(objective, regional=regional)
+        compile_module(objective, regional=regional, cuda_graphs=cuda_graphs)
     engine = ds.build(cfg, objective, ds.deepspeed_config(cfg, plan, record.WORK))
     kernel = attention.configure(model, engine.device)[0] if padding_free else None
     if data is not None:
@@ -96,10 +110,10 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
                                               data.tokenizer_dir, 0) if cfg.objective.masking == "dynamic" else None)
         loader = PretrainingLoader(data, micro_batch=micro, accumulation=args.accumulation, world_size=1, rank=0,
                                    seed=0, masking=masking, document_attention=documents,
-                                   pad_multiple=args.pad_multiple)
+                                   pad_multiple=args.pad_multiple, padding_free=padding_free)
         steps = iter(loader.next_step, None)
     else:
-        steps = synthetic_steps(micro, seq, 30528, args.accumulation)
+        steps = synthetic_steps(micro, seq, 30528, args.accumulation, packing=padding_free)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     tokens = sequences = 0
     graphs_before, warmup_started = compiling.graphs_compiled(), time.perf_counter()
@@ -112,8 +126,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
             started, tokens, sequences = time.perf_counter(), 0, 0
             warmup_s = started - warmup_started
         for micro_batch in next(steps):
-            batch = {k: torch.as_tensor(v).to(engine.device, non_blocking=True) for k, v in micro_batch.items()}
-            ds.train_micro_batch(engine, batch)
+            ds.train_micro_batch(engine, to_device(micro_batch, engine.device))
             tokens += int(micro_batch["attention_mask"].sum())
             sequences += micro_batch["input_ids"].shape[0]
             (widths_timed if index >= args.warmup else widths_warmup).add(micro_batch["input_ids"].shape[1])
@@ -166,8 +179,7 @@ def profile_steps(engine, steps, count: int, sync, path: Path) -> dict:
                 micro_batches = next(steps)
             for micro_batch in micro_batches:
                 with record_function(spans[1]):
-                    batch = {k: torch.as_tensor(v).to(engine.device, non_blocking=True)
-                             for k, v in micro_batch.items()}
+                    batch = to_device(micro_batch, engine.device)
                 with record_function(spans[2]):
                     loss, _ = engine(**batch)
                 with record_function(spans[3]):

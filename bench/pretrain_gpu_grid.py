@@ -38,6 +38,8 @@ VARIANTS = {
     "cudnn": ["--modes", "padded", "--sdpa", "cudnn"],
     "torch-adamw": ["--modes", "padded", "--torch-adam"],
     "regional+checkpointing": ["--modes", "padded+compile", "--checkpointing"],
+    "regional+cudagraphs": ["--modes", "padded+compile+cudagraphs"],
+    "padding-free+regional": ["--modes", "padding-free+compile"],
 }
 PHASES = (128, 512)
 

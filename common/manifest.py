@@ -147,7 +147,7 @@ def inside(directory: Path, name: str, what: str) -> Path:
     """``directory / name``, refusing a ``name`` from the manifest that could point outside ``directory``: by its
     text, or by a symbolic link on the way that resolves outside (a link that stays inside is allowed)."""
     relative = Path(str(name))
-    if not str(name) or relative.is_absolute() or ".." in relative.parts:
+    if not str(name) or "\x00" in str(name) or relative.is_absolute() or ".." in relative.parts:
         raise DatasetFormatError(f"{Path(directory) / MANIFEST_NAME}: {what} {name!r} is not a relative path inside "
                                  "the dataset directory; the manifest was altered: re-run preprocessing")
     path = Path(directory) / relative

@@ -43,6 +43,8 @@ class Packing:
     length: int               # the padded grid's width (>= max_seqlen)
     key_mask: torch.Tensor    # (batch, 1, 1, length) bool, True at real tokens: the padded attention's mask
     document_ids: torch.Tensor | None = None  # (N,): packed documents, each its own attention segment
+    # The documents' segments as the loader computed them on the host (``from_loader``), for ``within_documents``.
+    document_segments: tuple[torch.Tensor, int] | None = None
 
     def within_documents(self, document_ids: torch.Tensor) -> Packing:
         """This packing with its attention segments cut where the packed ``document_ids`` (N,) change in a row."""
@@ -50,6 +52,8 @@ class Packing:
 
     @functools.cached_property
     def _segments(self) -> tuple[torch.Tensor, int]:
+        if self.document_segments is not None:
+            return self.document_segments
         return segments(self.cu_seqlens, self.document_ids)  # computed (one device sync) only by a kernel that asks
 
     @property
@@ -73,6 +77,18 @@ class Packing:
         return cls(index=real.reshape(-1).nonzero().squeeze(1),
                    cu_seqlens=F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0)), max_seqlen=max_seqlen,
                    batch=real.shape[0], length=length, key_mask=real[:, None, None, :])
+
+    @classmethod
+    def from_loader(cls, batch: int, length: int, *, packed_index: torch.Tensor, cu_seqlens: torch.Tensor,
+                    max_seqlen: int, segment_starts: torch.Tensor | None = None,
+                    longest_segment: int | None = None) -> Packing:
+        """The packing of a ``(batch, length)`` micro-batch from what the loader computed on the host
+        (``pretrain.data.host_packing``): nothing is read back from the device, so the step queues without waiting."""
+        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+        real = torch.arange(length, device=cu_seqlens.device) < lengths[:, None]
+        known = None if segment_starts is None else (segment_starts, int(longest_segment))
+        return cls(index=packed_index, cu_seqlens=cu_seqlens, max_seqlen=int(max_seqlen), batch=batch, length=length,
+                   key_mask=real[:, None, None, :], document_segments=known)
 
     @classmethod
     def from_attention_mask(cls, attention_mask: torch.Tensor) -> Packing:
@@ -115,6 +131,28 @@ class Packing:
         keep = torch.empty(self.batch * self.length, x.shape[-1], dtype=torch.float32, device=x.device)
         return (x * keep.bernoulli_(1 - p).index_select(0, self.index).div_(1 - p)).to(x.dtype)
 
+
+
+# What the loader sends with a micro-batch for the padding-free path (``pretrain.data.host_packing``).
+LOADER_FIELDS = ("packed_index", "cu_seqlens", "max_seqlen", "packed_masked_positions", "segment_starts",
+                 "longest_segment")
+
+
+def pack_batch(attention_mask: torch.Tensor, masked_positions: torch.Tensor,
+               loader_fields: dict) -> tuple[Packing, torch.Tensor]:
+    """A padded micro-batch's ``Packing`` and its masked positions in the packed layout: from the sizes the loader
+    computed on the host when it sent them (``LOADER_FIELDS``; no device read), else from the attention mask (a
+    caller without the loader: the sizes are read back from the device)."""
+    unknown = set(loader_fields) - set(LOADER_FIELDS)
+    if unknown:
+        raise TypeError(f"unexpected micro-batch inputs {sorted(unknown)}; the loader's packing fields are "
+                        f"{', '.join(LOADER_FIELDS)}")
+    if not loader_fields:
+        packing = Packing.from_attention_mask(attention_mask)
+        return packing, packing.positions(masked_positions)
+    fields = dict(loader_fields)
+    positions = fields.pop("packed_masked_positions")
+    return Packing.from_loader(*attention_mask.shape, **fields), positions
 
 
 def document_mask(document_ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -181,5 +219,5 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
 
 
-__all__ = ["KERNELS", "SDPA_PADDED_GRID", "VARLEN", "Packing", "choose", "configure", "document_mask", "segments", "use",
-           "varlen_attention", "varlen_available"]
+__all__ = ["KERNELS", "LOADER_FIELDS", "SDPA_PADDED_GRID", "VARLEN", "Packing", "choose", "configure", "document_mask",
+           "pack_batch", "segments", "use", "varlen_attention", "varlen_available"]

@@ -45,12 +45,22 @@ ISA_PREFIX = "isa-"
 RECOMPILE_LIMIT = 16
 
 
-def compile_module(module: nn.Module, regional: bool = True) -> nn.Module:
+def compile_module(module: nn.Module, regional: bool = True, *, cuda_graphs: bool = False,
+                   cache: str | None = None) -> nn.Module:
     """``module`` itself, its regions (or, with ``regional=False``, all of it) compiled in place with symbolic sizes,
-    the kernels cached per CPU instruction set (``key_cache_by_isa``)."""
+    the kernels cached per CPU instruction set (``key_cache_by_isa``) under ``cache`` (``use_cache``) or torch's
+    default directory. ``cuda_graphs``: the compiled graphs replay as CUDA graphs (``mode="reduce-overhead"``), one
+    launch each instead of one per kernel; each call of ``module`` (a micro-batch) starts a new step of torch's CUDA
+    graph trees, whose buffers the previous micro-batch's backward has finished with. Graphs on CPU tensors run as
+    without it."""
+    if cache is not None:
+        use_cache(cache)
     key_cache_by_isa()
+    mode = {"mode": "reduce-overhead"} if cuda_graphs else {}
+    if cuda_graphs:
+        module.register_forward_pre_hook(_new_cuda_graph_step)
     if not regional:
-        module.compile(backend=BACKEND, dynamic=True)
+        module.compile(backend=BACKEND, dynamic=True, **mode)
         return module
     for part in regions(module):
         # The region's own ``forward``, not ``nn.Module.compile``'s ``_call_impl``: TorchDynamo keeps its graphs and
@@ -58,8 +68,43 @@ def compile_module(module: nn.Module, regional: bool = True) -> nn.Module:
         # so embeddings, layers and heads of all families in a process would share one limit of 8. A class's
         # ``forward`` is shared by its instances only: the layers reuse one graph, and each kind of region has a
         # limit of its own (its hooks still run, eagerly, around it).
-        part.forward = torch.compile(part.forward, backend=BACKEND, dynamic=True, recompile_limit=RECOMPILE_LIMIT)
+        part.forward = torch.compile(part.forward, backend=BACKEND, dynamic=True, recompile_limit=RECOMPILE_LIMIT,
+                                     **mode)
     return module
+
+
+def _new_cuda_graph_step(module: nn.Module, args) -> None:
+    torch.compiler.cudagraph_mark_step_begin()
+
+
+def use_cache(directory: str) -> str:
+    """Keep TorchInductor's compiled kernels (and its FX graph and AOTAutograd caches) in ``directory``, so that a
+    later run that finds them there (another node on a shared file system, a resumed job) starts warm.
+
+    What the cache holds is code that the process loads and runs, so the directory must be one only this user can
+    write: owned by this user, not writable by group or others (created so when missing). A directory anyone else
+    could write is refused (``ValueError``), since whoever writes it chooses the code our ranks run.
+    """
+    path = os.path.abspath(os.path.expanduser(directory))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.stat(path)
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        owner = "owned by another user" if info.st_uid != os.getuid() else "writable by group or others"
+        raise ValueError(f"model.compile_cache {path} is {owner}; compiled kernels are code every run loads from it: "
+                         "use a directory only you can write (mkdir -m 700 DIR)")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path  # read by torch whenever it looks for its cache
+    return path
+
+
+def cache_counts() -> dict[str, int]:
+    """Hits and misses of TorchInductor's FX graph cache and of the AOTAutograd cache in this process so far: a
+    warm start compiles with hits only."""
+    from torch._dynamo.utils import counters
+
+    return {"fx_graph_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+            "fx_graph_misses": int(counters["inductor"]["fxgraph_cache_miss"]),
+            "autograd_hits": int(counters["aot_autograd"]["autograd_cache_hit"]),
+            "autograd_misses": int(counters["aot_autograd"]["autograd_cache_miss"])}
 
 
 def regions(module: nn.Module) -> list[nn.Module]:
@@ -115,7 +160,7 @@ def key_cache_by_isa() -> str:
     """
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    base = cache_dir()
+    base = cache_dir().rstrip(os.sep)
     if os.path.basename(base).startswith(ISA_PREFIX):
         return base
     try:
@@ -204,5 +249,5 @@ def _plain_modules(module: nn.Module) -> list[nn.Module]:
     return [part for held in _held(module) for part in held.modules()]
 
 
-__all__ = ["BACKEND", "RecompileLimitWatch", "any_compiled", "compile_module", "describe", "graphs_compiled",
-           "is_compiled", "key_cache_by_isa", "regions"]
+__all__ = ["BACKEND", "RecompileLimitWatch", "any_compiled", "cache_counts", "compile_module", "describe",
+           "graphs_compiled", "is_compiled", "key_cache_by_isa", "regions", "use_cache"]

@@ -29,6 +29,11 @@ class ModelConfig:
     activation_checkpointing: bool = False
     padding_free: bool = False           # dense layers on real tokens only (pretrain.objective); equal to rounding
     compile: bool = False                # run the model through torch.compile (lengths bucketed: few recompiles)
+    # CUDA graphs for the compiled regions (torch.compile's "reduce-overhead"): fewer kernel launches; GPU only.
+    compile_cuda_graphs: bool = False
+    # TorchInductor's kernel cache (default: the user's temp dir). On a shared file system every node and every
+    # resumed job start warm. It holds code that runs: a directory only you can write (pretrain.compiling).
+    compile_cache: str | None = None
 
     def dropout_overrides(self) -> dict[str, float]:
         """The dropout rates this config sets over the preset's (those left unset keep the preset's)."""
@@ -38,6 +43,9 @@ class ModelConfig:
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"model.family is {self.family!r}; choose one of {', '.join(FAMILIES)}")
+        if (self.compile_cuda_graphs or self.compile_cache) and not self.compile:
+            raise ValueError("model.compile_cuda_graphs and model.compile_cache apply to compiled models: set "
+                             "model.compile: true, or leave them unset")
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,9 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, family, model, rank, st
         lr = engine.lr()  # the rate this step uses
         width = 0
         for index, micro in enumerate(loader.next_step()):
-            batch = {k: torch.as_tensor(v).to(device, non_blocking=True) for k, v in micro.items()}
+            # Arrays go to the device; sizes the loader sends as Python ints (the padding-free path's) stay here.
+            batch = {k: v if isinstance(v, int) else torch.as_tensor(v).to(device, non_blocking=True)
+                     for k, v in micro.items()}
             batch.update(family.micro_batch_inputs(step=state.step, micro=index, rank=rank))
             stats += engine.train_micro_batch(batch).double()
             width += micro["input_ids"].shape[1]

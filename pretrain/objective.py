@@ -5,8 +5,9 @@ Kept apart from the model so that the model stays a plain ``BertForPreTraining``
 module. Besides the loss it returns the sums that logging needs, so that metrics over many steps and
 ranks are exact ratios of sums rather than means of means.
 
-With ``padding_free`` the micro-batch, padded by the loader, is packed (``Packing.from_attention_mask``) before
-the encoder, so that every GEMM sees the real tokens only: the masked positions are mapped into the packed
+With ``padding_free`` the micro-batch, padded by the loader, is packed (``pretrain.attention.pack_batch``, from sizes
+the loader computed on the host) before the encoder, so that every GEMM sees the real tokens only: the masked
+positions are mapped into the packed
 layout, the pair head reads each row's [CLS] (its first packed token), and ``document_ids``/``position_ids``
 travel packed too (the model puts them back on the padded grid for the embeddings and the attention mask).
 The losses and gradients equal the padded mode's to rounding (tests/pretrain/test_padding_free.py), not to the
@@ -18,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.model import BertForPreTraining, Packing
+from pretrain.attention import pack_batch
+from pretrain.model import BertForPreTraining
 
 # Order of the entries of the statistics vector returned with the loss. ``pair_*`` are the sentence-pair
 # head's (NSP or SOP); ``pair_sequences`` counts the sequences it trained on: 0 when the objective has none.
@@ -43,21 +45,22 @@ class PretrainingObjective(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                 masked_positions: torch.Tensor, masked_labels: torch.Tensor, next_sentence_labels: torch.Tensor,
                 mlm_loss_scale: torch.Tensor, position_ids: torch.Tensor | None = None,
-                document_ids: torch.Tensor | None = None,
-                token_loss_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                document_ids: torch.Tensor | None = None, token_loss_scale: torch.Tensor | None = None,
+                **loader_packing) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to back-propagate, detached statistics in the order of ``STAT_NAMES``).
 
         ``mlm_loss_scale`` turns this micro-batch's summed token losses into its share of the mean over
         the whole global batch (see ``PretrainingLoader``); ``position_ids`` and ``document_ids`` keep packed
         documents apart (document attention). ``token_loss_scale`` (the loader's, for losses over every token)
-        is not used: BERT's losses are on masked tokens and sequences only.
+        is not used: BERT's losses are on masked tokens and sequences only. ``loader_packing``: the padding-free
+        path's sizes as the loader computed them (``pretrain.attention.LOADER_FIELDS``).
         """
         del token_loss_scale
         if self.padding_free:
-            packing = Packing.from_attention_mask(attention_mask)
+            packing, packed_positions = pack_batch(attention_mask, masked_positions, loader_packing)
             packed = lambda t: None if t is None else packing.pack(t)  # noqa: E731
             mlm_logits, pair_logits = self.model(
-                packing.pack(input_ids), packing.pack(token_type_ids), None, packing.positions(masked_positions),
+                packing.pack(input_ids), packing.pack(token_type_ids), None, packed_positions,
                 position_ids=packed(position_ids), document_ids=packed(document_ids), packing=packing)
         else:
             mlm_logits, pair_logits = self.model(input_ids, token_type_ids, attention_mask, masked_positions,

@@ -33,7 +33,8 @@ APPLIED_FROM_RESUME = (
     "optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay", "optimizer.torch_adam",
     "schedule.", "checkpoint.", "faults.", "logging.", "model.activation_checkpointing", "model.init_from",
     "model.padding_free",  # how the same step is computed (equal to rounding), not what it computes
-    "model.compile",  # likewise (pretrain.compiling: in place, the checkpoint's names unchanged)
+    "model.compile", "model.compile_cuda_graphs", "model.compile_cache",  # likewise (pretrain.compiling: in place,
+                                                                           # the checkpoint's names unchanged)
     "distillation.teacher_precision",  # how the frozen teacher's forward is computed; nothing of it is saved
 )
 

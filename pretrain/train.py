@@ -24,7 +24,7 @@ from common.manifest import Manifest, ModelRequirements
 from pretrain import attention, checkpoints, families, loop, precision
 from pretrain import engine as ds
 from pretrain import resume as resume_check
-from pretrain.compiling import RecompileLimitWatch, compile_module
+from pretrain.compiling import RecompileLimitWatch, cache_counts, compile_module
 from pretrain.compiling import describe as describe_compile
 from pretrain.config import BatchPlan, PretrainConfig, batch_plan
 from pretrain.data import PretrainingLoader, ShardedInstances
@@ -178,7 +178,8 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
                                                "reason": choice.reason} for choice in choices},
                    "wall_seconds": round(time.time() - started, 1), "timings": run.timings}
         if compiled:
-            summary["compile"] = {"graphs": compiled.graphs(), "recompile_limits_hit": compiled.limits_hit}
+            summary["compile"] = {"graphs": compiled.graphs(), "recompile_limits_hit": compiled.limits_hit,
+                                  "cache": cache_counts()}
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info(f"{summary['status']}: step {state.step}/{cfg.train.max_steps}, {state.consumed:,} samples, "
                  f"{state.skipped} skipped steps, {summary['wall_seconds']} s on {world} ranks; outputs in {out}")
@@ -229,9 +230,13 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: 
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
     objective = family.objective(model)
     if cfg.model.compile:
-        objective = compile_module(objective)
+        objective = compile_module(objective, cuda_graphs=cfg.model.compile_cuda_graphs, cache=cfg.model.compile_cache)
         if rank == 0:
-            log.info(describe_compile(objective))
+            graphs = ""
+            if cfg.model.compile_cuda_graphs:
+                graphs = ("; CUDA graphs" if torch.cuda.is_available() else
+                          "; model.compile_cuda_graphs has no effect here: there is no GPU")
+            log.info(describe_compile(objective) + graphs)
     engine = ds.Engine(ds.build(cfg, objective, ds_config))
     if cfg.model.padding_free:
         kernel, why = attention.configure(model, engine.device)
@@ -244,7 +249,8 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: 
     loader = PretrainingLoader(data, micro_batch=plan.micro_batch, accumulation=plan.accumulation, world_size=world,
                                rank=rank, seed=cfg.seed, window_batches=cfg.data.window_batches, masking=masking,
                                global_sum=functools.partial(_sum_over_ranks, engine),
-                               document_attention=recipe.document_attention, pad_multiple=cfg.data.pad_multiple)
+                               document_attention=recipe.document_attention, pad_multiple=cfg.data.pad_multiple,
+                               padding_free=cfg.model.padding_free)
     state = LoopState()
     if found is not None:
         began = time.perf_counter()

@@ -10,6 +10,7 @@ Compiling takes most of these tests' time (tens of seconds per module on two cor
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -263,3 +264,69 @@ def test_kernels_cached_for_one_instruction_set_are_never_loaded_for_another(tmp
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.split("\n")[-2] == "[9]", (capability, result.stdout)
     assert {p.name for p in tmp_path.glob(f"{compiling.ISA_PREFIX}*")} >= {"isa-avx2_avx2"}
+
+
+WARM = """
+import json, sys
+import torch
+from pretrain import compiling
+from tests.pretrain.test_compiling import _micro_batches, _objective
+
+objective = compiling.compile_module(_objective(64), cache=sys.argv[1])
+loss, _ = objective(**_micro_batches(1, 64)[0])
+loss.backward()
+print(json.dumps(compiling.cache_counts()))
+"""
+
+
+def test_a_compile_cache_directory_makes_the_next_process_start_warm(tmp_path):
+    """``model.compile_cache``: the first process compiles every graph (misses only) and leaves its kernels there;
+    a second process, with torch's default cache elsewhere, compiles nothing anew (hits only)."""
+    import os
+
+    from common import processes
+    from tests.pretrain.launching import REPO
+
+    counts = []
+    for run in ("cold", "warm"):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"default-{run}"), "PYTHONPATH": str(REPO)}
+        result = processes.run([sys.executable, "-c", WARM, str(tmp_path / "shared-cache")], env=env, cwd=REPO,
+                               capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        counts.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    cold, warm = counts
+    assert cold["fx_graph_misses"] > 0 and cold["fx_graph_hits"] == 0, cold
+    assert warm["fx_graph_hits"] == cold["fx_graph_misses"] and warm["fx_graph_misses"] == 0, warm
+    assert (tmp_path / "shared-cache").stat().st_mode & 0o777 == 0o700
+    assert not list((tmp_path / "default-warm").glob("**/*.py"))  # nothing compiled to torch's default place
+
+
+def test_a_compile_cache_someone_else_can_write_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "default"))  # restored after the test
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match=r"model.compile_cache .*shared is writable by group or others; compiled "
+                                         r"kernels are code every run loads"):
+        compiling.use_cache(str(shared))
+    shared.chmod(0o755)
+    assert compiling.use_cache(str(shared)) == str(shared) == os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    with pytest.raises(ValueError, match="apply to compiled models"):
+        config.ModelConfig(compile_cache=str(shared))
+
+
+def test_cuda_graphs_compile_every_region_in_reduce_overhead_mode_with_a_step_per_micro_batch(monkeypatch):
+    """``model.compile_cuda_graphs``: each region is compiled with ``mode="reduce-overhead"`` (CUDA graphs, on a
+    GPU) and each call of the module starts a new CUDA graph step (torch's graph trees then know that the previous
+    micro-batch's outputs are no longer read)."""
+    calls, steps = [], []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: calls.append(options) or fn)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    objective = compiling.compile_module(_objective(64), cuda_graphs=True)
+    assert len(calls) == len(compiling.regions(objective)) > 1
+    assert all(options["mode"] == "reduce-overhead" and options["dynamic"] for options in calls)
+    for batch in _micro_batches(3, 64):
+        objective(**batch)
+    assert len(steps) == 3
+    with pytest.raises(ValueError, match="apply to compiled models"):
+        config.ModelConfig(compile_cuda_graphs=True)

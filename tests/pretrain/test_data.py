@@ -287,7 +287,8 @@ def test_token_ids_beyond_the_vocabulary_are_refused_when_read_naming_shard_and_
 
 
 @pytest.mark.parametrize("field,value", [("shard", "/etc/passwd"), ("shard", "../elsewhere.arrow"),
-                                         ("tokenizer", "/home/someone/tokenizer"), ("tokenizer", "sub/../../up")])
+                                         ("tokenizer", "/home/someone/tokenizer"), ("tokenizer", "sub/../../up"),
+                                         ("shard", "shard-00001-o\x002.arrow")])  # NUL: the OS takes no such name
 def test_manifest_paths_must_stay_inside_the_dataset(sample_dataset, tmp_path, field, value):
     copy, manifest = _copy(sample_dataset, tmp_path)
     if field == "shard":

@@ -12,7 +12,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from pretrain.attention import LOADER_FIELDS, pack_batch
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.model import BertConfig, BertForPreTraining, Packing
 from pretrain.objective import STAT_NAMES, PretrainingObjective
@@ -153,3 +155,71 @@ def test_the_switch_trains_the_padded_curve_logs_its_kernel_and_may_change_on_re
     resumed = _cfg(sample_dataset, tmp_path / "run-false", 4, **{"model.padding_free": "true"})
     assert train.run(resumed, one_rank, resume=True) == 0
     assert "model.padding_free: false -> true" in caplog.text
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the operators that make the host wait for the device: a tensor read as a Python number
+    (``.item()``, ``int()``, ``bool()``) and the operators whose output size depends on the data."""
+
+    READS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_consecutive"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in self.READS:
+            self.seen.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+def _loader_batches(dataset, documents: bool) -> list[dict]:
+    loader = PretrainingLoader(ShardedInstances(dataset), micro_batch=8, accumulation=2, world_size=1, rank=0, seed=5,
+                               document_attention=documents, padding_free=True)
+    return [{k: v if isinstance(v, int) else torch.from_numpy(np.asarray(v)) for k, v in b.items()}
+            for b in loader.next_step()]
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["rows", "documents"])
+def test_the_loaders_packing_sizes_are_the_devices_and_the_step_reads_nothing_back(synthetic_dataset, documents):
+    """With the sizes the loader computed on the host (``host_packing``), the padding-free step equals the one that
+    derives them from the attention mask, bit for bit, and neither it nor the padded step reads a tensor back."""
+    dataset = synthetic_dataset(300, max_seq_length=SEQ, max_predictions=10, kind="full_sentences",
+                                document_tokens=20)
+    batches = _loader_batches(dataset, documents)
+    padded, packed = _objectives(ShardedInstances(dataset), "none")
+    for batch in batches:
+        plain = {k: v for k, v in batch.items() if k not in LOADER_FIELDS}
+        assert set(batch) - set(plain) == set(LOADER_FIELDS[:4]) | ({"segment_starts", "longest_segment"}
+                                                                    if documents else set())
+        derived = Packing.from_attention_mask(plain["attention_mask"])
+        if documents:
+            derived = derived.within_documents(derived.pack(plain["document_ids"]))
+        loaded, positions = pack_batch(plain["attention_mask"], plain["masked_positions"],
+                                       {k: batch[k] for k in set(batch) - set(plain)})
+        loaded = loaded.within_documents(derived.document_ids) if documents else loaded
+        assert torch.equal(loaded.index, derived.index) and torch.equal(loaded.cu_seqlens, derived.cu_seqlens)
+        assert loaded.max_seqlen == derived.max_seqlen and torch.equal(loaded.key_mask, derived.key_mask)
+        assert torch.equal(loaded.segment_starts, derived.segment_starts)
+        assert loaded.longest_segment == derived.longest_segment
+        assert torch.equal(positions, derived.positions(plain["masked_positions"]))
+        with HostReads() as reads:
+            loss, _, grads = _step(packed, batch)
+        assert reads.seen == [], reads.seen
+        with HostReads() as reads:
+            loss_from_mask, _, grads_from_mask = _step(packed, plain)
+        assert {"aten::_local_scalar_dense", "aten::nonzero"} <= set(reads.seen)  # the counter sees them
+        assert torch.equal(loss, loss_from_mask) and all(torch.equal(grads[k], grads_from_mask[k]) for k in grads)
+        with HostReads() as reads:
+            _step(padded, plain)
+        assert reads.seen == [], reads.seen
+
+
+def test_host_packing_refuses_a_masked_position_on_padding():
+    from pretrain.data import host_packing
+
+    lengths = np.array([3, 2])
+    real = np.array([0, 1, 2, 4, 5])  # rows of width 4: 1 1 1 0 / 1 1 0 0
+    assert host_packing(real, lengths, np.array([1, 4, 5]))["packed_masked_positions"].tolist() == [1, 3, 4]
+    with pytest.raises(ValueError, match="masked position falls on padding"):
+        host_packing(real, lengths, np.array([3]))

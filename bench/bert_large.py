@@ -108,8 +108,8 @@ def compare_logits(hf_dir: Path, dataset: Path, rows: int) -> dict:
     import torch
     import transformers
 
+    from models.bert.hf import load_pretrained
     from pretrain.data import PretrainingLoader, ShardedInstances
-    from pretrain.hf_compat import load_pretrained
 
     loader = PretrainingLoader(ShardedInstances(dataset), micro_batch=rows, accumulation=1, world_size=1, rank=0,
                                seed=7)

@@ -29,10 +29,10 @@ import torch
 from bench import record
 from bench.cpu import CONTENDED_LOAD, OtherProcesses, wait_for_quiet
 from bench.shards import ensure_dataset, vocab_path
+from models.bert.model import BertForPreTraining, preset
 from pretrain import compiling
 from pretrain.data import PretrainingLoader, ShardedInstances
-from pretrain.model import BertForPreTraining, preset
-from pretrain.objective import PretrainingObjective
+from pretrain.families.bert_loss import PretrainingObjective
 
 SEED = 1234
 PRETRAIN_MICRO = {128: 8, 512: 2}  # the same tokens per micro-batch at both lengths
@@ -132,7 +132,7 @@ def finetuning(data_dir: Path, rounds: int, steps: int, quiet_budget: float) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny preset, 2 rounds x 3 steps")
-    parser.add_argument("--preset", default="base", help="pretraining model preset (pretrain.model.PRESETS)")
+    parser.add_argument("--preset", default="base", help="pretraining model preset (models.bert.model.PRESETS)")
     parser.add_argument("--work", type=Path, default=record.WORK / "pretrain")
     parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
     parser.add_argument("--results", type=Path, default=record.RESULTS)

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from models.bert.hf import export, load_pretrained
+from models.bert.model import BertForPreTraining
 from pretrain.data import ShardedInstances, collate
-from pretrain.hf_compat import export, load_pretrained
-from pretrain.model import BertForPreTraining
 
 HEAD_FIT = {"batch": 64, "lr": 3e-3, "seed": 0, "autocast": "bf16"}
 RANDOM_INIT_SEED = 0

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from models.bert.hf import export, load_pretrained
+from models.bert.model import BertConfig, BertForPreTraining
 from pretrain.data import ShardedInstances, collate
-from pretrain.hf_compat import export, load_pretrained
-from pretrain.model import BertConfig, BertForPreTraining
 
 # BERT's shape, small enough for CPU: 4 layers, 256 wide (as bench.pretrain's model); the vocabulary is
 # bert-base-uncased's 30,522 ids rounded up to a multiple of 8.

@@ -33,7 +33,8 @@ import transformers
 from bench import record
 from bench.cpu import CONTENDED_LOAD, OtherProcesses, wait_for_quiet
 from bench.shards import CONFIGS, ensure_dataset
-from pretrain import attention
+from models import attention
+from models.bert.model import BertConfig, BertForPreTraining
 from pretrain.data import (
     PAD_MULTIPLE,
     PretrainingLoader,
@@ -43,8 +44,7 @@ from pretrain.data import (
     read_rows,
     split_global_batch,
 )
-from pretrain.model import BertConfig, BertForPreTraining
-from pretrain.objective import PretrainingObjective
+from pretrain.families.bert_loss import PretrainingObjective
 
 # Small enough for CPU, shaped like BERT; vocab rounded up to a multiple of 8 as for tensor cores.
 MODEL = dict(vocab_size=30528, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,

@@ -7,7 +7,7 @@
 
 Each phase: the model preset at that sequence length, one rank, bf16 (DeepSpeed's bf16 with ZeRO 1 and
 fp32 master weights), AdamW; ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps; once per mode:
-``padded`` or ``padding-free`` (``model.padding_free``, with the attention kernel ``pretrain.attention`` picks),
+``padded`` or ``padding-free`` (``model.padding_free``, with the attention kernel ``models.attention`` picks),
 each eager or ``+compile`` (``model.compile``: regional, each layer kind compiled once; its compilation falls in the
 warm-up steps) or ``+compile-whole`` (the whole objective as one graph, for comparison), ``+compile+cudagraphs``
 adding CUDA graphs to the regions (``model.compile_cuda_graphs``). Phase 2's rows are
@@ -31,7 +31,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench import record
-from pretrain import attention, compiling, families
+from models import attention
+from pretrain import compiling, families
 from pretrain import config as config_module
 from pretrain import engine as ds
 from pretrain.compiling import compile_module

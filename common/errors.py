@@ -15,6 +15,10 @@ class ConfigError(ValueError):
     """A config file or override that cannot be turned into the typed config."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint or model directory that cannot be used; the message names the path and what to do."""
+
+
 class DatasetFormatError(ValueError):
     """A dataset directory that is incomplete, of another format version, or does not match the model."""
 

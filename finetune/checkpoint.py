@@ -23,30 +23,16 @@ from pathlib import Path
 
 from torch import nn
 
-from common.errors import StorageError, storage_failure
-from pretrain.albert import AlbertConfig, AlbertModel
-from pretrain.albert_hf import load_albert, load_albert_config
-from pretrain.electra import ElectraConfig, ElectraModel
-from pretrain.electra_hf import load_config as load_electra_config
-from pretrain.electra_hf import load_discriminator
-from pretrain.hf_compat import (
-    CheckpointError,
-    check_weights_file,
-    export_directory,
-    finished_export,
-    is_complete_run_export,
-    load_config,
-    load_pretrained,
-    read_json_object,
-)
-from pretrain.model import BertConfig, BertModel, BertSelfAttention
+from common.errors import CheckpointError, StorageError, storage_failure
+from models import registry
+from models.hf_io import check_weights_file, read_json_object
+from pretrain.checkpoints import export_directory, finished_export, is_complete_run_export
 
 log = logging.getLogger("finetune")
 
-FAMILIES = ("bert", "albert", "electra")  # config.json model_type values finetuning reads
+FAMILIES = registry.MODEL_TYPES  # config.json model_type values finetuning reads
 
-ModelConfig = BertConfig | AlbertConfig | ElectraConfig
-Encoder = BertModel | AlbertModel | ElectraModel
+Encoder = nn.Module  # a family's encoder (``models.registry.ModelFamily.encoder_class``)
 
 
 def model_type(directory: str | Path) -> str:
@@ -62,23 +48,16 @@ def model_type(directory: str | Path) -> str:
     return family
 
 
-def load_model_config(directory: str | Path) -> ModelConfig:
+def load_model_config(directory: str | Path):
     """The directory's config, as its family's dataclass (each has vocab_size, hidden_size, pad_token_id)."""
-    loaders = {"bert": load_config, "albert": load_albert_config, "electra": load_electra_config}
-    return loaders[model_type(directory)](directory)
+    return registry.family(model_type(directory)).load_config(directory)
 
 
 def load_encoder(directory: str | Path, dropout: float | None = None) -> Encoder:
     """The encoder of a Hugging Face directory of any family in ``FAMILIES``, pretraining heads dropped (BERT and
     ALBERT keep their pooler, which their sequence heads read; ELECTRA has none). ``dropout`` replaces every
     dropout rate of the encoder (hidden and attention), for every family alike."""
-    family = model_type(directory)
-    if family == "bert":
-        encoder = load_pretrained(directory)[0].bert
-    elif family == "albert":
-        encoder = load_albert(directory)[0].albert
-    else:
-        encoder = load_discriminator(directory)
+    encoder = registry.family(model_type(directory)).load_encoder(directory)
     if dropout is not None:
         set_dropout(encoder, dropout)
     return encoder
@@ -89,7 +68,7 @@ def set_dropout(encoder: nn.Module, p: float) -> None:
     for module in encoder.modules():
         if isinstance(module, nn.Dropout):
             module.p = p
-        if isinstance(module, BertSelfAttention):  # ALBERT's attention is one too
+        if isinstance(getattr(module, "dropout_p", None), float):  # an attention's, which SDPA takes as a number
             module.dropout_p = p
 
 

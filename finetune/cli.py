@@ -87,8 +87,8 @@ def expected_error(error: BaseException, output: Path) -> tuple[str | None, bool
     """(the one line, whether it is a full disk or missing permission) for an expected error; (None, False) for
     any other. A full disk or missing permission wins over the message of the error it surfaced as; the
     tokenizer's errors already say it."""
+    from common.errors import CheckpointError
     from finetune.errors import DataError
-    from pretrain.hf_compat import CheckpointError
 
     if isinstance(error, InputError):
         return error.message, storage_failure(error) is not None

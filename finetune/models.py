@@ -2,7 +2,7 @@
 ``electra``, ``classifier``, ``qa_outputs``), so a finetuned model's state dict loads into ``transformers``' task
 model of its family.
 
-The heads run the encoder in its packed mode (``pretrain.model.Packing``) by default: every dense layer sees only
+The heads run the encoder in its packed mode (``models.attention.Packing``) by default: every dense layer sees only
 the batch's real tokens, as batches padded to their longest row are largely padding. Dropout draws its masks over
 the padded shape, so from the same random state training takes the steps the padded encoder (and
 ``transformers``) would take. ``packed=False`` runs the padded mode, for comparison.
@@ -10,7 +10,7 @@ the padded shape, so from the same random state training takes the steps the pad
 Token and span heads are the same for every family. The sequence head is each family's own, as in
 ``transformers``: BERT and ALBERT classify the pooled [CLS] (tanh dense) with one linear layer; ELECTRA has no
 pooler and classifies the [CLS] hidden state through dense, gelu, dropout and an output layer
-(``ElectraClassificationHead``). ``FAMILY`` is that choice, one row per encoder class.
+(``ElectraClassificationHead``): each family's ``pooled`` in ``models.registry``.
 
 Nothing here imports DeepSpeed or torch.distributed.
 """
@@ -21,24 +21,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from finetune.checkpoint import Encoder, load_encoder
-from pretrain.albert import AlbertModel
-from pretrain.electra import ElectraModel
-from pretrain.model import BertModel, Packing
-
-# Encoder class -> (the attribute transformers names it, whether its sequence head reads the pooled [CLS]).
-FAMILY: dict[type, tuple[str, bool]] = {
-    BertModel: ("bert", True),
-    AlbertModel: ("albert", True),
-    ElectraModel: ("electra", False),
-}
+from models import registry
+from models.attention import Packing
 
 
 def _family(encoder: nn.Module) -> tuple[str, bool]:
-    try:
-        return FAMILY[type(encoder)]
-    except KeyError:
-        raise TypeError(f"{type(encoder).__name__} is not an encoder the task heads know; give one of "
-                        f"{', '.join(k.__name__ for k in FAMILY)}") from None
+    """(the attribute ``transformers`` names the encoder by: its ``model_type``, whether its sequence head reads the
+    pooled [CLS])."""
+    family = registry.of_encoder(encoder)
+    return family.model_type, family.pooled
 
 
 class _Head(nn.Module):
@@ -175,5 +166,5 @@ def pad_batch(rows: list[dict], pad_id: int, multiple: int = 8) -> dict[str, tor
     return batch
 
 
-__all__ = ["FAMILY", "ElectraClassificationHead", "SequenceClassifier", "SpanExtractor", "TokenClassifier",
+__all__ = ["ElectraClassificationHead", "SequenceClassifier", "SpanExtractor", "TokenClassifier",
            "load_encoder", "pad_batch"]

@@ -21,15 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import StorageError, storage_failure
+from common.errors import CheckpointError, StorageError, storage_failure
+from models import registry
+from models.hf_io import is_complete, read_json_object
 
 MARKER = "COMPLETE"
 ON_CORRUPT = ("fallback", "fail")
 _TAG = re.compile(r"step_(\d{8})")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message names the path and what to do."""
 
 
 class CorruptCheckpoint(CheckpointError):
@@ -183,3 +181,32 @@ def prune(directory: Path, keep_last: int) -> list[str]:
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child.name)
     return removed
+
+
+# A run directory's Hugging Face export (``hf/``), written when the run finishes.
+
+def is_complete_run_export(directory: str | Path) -> bool:
+    """``models.hf_io.is_complete``, and for a family whose run exports more than one network (its
+    ``export_parts``) each of its subdirectories too: an ELECTRA run's export without generator/ was cut short by an
+    older, two-step export."""
+    directory = Path(directory)
+    if not is_complete(directory):
+        return False
+    try:
+        model_type = read_json_object(directory / "config.json").get("model_type", "bert")
+    except CheckpointError:  # not a JSON object: not an export this pipeline wrote whole
+        return False
+    parts = registry.family(model_type).export_parts if model_type in registry.MODEL_TYPES else ()
+    return all(is_complete(directory / part) for part in parts)
+
+
+def export_directory(run_directory: str | Path) -> Path:
+    """Where a pretraining run directory holds its Hugging Face export (written when the run finishes)."""
+    return Path(run_directory) / "hf"
+
+
+def finished_export(run_directory: str | Path) -> Path | None:
+    """The Hugging Face export of a pretraining run directory when it is there whole (``is_complete_run_export``),
+    else None."""
+    directory = export_directory(run_directory)
+    return directory if is_complete_run_export(directory) else None

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 
 from common import configlib
 from common.objectives import MASK_UNITS, MASKING_TIMES, SENTENCE_OBJECTIVES, check_replacement_split
+from models import registry
 from pretrain.schedule import ScheduleConfig
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")  # auto: chosen from the hardware (pretrain.precision)
-FAMILIES = ("bert", "albert", "electra")  # pretrain.families
+FAMILIES = registry.MODEL_TYPES  # each with its training glue in pretrain.families
 OPTIMIZERS = ("adamw", "lamb")
 ATTENTIONS = ("full", "document")
 
@@ -27,7 +28,7 @@ class ModelConfig:
     attention_probs_dropout_prob: float | None = None
     max_position_embeddings: int = 512
     activation_checkpointing: bool = False
-    padding_free: bool = False           # dense layers on real tokens only (pretrain.objective); equal to rounding
+    padding_free: bool = False           # dense layers on real tokens only (pretrain.families.bert_loss); equal to rounding
     compile: bool = False                # run the model through torch.compile (lengths bucketed: few recompiles)
     # CUDA graphs for the compiled regions (torch.compile's "reduce-overhead"): fewer kernel launches; GPU only.
     compile_cuda_graphs: bool = False

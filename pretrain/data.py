@@ -233,7 +233,7 @@ def pad(block: RowBlock, pad_id: int, first: int = 0, stop: int | None = None, *
 
 def host_packing(real_index: np.ndarray, lengths: np.ndarray, masked_positions: np.ndarray,
                  document_ids: np.ndarray | None = None) -> dict:
-    """The sizes of a right-padded micro-batch's packed layout (``pretrain.attention.Packing.from_loader``),
+    """The sizes of a right-padded micro-batch's packed layout (``models.attention.Packing.from_loader``),
     computed here on the host, where the rows are known, so that the padding-free step reads nothing back from the
     device: ``packed_index`` (the real tokens' flat positions, row by row), ``cu_seqlens`` and ``max_seqlen`` (the
     rows), ``packed_masked_positions`` (each masked position's row in the packed layout) and, with ``document_ids``

@@ -13,9 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.errors import report, storage_failure
+from common.errors import CheckpointError, report, storage_failure
 from pretrain import checkpoints
-from pretrain.hf_compat import CheckpointError
 
 log = logging.getLogger("pretrain")
 

@@ -130,8 +130,9 @@ def planned_model_config(model, vocab_size: int | None):
     dataset vocabulary of ``vocab_size`` ids (default: bert-base-uncased's). ``init_from`` wins when readable."""
     from pathlib import Path
 
-    from pretrain.hf_compat import finished_export, load_config
-    from pretrain.model import preset
+    from models.bert.hf import load_config
+    from models.bert.model import preset
+    from pretrain.checkpoints import finished_export
 
     if model.init_from:
         directory = finished_export(model.init_from) or Path(model.init_from)
@@ -155,8 +156,8 @@ def _family_parameters(family, cfg, vocab_size: int | None) -> int:
 def estimate_for_run(cfg, world_size: int, vocab_size: int | None = None) -> MemoryEstimate:
     """The estimate for a ``PretrainConfig`` at ``world_size`` ranks, with the family's frozen weights (a
     distillation teacher) on a line of their own; ``auto`` precisions as they resolve on the planned GPU."""
+    from models.bert.model import count_parameters
     from pretrain import families
-    from pretrain.model import count_parameters
     from pretrain.precision import planning_hardware, resolve_run
 
     cfg, _ = resolve_run(cfg, planning_hardware())

@@ -20,8 +20,8 @@ if __package__ in (None, ""):  # run as a script (the launchers do that): make t
 from common.configlib import ConfigError  # noqa: E402
 from common.errors import DatasetFormatError, InputError, report, storage_failure  # noqa: E402
 from common.writelock import OutputLockedError, end_with_parent  # noqa: E402
+from models.hf_io import CheckpointError  # noqa: E402
 from pretrain import config as config_module  # noqa: E402
-from pretrain.hf_compat import CheckpointError  # noqa: E402
 
 EXPECTED_ERRORS = (ConfigError, DatasetFormatError, CheckpointError, FileNotFoundError, ValueError, OutputLockedError)
 

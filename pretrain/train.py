@@ -21,16 +21,17 @@ from torch import nn
 
 from common import configlib, writelock
 from common.manifest import Manifest, ModelRequirements
-from pretrain import attention, checkpoints, families, loop, precision
+from models import attention
+from pretrain import checkpoints, families, loop, precision
 from pretrain import engine as ds
 from pretrain import resume as resume_check
+from pretrain.checkpoints import export_directory, finished_export
 from pretrain.compiling import RecompileLimitWatch, cache_counts, compile_module
 from pretrain.compiling import describe as describe_compile
 from pretrain.config import BatchPlan, PretrainConfig, batch_plan
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.dynamic_masking import DynamicMasking
 from pretrain.families import Family
-from pretrain.hf_compat import export_directory, finished_export
 from pretrain.launch import Rendezvous
 from pretrain.loop import DIVERGED, PREEMPTED, Diverged, LoopState, StopFlag
 from pretrain.monitor import Monitor, log

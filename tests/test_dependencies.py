@@ -12,7 +12,7 @@ import pytest
 
 from tests.pyproject_toml import REPO, read_pyproject
 
-FIRST_PARTY = {"common", "preprocess", "pretrain", "finetune", "cluster"}
+FIRST_PARTY = {"common", "models", "preprocess", "pretrain", "finetune", "cluster"}
 STAGES = ("preprocess", "pretrain", "finetune", "cluster")
 # The modules that import another distribution than their own name says: torch's TensorBoard writer is a wrapper
 # around the tensorboard package, which torch does not require.
@@ -20,9 +20,10 @@ IMPORT_ALSO_NEEDS = {"torch.utils.tensorboard": "tensorboard"}
 # common/storage.py imports the object-store clients and stream codecs only for URIs and .zst/.lz4 files, which
 # only the preprocessing stage takes: [preprocess] declares them, not the base.
 PREPROCESS_ONLY = {"smart_open", "boto3", "fsspec"}
-# finetune runs pretrain's model, export and DeepSpeed engine (ZeRO finetuning, exporting a run's checkpoint), so
-# its extra covers pretrain's imports, except rank discovery under mpirun, which finetuning never uses.
-RUNS_CODE_OF = {"finetune": ("pretrain",)}
+# Pretraining and finetuning run the model families (models/, no extra of its own). finetune runs pretrain's export
+# and DeepSpeed engine (ZeRO finetuning, exporting a run's checkpoint), so its extra covers pretrain's imports, except
+# rank discovery under mpirun, which finetuning never uses.
+RUNS_CODE_OF = {"pretrain": ("models",), "finetune": ("pretrain", "models")}
 NOT_REACHED = {"finetune": {"mpi4py"}}
 # Declared without being imported by name: DeepSpeed's TensorBoard monitor, which the pretraining config turns on.
 LOADED_BY_A_DEPENDENCY = {"pretrain": {"tensorboard"}}

@@ -152,8 +152,8 @@ def tiny_checkpoint(sample_tokenizer) -> pathlib.Path:
     import torch
 
     from common.tokenizer import load_tokenizer
-    from pretrain.hf_compat import export
-    from pretrain.model import BertForPreTraining, preset
+    from models.bert.hf import export
+    from models.bert.model import BertForPreTraining, preset
 
     torch.manual_seed(0)
     vocab_size = load_tokenizer(str(sample_tokenizer)).vocab_size

@@ -20,14 +20,20 @@ def test_format_and_tokenizer_modules_need_no_beam():
     assert "apache_beam" not in loaded
 
 
-def test_model_file_imports_nothing_distributed():
+def test_model_files_import_nothing_distributed_and_no_stage():
+    """Every family's model and Hugging Face code (``models/``) imports no stage, no DeepSpeed and nothing of
+    torch.distributed, read from the source (lazy imports too) and from what importing every family loads."""
     import pathlib
 
-    source = (pathlib.Path(__file__).resolve().parents[1] / "pretrain" / "model.py").read_text()
-    imports = [line for line in source.splitlines() if line.lstrip().startswith(("import ", "from "))]
-    assert not [line for line in imports if "deepspeed" in line or "distributed" in line], imports
-    loaded = _modules_after("import pretrain.model, pretrain.hf_compat")
-    assert "deepspeed" not in loaded and "apache_beam" not in loaded
+    root = pathlib.Path(__file__).resolve().parents[1]
+    for path in sorted((root / "models").rglob("*.py")):
+        imports = [line for line in path.read_text().splitlines() if line.lstrip().startswith(("import ", "from "))]
+        assert not [line for line in imports if "deepspeed" in line or "distributed" in line], (path, imports)
+    offenders = {path: sorted(names - {"common", "models"}) for path, names in _first_party_imports("models").items()
+                 if names - {"common", "models"}}
+    assert not offenders, offenders
+    loaded = _modules_after("import models.registry; [models.registry.family(t) for t in models.registry.MODEL_TYPES]")
+    assert not {"deepspeed", "apache_beam", "pretrain", "finetune"} & loaded
 
 
 def test_deepspeed_is_touched_in_one_module():
@@ -35,12 +41,12 @@ def test_deepspeed_is_touched_in_one_module():
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    stages = ("common", "preprocess", "pretrain", "finetune", "cluster")
+    stages = ("common", "models", "preprocess", "pretrain", "finetune", "cluster")
     users = sorted(str(path.relative_to(root)) for package in stages for path in (root / package).rglob("*.py")
                    if any(line.lstrip().startswith(("import deepspeed", "from deepspeed"))
                           for line in path.read_text().splitlines()))
     assert users == ["pretrain/engine.py"], users
-    loaded = _modules_after("import pretrain.train, pretrain.loop, pretrain.data, pretrain.objective, "
+    loaded = _modules_after("import pretrain.train, pretrain.loop, pretrain.data, pretrain.families.bert_loss, "
                             "pretrain.checkpoints, finetune.trainer, finetune.engine")
     assert "deepspeed" not in loaded  # imported lazily, when an engine is built
 
@@ -60,7 +66,7 @@ def _first_party_imports(package: str) -> dict[str, set[str]]:
                 names.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-        found[str(path.relative_to(root))] = names & {"common", "preprocess", "pretrain", "finetune", "cluster"}
+        found[str(path.relative_to(root))] = names & {"common", "models", "preprocess", "pretrain", "finetune", "cluster"}
     return found
 
 
@@ -71,7 +77,7 @@ def test_common_imports_no_stage():
 
 
 def test_no_stage_imports_the_preprocessing_stage():
-    for package in ("pretrain", "finetune", "cluster"):
+    for package in ("models", "pretrain", "finetune", "cluster"):
         offenders = {path: sorted(names) for path, names in _first_party_imports(package).items()
                      if "preprocess" in names}
         assert not offenders, offenders

@@ -11,6 +11,7 @@ the loader's micro-batch (plus ``micro_batch_inputs``) and returns (loss to back
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +68,13 @@ class Family:
 
     def export(self, model: nn.Module, directory: Path, tokenizer_dir: Path | None) -> None:
         """Write the Hugging Face directory of ``model`` (CPU, fp32, finite weights) through
-        ``pretrain.hf_compat.write_export``."""
+        ``models.hf_io.write_export``."""
         raise NotImplementedError
 
     def model_from_state(self, state: dict[str, torch.Tensor], config=None) -> nn.Module:
         """A CPU model of ``config`` (default: the run's, as its config.yaml gives it) holding ``state`` (the
         objective's parameters with the ``model.`` prefix removed, as the engine consolidates them); raises
-        ``pretrain.hf_compat.CheckpointError`` if they do not fit."""
+        ``common.errors.CheckpointError`` if they do not fit."""
         raise NotImplementedError
 
     def frozen_weights(self) -> tuple[tuple[str, int, int], ...]:
@@ -96,17 +97,8 @@ def for_config(cfg, run_directory: Path | None = None) -> Family:
         from pretrain.families.distillation import DistillationFamily
 
         return DistillationFamily(cfg, recorded_in=run_directory)
-    if cfg.model.family == "albert":
-        from pretrain.families.albert import AlbertFamily
-
-        return AlbertFamily(cfg)
-    if cfg.model.family == "electra":
-        from pretrain.families.electra import ElectraFamily
-
-        return ElectraFamily(cfg)
-    from pretrain.families.bert import BertFamily
-
-    return BertFamily(cfg)
+    # Each model family (models.registry) has its training glue in the module of its name here: its TRAINING class.
+    return importlib.import_module(f"pretrain.families.{cfg.model.family}").TRAINING(cfg)
 
 
 __all__ = ["REQUIRED_STATS", "Family", "for_config"]

@@ -1,9 +1,9 @@
 """ALBERT (Lan et al. 2020) as a ``Family``: factorized embeddings and cross-layer parameter sharing
-(``pretrain.albert``), trained with BERT's objective module on any dataset of the objectives menu (sentence-order
+(``models.albert.model``), trained with BERT's objective module on any dataset of the objectives menu (sentence-order
 prediction, ``objective.sentence_objective: sop``, is ALBERT's), exported as ``AlbertForPreTraining``.
 
 ALBERT's forward takes BERT's arguments (packing, ``position_ids``, ``document_ids``), so
-``pretrain.objective.PretrainingObjective`` trains it as it trains BERT: padding-free and document attention
+``pretrain.families.bert_loss.PretrainingObjective`` trains it as it trains BERT: padding-free and document attention
 included, with the same statistics and logged metrics. Its MFU counts every application of the shared layers.
 """
 from __future__ import annotations
@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from common.configlib import ConfigError
-from pretrain.albert import PRESETS, AlbertConfig, AlbertForPreTraining, flops_per_token, preset
-from pretrain.albert_hf import export_albert, load_albert, load_albert_config
+from models.albert.hf import export_albert, load_albert, load_albert_config
+from models.albert.model import PRESETS, AlbertConfig, AlbertForPreTraining, flops_per_token, preset
+from pretrain.checkpoints import finished_export
 from pretrain.families import Family
 from pretrain.families.bert import BertFamily, load_state
-from pretrain.hf_compat import finished_export
 
 _TIED = ("predictions.decoder.weight", "predictions.decoder.bias")  # the word embeddings and predictions.bias
 _WORDS, _POSITIONS = "albert.embeddings.word_embeddings.weight", "albert.embeddings.position_embeddings.weight"
@@ -66,7 +66,7 @@ class AlbertFamily(Family):
         model.albert.encoder.gradient_checkpointing = enabled
 
     def objective(self, model: nn.Module) -> nn.Module:
-        from pretrain.objective import PretrainingObjective
+        from pretrain.families.bert_loss import PretrainingObjective
 
         return PretrainingObjective(model, self.sentence_objective, padding_free=self.padding_free)
 
@@ -105,3 +105,6 @@ class AlbertFamily(Family):
             return 0
         found = load_tokenizer(str(directory)).token_to_id("[PAD]")
         return 0 if found is None else found
+
+
+TRAINING = AlbertFamily  # what pretrain.families.for_config builds for model.family: albert

@@ -7,10 +7,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common.errors import CheckpointError
+from models.bert.hf import export, load_config, load_pretrained
+from models.bert.model import BertForPreTraining, flops_per_token, preset
+from pretrain.checkpoints import finished_export
 from pretrain.families import Family
-from pretrain.hf_compat import CheckpointError, export, finished_export, load_config, load_pretrained
-from pretrain.model import BertForPreTraining, flops_per_token, preset
-from pretrain.objective import STAT_NAMES, PretrainingObjective
+from pretrain.families.bert_loss import STAT_NAMES, PretrainingObjective
 
 _TIED = "cls.predictions.decoder.weight"  # the decoder is the word embeddings: one parameter, sometimes two names
 
@@ -98,3 +100,6 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, tied: tuple[
         raise CheckpointError(f"weights do not fit the run's model config (missing {sorted(missing)[:3]}, "
                               f"unexpected {result.unexpected_keys[:3]})")
     return model
+
+
+TRAINING = BertFamily  # what pretrain.families.for_config builds for model.family: bert

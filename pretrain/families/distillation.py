@@ -26,18 +26,14 @@ import torch
 from torch import nn
 
 from common import storage
+from common.errors import CheckpointError
+from models.bert.hf import load_config, load_pretrained
+from models.bert.model import BertConfig, BertForPreTraining, count_parameters, flops_per_token
+from models.hf_io import config_from_dict, weights_file
 from pretrain import precision
+from pretrain.checkpoints import finished_export
 from pretrain.families.bert import BertFamily
-from pretrain.families.distillation_objective import STAT_NAMES, DistillationObjective, Weights
-from pretrain.hf_compat import (
-    CheckpointError,
-    config_from_dict,
-    finished_export,
-    load_config,
-    load_pretrained,
-    weights_file,
-)
-from pretrain.model import BertConfig, BertForPreTraining, count_parameters, flops_per_token
+from pretrain.families.distillation_loss import STAT_NAMES, DistillationObjective, Weights
 
 RECORD_NAME = "teacher.json"  # in output_dir: which teacher the run's checkpoints were distilled from
 

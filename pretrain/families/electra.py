@@ -1,9 +1,9 @@
 """ELECTRA (Clark et al., 2020) as a ``Family``: a generator and a discriminator trained together, the
 discriminator exported for finetuning.
 
-The model is ``pretrain.electra.ElectraPair`` of ``model.preset`` (electra_tiny, electra_small, electra_base) with
+The model is ``models.electra.model.ElectraPair`` of ``model.preset`` (electra_tiny, electra_small, electra_base) with
 the generator at ``electra.generator_fraction`` of the discriminator's width (default: the preset's, the paper's
-1/4 or 1/3); the loss is ``pretrain.electra_objective``'s, generator MLM + ``electra.discriminator_weight`` x the
+1/4 or 1/3); the loss is ``pretrain.families.electra_loss``'s, generator MLM + ``electra.discriminator_weight`` x the
 discriminator's replaced-token loss, each a mean over the global batch's tokens (masked ones for the generator,
 every real one for the discriminator) whatever the ranks and accumulation steps. The generator's samples are drawn
 from a seed that is a stable hash of (run seed, step, rank, micro-batch), so a resumed run draws the replacements
@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pretrain.electra import PRESETS, ElectraPair, ElectraPairConfig, flops_per_token, preset
-from pretrain.electra_hf import export_pair, load_pair, pair_config
-from pretrain.electra_objective import STAT_NAMES, ElectraObjective, summary
+from models.electra.hf import export_pair, load_pair, pair_config
+from models.electra.model import PRESETS, ElectraPair, ElectraPairConfig, flops_per_token, preset
+from pretrain.checkpoints import finished_export
 from pretrain.families import Family
 from pretrain.families.bert import load_state
-from pretrain.hf_compat import finished_export
+from pretrain.families.electra_loss import STAT_NAMES, ElectraObjective, summary
 
 # One parameter, several names: the discriminator reads the generator's embedding module, and the generator's
 # output layer is the word embedding table. A checkpoint holds each once, under the generator's embeddings.
@@ -141,3 +141,6 @@ class ElectraFamily(Family):
 
 
 __all__ = ["ElectraFamily", "ElectraPretrainingObjective", "sample_seed"]
+
+
+TRAINING = ElectraFamily  # what pretrain.families.for_config builds for model.family: electra

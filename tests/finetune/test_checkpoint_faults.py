@@ -4,9 +4,11 @@ import shutil
 
 import pytest
 
+from common.errors import CheckpointError
 from finetune import checkpoint, cli
-from pretrain import hf_compat, train
-from pretrain.hf_compat import CheckpointError
+from models import hf_io
+from models.bert import hf as bert_hf
+from pretrain import train
 from tests.finetune.glue_sample import sst2_argv
 from tests.pretrain.conftest import sample_dataset  # noqa: F401  (the pretraining tests' small dataset)
 from tests.pretrain.faults import start_one_rank, tiny_config, truncate
@@ -16,19 +18,19 @@ from tests.pretrain.faults import start_one_rank, tiny_config, truncate
 def killed_during_export(sample_dataset, tmp_path_factory):
     """A 4-step run (checkpoints at 2 and 4) killed while it wrote its Hugging Face export."""
     out = tmp_path_factory.mktemp("killed-export") / "run"
-    real_write = hf_compat._write_files  # write_export's writer, into <directory>.partial
+    real_write = hf_io._write_files  # write_export's writer, into <directory>.partial
 
     def dying_write(directory, *args):
         (directory / "config.json").write_text("{}")  # the first file is out...
         raise KeyboardInterrupt("killed during the export")  # ...and the job is gone
 
-    hf_compat._write_files = dying_write
+    hf_io._write_files = dying_write
     try:
         with pytest.raises(KeyboardInterrupt):
             train.run(tiny_config(sample_dataset, out, 4, **{"checkpoint.export_hf": "true"}), start_one_rank(),
                       resume=False)
     finally:
-        hf_compat._write_files = real_write
+        hf_io._write_files = real_write
     return out
 
 
@@ -38,7 +40,7 @@ def test_an_export_killed_midway_leaves_no_hf_directory_and_finetuning_uses_the_
     assert not (run_dir / "hf").exists() and (run_dir / "hf.partial" / "config.json").is_file()
     model_dir = checkpoint.resolve(run_dir, tmp_path)
     assert model_dir == tmp_path / "exported-run-step_00000004"
-    assert hf_compat.is_complete(model_dir) and checkpoint.load_tokenizer_for(model_dir).vocab_size == 30522
+    assert hf_io.is_complete(model_dir) and checkpoint.load_tokenizer_for(model_dir).vocab_size == 30522
 
 
 def test_an_incomplete_hf_directory_from_before_atomic_exports_is_passed_over(killed_during_export, tmp_path, caplog):
@@ -52,15 +54,15 @@ def test_an_incomplete_hf_directory_from_before_atomic_exports_is_passed_over(ki
 
 
 def test_a_later_export_replaces_the_directory_whole(killed_during_export, tmp_path):
-    model, _ = hf_compat.load_pretrained(checkpoint.resolve(killed_during_export, tmp_path))
+    model, _ = bert_hf.load_pretrained(checkpoint.resolve(killed_during_export, tmp_path))
     target = tmp_path / "hf"
     target.mkdir()
     (target / "stale.txt").write_text("from an older export")
     with pytest.raises(CheckpointError, match="hf: not empty and not an earlier export"):
-        hf_compat.export(model, target)  # someone's other files are not swept away
+        bert_hf.export(model, target)  # someone's other files are not swept away
     (target / "config.json").write_text("{}")
-    hf_compat.export(model, target)
-    assert hf_compat.is_complete(target) and not (target / "stale.txt").exists()
+    bert_hf.export(model, target)
+    assert hf_io.is_complete(target) and not (target / "stale.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported-run-step_00000004", "hf"]
 
 
@@ -90,12 +92,12 @@ def test_a_truncated_deepspeed_file_is_named_in_one_line(killed_during_export, t
 def test_a_pytorch_model_bin_carrying_code_is_refused_without_running_it(tmp_path, capsys):
     import torch
 
-    from pretrain.model import BertForPreTraining, preset
+    from models.bert.model import BertForPreTraining, preset
     from tests.pretrain.faults import Payload
 
     hf_dir, marker = tmp_path / "hf", tmp_path / "payload-ran"
     model = BertForPreTraining(preset("tiny", vocab_size=300, max_position_embeddings=64))
-    hf_compat.export(model, hf_dir)
+    bert_hf.export(model, hf_dir)
     (hf_dir / "model.safetensors").unlink()
     torch.save({**model.state_dict(), "innocent_looking_key": Payload(marker)}, hf_dir / "pytorch_model.bin")
     assert cli.main(sst2_argv(hf_dir, tmp_path / "out")) == 2

@@ -10,11 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.errors import InputError
+from common.errors import CheckpointError, InputError
 from finetune import checkpoint
-from pretrain.checkpoints import CheckpointError
-from pretrain.hf_compat import export
-from pretrain.model import BertConfig, BertForPreTraining
+from models.bert.hf import export
+from models.bert.model import BertConfig, BertForPreTraining
 from tests.fuzz_documents import FUZZ, damaged_bytes, listing, mutated
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

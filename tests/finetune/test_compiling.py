@@ -16,8 +16,8 @@ import torch
 
 from finetune import cli
 from finetune.models import SequenceClassifier, pad_batch
+from models.bert.model import BertModel, preset
 from pretrain import compiling
-from pretrain.model import BertModel, preset
 from tests.conftest import require
 from tests.finetune.test_trainer import _train
 

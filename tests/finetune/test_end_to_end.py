@@ -150,8 +150,8 @@ def test_bad_requests_get_one_clear_message(argv, message, minilm_dir, data_dir,
 
 
 def test_a_tokenizer_that_does_not_fit_the_model_is_refused(minilm_dir, tmp_path):
+    from common.errors import CheckpointError
     from finetune import checkpoint
-    from pretrain.hf_compat import CheckpointError
 
     model = tmp_path / "model"
     model.mkdir()

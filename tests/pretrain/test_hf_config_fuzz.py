@@ -1,4 +1,4 @@
-"""Fuzzing a Hugging Face config.json as our code reads it (pretrain.hf_compat.read_config, for BERT, ALBERT and
+"""Fuzzing a Hugging Face config.json as our code reads it (models.hf_io.read_config, for BERT, ALBERT and
 ELECTRA): every mutated or damaged file gives the family's config or one CheckpointError line naming the file."""
 import json
 
@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain.albert_hf import load_albert_config
-from pretrain.checkpoints import CheckpointError
-from pretrain.electra_hf import load_config as load_electra_config
-from pretrain.hf_compat import is_complete_run_export, load_config
+from common.errors import CheckpointError
+from models.albert.hf import load_albert_config
+from models.bert.hf import load_config
+from models.electra.hf import load_config as load_electra_config
+from pretrain.checkpoints import is_complete_run_export
 from tests.fuzz_documents import FUZZ, damaged_bytes, listing, mutated
 
 # config.json as transformers writes it for a small model of each family, with keys our configs do not model.

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from models.bert.model import BertForPreTraining, preset
 from pretrain import config, loop
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.families.bert import BertFamily
-from pretrain.model import BertForPreTraining, preset
+from pretrain.families.bert_loss import STAT_NAMES, PretrainingObjective
 from pretrain.monitor import Monitor
-from pretrain.objective import STAT_NAMES, PretrainingObjective
 from pretrain.schedule import lr_at
 from tests.pretrain.launching import TINY
 

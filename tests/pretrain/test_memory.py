@@ -2,8 +2,8 @@
 the parameter count of the real model configs."""
 import pytest
 
+from models.bert.model import count_parameters, preset
 from pretrain import config, memory
-from pretrain.model import count_parameters, preset
 
 PHASE1 = "configs/pretrain/bert_large_phase1_seq128.yaml"
 BERT_LARGE = 336_226_108  # transformers.BertForPreTraining(bert-large-uncased config).num_parameters()

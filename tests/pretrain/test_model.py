@@ -5,8 +5,9 @@ import pytest
 import torch
 import transformers
 
-from pretrain import hf_compat
-from pretrain.model import BertForPreTraining, preset
+from common.errors import CheckpointError
+from models.bert import hf as bert_hf
+from models.bert.model import BertForPreTraining, preset
 
 
 def _tiny_hf_model(seed=0):
@@ -29,7 +30,7 @@ def _inputs(batch=3, length=20, vocab=300):
 def test_logits_match_transformers_bert_for_pretraining(tmp_path):
     hf = _tiny_hf_model()
     hf.save_pretrained(tmp_path)
-    ours, fresh = hf_compat.load_pretrained(tmp_path)
+    ours, fresh = bert_hf.load_pretrained(tmp_path)
     assert fresh == []
     ours.eval()
     ids, types, mask = _inputs()
@@ -46,7 +47,7 @@ def test_logits_match_transformers_bert_for_pretraining(tmp_path):
 def test_export_loads_in_transformers_with_the_same_outputs(tmp_path):
     torch.manual_seed(3)
     ours = BertForPreTraining(preset("tiny", vocab_size=300, max_position_embeddings=64)).eval()
-    hf_compat.export(ours, tmp_path)
+    bert_hf.export(ours, tmp_path)
     for cls in (transformers.BertForPreTraining, transformers.AutoModel):
         loaded = cls.from_pretrained(tmp_path).eval()
         ids, types, mask = _inputs()
@@ -63,7 +64,7 @@ def test_export_loads_in_transformers_with_the_same_outputs(tmp_path):
 
 def test_real_minilm_checkpoint_reproduces_transformers_hidden_states(minilm_dir):
     directory = minilm_dir
-    ours, fresh = hf_compat.load_pretrained(directory)
+    ours, fresh = bert_hf.load_pretrained(directory)
     assert fresh and all(name.startswith("cls.") for name in fresh)  # encoder-only checkpoint: heads are new
     reference = transformers.BertModel.from_pretrained(directory).eval()
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True)
@@ -78,5 +79,5 @@ def test_real_minilm_checkpoint_reproduces_transformers_hidden_states(minilm_dir
 
 
 def test_not_a_checkpoint_is_named(tmp_path):
-    with pytest.raises(hf_compat.CheckpointError, match="config.json"):
-        hf_compat.load_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="config.json"):
+        bert_hf.load_pretrained(tmp_path)

@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models.bert.hf import load_pretrained
+from models.bert.model import BertConfig, BertForPreTraining
 from pretrain import config, loop, train
 from pretrain.families.bert import BertFamily
-from pretrain.hf_compat import load_pretrained
-from pretrain.model import BertConfig, BertForPreTraining
+from pretrain.families.bert_loss import STAT_NAMES, PretrainingObjective
 from pretrain.monitor import format_line
-from pretrain.objective import STAT_NAMES, PretrainingObjective
 from tests.pretrain.launching import TINY, settings
 
 CONFIG = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)

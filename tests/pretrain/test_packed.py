@@ -1,10 +1,10 @@
-"""The encoder's packed mode (real tokens back to back, pretrain.model.Packing) against its padded mode."""
+"""The encoder's packed mode (real tokens back to back, models.bert.model.Packing) against its padded mode."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pretrain.model import BertConfig, BertForPreTraining, Packing
+from models.bert.model import BertConfig, BertForPreTraining, Packing
 
 CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 LENGTHS = (5, 17, 9, 1, 12)
@@ -128,9 +128,9 @@ def test_a_mask_and_a_packing_together_are_refused():
 def test_packed_mode_reproduces_transformers_on_a_real_checkpoint(minilm_dir):
     import transformers
 
-    from pretrain import hf_compat
+    from models.bert.hf import load_pretrained
 
-    ours, _ = hf_compat.load_pretrained(minilm_dir)
+    ours, _ = load_pretrained(minilm_dir)
     reference = transformers.BertModel.from_pretrained(minilm_dir).eval()
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(minilm_dir / "vocab.txt"), do_lower_case=True)
     batch = tokenizer(["Anarchism is a political philosophy.", "The river rises in the northern hills and "

@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pretrain.attention import LOADER_FIELDS, pack_batch
+from models.attention import LOADER_FIELDS, pack_batch
+from models.bert.model import BertConfig, BertForPreTraining, Packing
 from pretrain.data import PretrainingLoader, ShardedInstances
-from pretrain.model import BertConfig, BertForPreTraining, Packing
-from pretrain.objective import STAT_NAMES, PretrainingObjective
+from pretrain.families.bert_loss import STAT_NAMES, PretrainingObjective
 
 TOLERANCE = 1e-5
 SEQ = 64

@@ -3,9 +3,10 @@ pretraining from it, planning its memory, and finetuning from it; an export cut 
 import pytest
 
 from finetune import checkpoint
+from models.bert.hf import export
+from models.bert.model import BertForPreTraining, preset
 from pretrain import config, memory, train
-from pretrain.hf_compat import export, export_directory, finished_export
-from pretrain.model import BertForPreTraining, preset
+from pretrain.checkpoints import export_directory, finished_export
 from tests.pretrain.launching import TINY
 
 

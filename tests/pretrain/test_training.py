@@ -116,7 +116,7 @@ def test_a_run_extended_on_resume_takes_its_first_step_at_the_new_schedules_rate
 def test_tiny_model_learns_on_the_real_wikipedia_slice_and_exports_for_transformers(one_rank, real_dataset, tmp_path):
     import transformers
 
-    from pretrain.hf_compat import load_pretrained
+    from models.bert.hf import load_pretrained
 
     out = tmp_path / "run"
     cfg = _cfg(real_dataset, out, 50, **{"optimizer.lr": 2e-3, "schedule.warmup_steps": 5,
@@ -230,7 +230,7 @@ def test_lamb_with_activation_checkpointing_trains(one_rank, sample_dataset, tmp
 
 def test_continues_pretraining_from_a_hugging_face_checkpoint(one_rank, sample_dataset, minilm_dir, tmp_path, caplog):
     """The real MiniLM checkpoint (an encoder without pretraining heads) as the starting point."""
-    from pretrain.hf_compat import load_pretrained
+    from models.bert.hf import load_pretrained
 
     out = tmp_path / "run"
     cfg = _cfg(sample_dataset, out, 2, **{"model.init_from": str(minilm_dir), "checkpoint.export_hf": "true",

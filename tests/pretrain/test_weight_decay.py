@@ -1,9 +1,9 @@
 """pretrain.weight_decay: biases and every layer norm are spared, whatever the model family calls them."""
 import torch
 
-from pretrain.albert import AlbertForPreTraining
-from pretrain.albert import preset as albert_preset
-from pretrain.model import BertForPreTraining, preset
+from models.albert.model import AlbertForPreTraining
+from models.albert.model import preset as albert_preset
+from models.bert.model import BertForPreTraining, preset
 from pretrain.weight_decay import parameter_groups
 
 

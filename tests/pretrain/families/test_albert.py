@@ -15,13 +15,15 @@ import pytest
 import torch
 import transformers
 
-from pretrain import albert, attention, config, families, train
-from pretrain import model as model_module
-from pretrain.albert_hf import load_albert
+from common.errors import CheckpointError
+from models import attention
+from models.albert import model as albert
+from models.albert.hf import load_albert
+from models.bert import model as model_module
+from pretrain import config, families, train
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.families.albert import AlbertFamily
-from pretrain.hf_compat import CheckpointError
-from pretrain.objective import STAT_NAMES
+from pretrain.families.bert_loss import STAT_NAMES
 from tests.pretrain.test_attention import _segment_by_segment
 
 REPO = pathlib.Path(__file__).resolve().parents[3]

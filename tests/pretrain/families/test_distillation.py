@@ -10,13 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.errors import CheckpointError
+from models.bert.hf import export, load_pretrained
+from models.bert.model import BertConfig, BertForPreTraining, flops_per_token
 from pretrain import config, train
 from pretrain.families import for_config
 from pretrain.families.distillation import DistillationFamily, student_layer_map
-from pretrain.families.distillation_objective import STAT_NAMES
-from pretrain.hf_compat import CheckpointError, export, load_pretrained
+from pretrain.families.distillation_loss import STAT_NAMES
 from pretrain.memory import estimate, estimate_for_run
-from pretrain.model import BertConfig, BertForPreTraining, flops_per_token
 from tests.pretrain.launching import launch, losses, settings
 
 SHIPPED = pathlib.Path(__file__).resolve().parents[3] / "configs" / "pretrain" / "distilbert_base.yaml"

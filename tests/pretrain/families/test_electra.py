@@ -11,11 +11,12 @@ import shutil
 import pytest
 import torch
 
+from common.errors import CheckpointError
 from common.manifest import Manifest
+from models.electra.hf import GENERATOR, load_pair
+from models.electra.model import flops_per_token
+from models.hf_io import load_weights
 from pretrain import config, families, train
-from pretrain.electra import flops_per_token
-from pretrain.electra_hf import GENERATOR, load_pair
-from pretrain.hf_compat import CheckpointError, load_weights
 from pretrain.monitor import format_line
 from tests.pretrain.launching import launch, losses, settings
 
@@ -171,7 +172,7 @@ def test_sample_seeds_differ_per_rank_micro_batch_and_step_and_are_the_same_in_a
 def test_the_losses_are_global_batch_means_however_the_batch_is_split():
     """Two micro-batches with the loader's scales (micro-batches / masked tokens, micro-batches / real tokens of the
     global batch), averaged as DeepSpeed averages them, give the loss of the whole batch at once."""
-    from pretrain.electra import ElectraPair, preset
+    from models.electra.model import ElectraPair, preset
     from pretrain.families.electra import ElectraPretrainingObjective
 
     torch.manual_seed(0)

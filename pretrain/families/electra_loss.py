@@ -7,7 +7,7 @@ in the paper. loss = generator MLM + ``discriminator_weight`` x discriminator bi
 
 Sampling takes an explicit seed per call: the same seed and weights give the same replacements, so a run
 resumes bitwise if the caller derives the seed from the step (e.g. a stable hash of run seed, step, rank and
-micro-batch). Like ``pretrain.objective`` it returns, besides the loss, the sums that logging needs.
+micro-batch). Like ``pretrain.families.bert_loss`` it returns, besides the loss, the sums that logging needs.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.electra import ElectraPair
+from models.electra.model import ElectraPair
 
 DISCRIMINATOR_WEIGHT = 50.0
 
 # Order of the entries of the statistics vector returned with the loss. mlm_* are the generator's; disc_tokens are
 # the real tokens the discriminator labelled; replaced_tokens those labelled replaced (a sample that differs from
 # the original), replaced_correct those of them it found. sequences, tokens and nonfinite_losses mean what they mean
-# in pretrain.objective.STAT_NAMES.
+# in pretrain.families.bert_loss.STAT_NAMES.
 STAT_NAMES = ("mlm_loss_sum", "mlm_correct", "mlm_tokens", "disc_loss_sum", "disc_correct", "disc_tokens",
               "replaced_tokens", "replaced_correct", "sequences", "tokens", "nonfinite_losses")
 
@@ -91,7 +91,7 @@ class ElectraObjective(nn.Module):
     def terms(self, input_ids, token_type_ids, attention_mask, masked_positions, masked_labels, *, sample_seed,
               mlm_loss_scale=None, disc_loss_scale=None, position_ids=None, document_ids=None) -> ElectraTerms:
         """The losses apart (``forward``'s arguments; ``position_ids`` and ``document_ids``: packed documents kept
-        apart in both networks, see ``pretrain.model.BertModel``): what tests and diagnostics look at."""
+        apart in both networks, see ``models.bert.model.BertModel``): what tests and diagnostics look at."""
         documents = {"position_ids": position_ids, "document_ids": document_ids}
         gen_logits = self.model.generator(input_ids, token_type_ids, attention_mask, masked_positions,
                                           **documents)  # (N, V)

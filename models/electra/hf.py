@@ -6,7 +6,7 @@ itself, and the generator in its ``generator/`` subdirectory (``ElectraForMasked
 pipeline). ``load_pair`` reads such a directory back to continue pretraining (``model.init_from``).
 
 Names already match ``transformers``' ``ElectraForPreTraining`` / ``ElectraForMaskedLM``, so the export writes the
-state dict as it is; the reading, the non-finite check and the storage errors are ``pretrain.hf_compat``'s.
+state dict as it is; the reading, the non-finite check and the storage errors are ``models.hf_io``'s.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pretrain.checkpoints import CheckpointError
-from pretrain.electra import (
+from common.errors import CheckpointError
+from models.electra.model import (
     ElectraConfig,
     ElectraDiscriminator,
     ElectraGenerator,
@@ -26,18 +26,10 @@ from pretrain.electra import (
     ElectraPairConfig,
     generator_config,
 )
-from pretrain.hf_compat import (
-    RUN_EXPORT_PARTS,
-    ExportPart,
-    is_complete,
-    load_weights,
-    non_finite,
-    read_config,
-    write_export,
-)
+from models.hf_io import ExportPart, is_complete, load_weights, non_finite, read_config, write_export
 
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")  # older files store them; ours are computed
-GENERATOR = RUN_EXPORT_PARTS["electra"][0]  # the generator's subdirectory of a pair's export
+GENERATOR = "generator"  # the generator's subdirectory of a pair's export (the family's ``export_parts``)
 _TIED_HEAD = "generator_lm_head.weight"  # the word embeddings, stored once
 
 
@@ -45,7 +37,7 @@ def export_discriminator(model: ElectraPair | ElectraDiscriminator, directory: s
                          tokenizer_dir: str | Path | None = None) -> None:
     """Write ``config.json`` (``model_type`` electra, ``ElectraForPreTraining``) and ``model.safetensors`` that
     ``transformers.ElectraForPreTraining.from_pretrained`` (and ``AutoModel``) load; the tokenizer goes along
-    as in ``pretrain.hf_compat.export``. Non-finite weights are refused; the directory appears whole or not at all
+    as in ``models.bert.hf.export``. Non-finite weights are refused; the directory appears whole or not at all
     (written as ``<directory>.partial``, then renamed)."""
     discriminator = model.discriminator if isinstance(model, ElectraPair) else model
     _export(directory, tokenizer_dir, _discriminator_part(discriminator))
@@ -133,7 +125,7 @@ def _load_strict(module: nn.Module, state: dict[str, torch.Tensor], directory: P
 
 
 def load_config(directory: str | Path) -> ElectraConfig:
-    """The ``ElectraConfig`` of a Hugging Face ELECTRA directory's config.json (``hf_compat.read_config``)."""
+    """The ``ElectraConfig`` of a Hugging Face ELECTRA directory's config.json (``models.hf_io.read_config``)."""
     return read_config(directory, "electra", ElectraConfig)
 
 

@@ -1,14 +1,14 @@
 """ELECTRA (Clark et al., 2020): a small masked-LM generator and a discriminator that finds its replacements.
 
 Parameter names are those of ``transformers``: the discriminator's of ``ElectraForPreTraining``, the generator's of
-``ElectraForMaskedLM``, so each exports name for name. Both encoders are the post-LN encoder of ``pretrain.model``;
+``ElectraForMaskedLM``, so each exports name for name. Both encoders are the post-LN encoder of ``models.bert.model``;
 they read one shared embedding module (word, position and token-type tables and their LayerNorm, the paper's
 ``tie_embeddings``), each projecting from the embedding size to its own width (``embeddings_project``) when the
 two differ. The generator's output layer is tied to the word embeddings as well, as in the paper's code.
 
 The generator is the discriminator's depth and embedding size at a fraction of its width (hidden size, heads and
-FFN: 1/4 for small, 1/3 for base, the paper's Table 7). The loss that joins them is ``pretrain.electra_objective``;
-``pretrain.electra_hf`` exports and loads Hugging Face directories. Nothing here imports DeepSpeed or
+FFN: 1/4 for small, 1/3 for base, the paper's Table 7). The loss that joins them is ``pretrain.families.electra_loss``;
+``models.electra.hf`` exports and loads Hugging Face directories. Nothing here imports DeepSpeed or
 torch.distributed.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertEncoder, Packing, embed
-from pretrain.model import flops_per_token as bert_flops_per_token
+from models.bert.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertEncoder, Packing, embed
+from models.bert.model import flops_per_token as bert_flops_per_token
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ class ElectraModel(nn.Module):
                 document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
         """Padded: ``input_ids`` (B, T) with ``attention_mask`` (B, T) or None. Packed: ``input_ids`` (N,), the real
         tokens back to back, with their ``packing``. ``position_ids`` and ``document_ids`` (shaped like
-        ``input_ids``) keep packed documents apart, as in ``pretrain.model.BertModel``."""
+        ``input_ids``) keep packed documents apart, as in ``models.bert.model.BertModel``."""
         x, attn_mask, packing = embed(self.embeddings, input_ids, token_type_ids, attention_mask, packing,
                                       position_ids=position_ids, document_ids=document_ids)  # (B, T, E) or (N, E)
         if self.embeddings_project is not None:

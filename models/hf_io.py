@@ -1,8 +1,8 @@
-"""Hugging Face interop: load any BERT directory (config.json + safetensors or .bin) and export ours.
+"""Hugging Face directories, for every model family: config.json read and type-checked, weights read safely
+(safetensors, or ``pytorch_model.bin`` as weights only), and an export written whole or not at all.
 
-Parameter names already match ``transformers``' ``BertForPreTraining``, so conversion only deals with
-the differences between checkpoints: an encoder-only ``BertModel`` has no ``bert.`` prefix and no heads,
-older files carry a ``position_ids`` buffer, and the tied decoder is stored once.
+Each family's own mapping of names and configs lives beside its model (``models/<family>/hf.py``) and goes through
+these functions. Nothing here imports a model, DeepSpeed or torch.distributed.
 """
 from __future__ import annotations
 
@@ -15,18 +15,9 @@ from pathlib import Path
 import torch
 
 from common import configlib
-from common.errors import ConfigError, storage_failure
-from pretrain.checkpoints import CheckpointError
-from pretrain.model import BertConfig, BertForPreTraining
-
-_TIED_OR_BUFFERS = ("bert.embeddings.position_ids", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
-
+from common.errors import CheckpointError, ConfigError, storage_failure
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-
-
-def load_config(directory: str | Path) -> BertConfig:
-    return read_config(directory, "bert", BertConfig)
 
 
 def read_config(directory: str | Path, model_type: str, config_cls):
@@ -68,40 +59,10 @@ def config_from_dict(raw: dict, path: str | Path, model_type: str, config_cls):
         raise CheckpointError(f"{error}; export or download the model again") from None
 
 
-# The networks a run's export of a ``model_type`` holds in subdirectories beside its own files (``write_export``'s
-# ``parts``): an ELECTRA run exports its generator in generator/ with the discriminator.
-RUN_EXPORT_PARTS = {"electra": ("generator",)}
-
-
 def is_complete(directory: str | Path) -> bool:
     """A Hugging Face directory with its config and weights (an export cut short has neither or only one)."""
     directory = Path(directory)
     return (directory / "config.json").is_file() and any((directory / name).is_file() for name in WEIGHT_FILES)
-
-
-def is_complete_run_export(directory: str | Path) -> bool:
-    """``is_complete``, and for a family whose run exports more than one network (``RUN_EXPORT_PARTS``) each of its
-    subdirectories too: an ELECTRA run's export without generator/ was cut short by an older, two-step export."""
-    directory = Path(directory)
-    if not is_complete(directory):
-        return False
-    try:
-        model_type = read_json_object(directory / "config.json").get("model_type", "bert")
-    except CheckpointError:  # not a JSON object: not an export this pipeline wrote whole
-        return False
-    return all(is_complete(directory / part) for part in RUN_EXPORT_PARTS.get(str(model_type), ()))
-
-
-def export_directory(run_directory: str | Path) -> Path:
-    """Where a pretraining run directory holds its Hugging Face export (written when the run finishes)."""
-    return Path(run_directory) / "hf"
-
-
-def finished_export(run_directory: str | Path) -> Path | None:
-    """The Hugging Face export of a pretraining run directory when it is there whole (``is_complete_run_export``),
-    else None."""
-    directory = export_directory(run_directory)
-    return directory if is_complete_run_export(directory) else None
 
 
 def weights_file(directory: str | Path) -> Path:
@@ -166,51 +127,6 @@ def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
             if value.is_floating_point() and not bool(torch.isfinite(value).all())]
 
 
-def to_pretraining_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Keys of our ``BertForPreTraining`` from an HF ``BertForPreTraining``/``BertModel``/``BertForMaskedLM``."""
-    out = {}
-    for key, value in state.items():
-        if not key.startswith(("bert.", "cls.")):
-            key = "bert." + key  # an encoder-only BertModel checkpoint
-        if key.endswith(("LayerNorm.gamma", "LayerNorm.beta")):  # the original TF-converted names
-            key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        if key not in _TIED_OR_BUFFERS:
-            out[key] = value
-    return out
-
-
-def load_pretrained(directory: str | Path) -> tuple[BertForPreTraining, list[str]]:
-    """Our model with the directory's weights; returns it and the names of freshly initialised parameters.
-
-    Encoder weights must all be present; the pretraining heads may be missing (an encoder-only
-    checkpoint), in which case they keep their initialisation and are listed.
-    """
-    cfg = load_config(directory)
-    model = BertForPreTraining(cfg)
-    state = to_pretraining_state_dict(load_weights(directory))
-    result = model.load_state_dict(state, strict=False)
-    missing = [k for k in result.missing_keys if k != "cls.predictions.decoder.weight"]
-    if result.unexpected_keys or any(k.startswith("bert.") for k in missing):
-        raise CheckpointError(f"{directory}: weights do not match a BERT of this config: unexpected "
-                              f"{result.unexpected_keys[:5]}, missing {[k for k in missing if k.startswith('bert.')][:5]}")
-    return model, missing
-
-
-def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
-    """Write ``config.json`` and ``model.safetensors`` (NSP head kept) that ``transformers`` loads (``write_export``).
-
-    With ``tokenizer_dir`` (a tokenizer saved by the preprocessing stage) the tokenizer goes along:
-    as ``tokenizer/`` in our format, and, for a WordPiece vocabulary, also as the ``vocab.txt`` and
-    ``tokenizer_config.json`` that ``transformers``' ``BertTokenizer`` reads.
-    """
-    config = {**dataclasses.asdict(model.config), "model_type": "bert", "architectures": ["BertForPreTraining"],
-              "position_embedding_type": "absolute", "tie_word_embeddings": True}
-    state = {k: v for k, v in model.state_dict().items()
-             if k != "cls.predictions.decoder.weight"}  # tied to the word embeddings; stored once
-    write_export(directory, config, state, tokenizer_dir, max_length=model.config.max_position_embeddings,
-                 note="the checkpoint is untouched: export it again with `python -m pretrain.export`")
-
-
 @dataclasses.dataclass(frozen=True)
 class ExportPart:
     """A further network of an export, written into its own subdirectory (e.g. ELECTRA's generator/)."""
@@ -226,7 +142,7 @@ def write_export(directory: str | Path, config: dict, state: dict[str, torch.Ten
                  note: str = "the model is untouched: export it again",
                  parts: dict[str, ExportPart] | None = None) -> None:
     """Every model family's Hugging Face directory is written here: ``config`` as config.json, ``state`` as
-    model.safetensors, and the tokenizer (``export``); each of ``parts`` likewise (tokenizer included) in the
+    model.safetensors, and the tokenizer (as ``models.bert.hf.export`` describes); each of ``parts`` likewise (tokenizer included) in the
     subdirectory its key names.
 
     A non-empty ``directory`` that is not an earlier export, and weights holding NaN or inf, are refused. Every

@@ -5,7 +5,7 @@ Kept apart from the model so that the model stays a plain ``BertForPreTraining``
 module. Besides the loss it returns the sums that logging needs, so that metrics over many steps and
 ranks are exact ratios of sums rather than means of means.
 
-With ``padding_free`` the micro-batch, padded by the loader, is packed (``pretrain.attention.pack_batch``, from sizes
+With ``padding_free`` the micro-batch, padded by the loader, is packed (``models.attention.pack_batch``, from sizes
 the loader computed on the host) before the encoder, so that every GEMM sees the real tokens only: the masked
 positions are mapped into the packed
 layout, the pair head reads each row's [CLS] (its first packed token), and ``document_ids``/``position_ids``
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.attention import pack_batch
-from pretrain.model import BertForPreTraining
+from models.attention import pack_batch
+from models.bert.model import BertForPreTraining
 
 # Order of the entries of the statistics vector returned with the loss. ``pair_*`` are the sentence-pair
 # head's (NSP or SOP); ``pair_sequences`` counts the sequences it trained on: 0 when the objective has none.
@@ -53,7 +53,7 @@ class PretrainingObjective(nn.Module):
         the whole global batch (see ``PretrainingLoader``); ``position_ids`` and ``document_ids`` keep packed
         documents apart (document attention). ``token_loss_scale`` (the loader's, for losses over every token)
         is not used: BERT's losses are on masked tokens and sequences only. ``loader_packing``: the padding-free
-        path's sizes as the loader computed them (``pretrain.attention.LOADER_FIELDS``).
+        path's sizes as the loader computed them (``models.attention.LOADER_FIELDS``).
         """
         del token_loss_scale
         if self.padding_free:

@@ -5,7 +5,7 @@ Parameter names already match ``transformers``' ``AlbertForPreTraining``, so con
 differences between checkpoints: the tied decoder (weight = the word embeddings, bias = ``predictions.bias``) is
 stored once, older files carry ``position_ids`` buffers, an encoder-only ``AlbertModel`` has no ``albert.`` prefix
 and no heads. Reading weights (safetensors, or a ``.bin`` as weights only) and the NaN/inf check are
-``pretrain.hf_compat``'s.
+``models.hf_io``'s.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from pretrain.albert import AlbertConfig, AlbertForPreTraining
-from pretrain.checkpoints import CheckpointError
-from pretrain.hf_compat import load_weights, non_finite, read_config, write_export
+from common.errors import CheckpointError
+from models.albert.model import AlbertConfig, AlbertForPreTraining
+from models.hf_io import load_weights, non_finite, read_config, write_export
 
 _TIED = ("predictions.decoder.weight", "predictions.decoder.bias")  # stored once, as transformers saves them
 _BUFFERS = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids")
@@ -24,7 +24,7 @@ _PREFIXES = ("albert.", "predictions.", "sop_classifier.")
 
 
 def load_albert_config(directory: str | Path) -> AlbertConfig:
-    """The ``AlbertConfig`` of a Hugging Face ALBERT directory's config.json (``hf_compat.read_config``)."""
+    """The ``AlbertConfig`` of a Hugging Face ALBERT directory's config.json (``models.hf_io.read_config``)."""
     return read_config(directory, "albert", AlbertConfig)
 
 
@@ -74,7 +74,7 @@ def load_albert(directory: str | Path) -> tuple[AlbertForPreTraining, list[str]]
 
 def export_albert(model: AlbertForPreTraining, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
     """Write ``config.json`` and ``model.safetensors`` (SOP head kept) that ``transformers`` loads, with the
-    tokenizer, as ``pretrain.hf_compat.write_export`` writes every export (whole or not at all; NaN/inf refused)."""
+    tokenizer, as ``models.hf_io.write_export`` writes every export (whole or not at all; NaN/inf refused)."""
     state = {k: v for k, v in model.state_dict().items() if k not in _TIED}
     write_export(directory, hf_config(model.config), state, tokenizer_dir,
                  max_length=model.config.max_position_embeddings)

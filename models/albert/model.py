@@ -9,9 +9,9 @@ ALBERT is BERT with two parameter reductions and a different sentence objective:
   is applied every time). Shared weights still cost their FLOPs at every application (``flops_per_token``);
 - sentence-order prediction on the pooled [CLS] (``sop_classifier``), in place of next-sentence prediction.
 
-The attention is our BERT's (``pretrain.model.BertSelfAttention``: SDPA, the packed mode of
-``pretrain.attention.Packing`` and its kernels, packed documents kept apart by ``document_ids``/``position_ids``),
-and so are the embeddings, at width E; the forward takes BERT's arguments, so ``pretrain.objective`` trains it
+The attention is our BERT's (``models.bert.model.BertSelfAttention``: SDPA, the packed mode of
+``models.attention.Packing`` and its kernels, packed documents kept apart by ``document_ids``/``position_ids``),
+and so are the embeddings, at width E; the forward takes BERT's arguments, so ``pretrain.families.bert_loss`` trains it
 unchanged. One deliberate difference from ``transformers``: the FFN output gets its dropout before the residual,
 as in google-research/albert's ``attention_ffn_block`` (Hugging Face defines that dropout but never applies it).
 ALBERT v2 trains with dropout 0, where the two agree exactly. Nothing here imports DeepSpeed or torch.distributed.
@@ -24,8 +24,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from pretrain.attention import Packing
-from pretrain.model import (
+from models.attention import Packing
+from models.bert.model import (
     _ACTIVATIONS,
     BertConfig,
     BertEmbeddings,
@@ -180,7 +180,7 @@ class AlbertTransformer(nn.Module):
 class AlbertModel(nn.Module):
     """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``, or in packed mode ``((N, H), (B, H))``.
 
-    The same two modes as ``pretrain.model.BertModel``: padded, ``input_ids`` (B, T) with ``attention_mask``
+    The same two modes as ``models.bert.model.BertModel``: padded, ``input_ids`` (B, T) with ``attention_mask``
     (B, T) or None; packed, ``input_ids`` (N,) with their ``packing``. In packed mode the E -> H projection and
     every later GEMM see only the real tokens.
     """
@@ -197,7 +197,7 @@ class AlbertModel(nn.Module):
                 position_ids: torch.Tensor | None = None,
                 document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The modes and the ``position_ids``/``document_ids`` (packed documents kept apart) of
-        ``pretrain.model.BertModel.forward``, each shaped like ``input_ids``."""
+        ``models.bert.model.BertModel.forward``, each shaped like ``input_ids``."""
         x, attn_mask, packing = embed(self.embeddings, input_ids, token_type_ids, attention_mask, packing,
                                       position_ids=position_ids, document_ids=document_ids)
         hidden = self.encoder(x, attn_mask, packing)
@@ -253,8 +253,8 @@ class AlbertForPreTraining(nn.Module):
                 attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None, *,
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
                 packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """MLM logits and sentence-order logits (B, 2); the arguments of ``pretrain.model.BertForPreTraining``'s
-        forward, so that ``pretrain.objective.PretrainingObjective`` trains either model.
+        """MLM logits and sentence-order logits (B, 2); the arguments of ``models.bert.model.BertForPreTraining``'s
+        forward, so that ``pretrain.families.bert_loss.PretrainingObjective`` trains either model.
 
         Args:
             masked_positions: flat indices into the (B*T) tokens, or with ``packing`` into the packed (N) tokens
@@ -273,7 +273,7 @@ class AlbertForPreTraining(nn.Module):
 def flops_per_token(cfg: AlbertConfig, seq_len: int, masked_fraction: float = 0.15) -> float:
     """Training FLOPs per token (forward + backward = 3x forward), for MFU estimates.
 
-    Counted as ``pretrain.model.flops_per_token`` counts BERT's, with ALBERT's differences: every layer
+    Counted as ``models.bert.model.flops_per_token`` counts BERT's, with ALBERT's differences: every layer
     application costs its FLOPs although the weights are shared (``depth`` = layers x inner_group_num), every
     token pays the E -> H projection, and the masked positions' head is H -> E -> V.
     """

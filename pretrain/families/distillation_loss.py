@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.attention import pack_batch
-from pretrain.model import BertForPreTraining
+from models.attention import pack_batch
+from models.bert.model import BertForPreTraining
 
 # Order of the entries of the statistics vector returned with the loss. kl_loss_sum is T^2 x KL summed over the
 # masked tokens; agreement counts the masked tokens where the student's top-1 token is the teacher's; cosine_loss_sum
-# sums 1 - cos over the real tokens. The rest mean what they mean in pretrain.objective.STAT_NAMES.
+# sums 1 - cos over the real tokens. The rest mean what they mean in pretrain.families.bert_loss.STAT_NAMES.
 STAT_NAMES = ("mlm_loss_sum", "mlm_correct", "mlm_tokens", "kl_loss_sum", "agreement", "cosine_loss_sum",
               "pair_loss_sum", "pair_correct", "pair_sequences", "sequences", "tokens", "nonfinite_losses")
 
@@ -113,7 +113,7 @@ class DistillationObjective(nn.Module):
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
                 **loader_packing) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to back-propagate, detached statistics in the order of ``STAT_NAMES``); ``loader_packing`` as
-        ``pretrain.objective.PretrainingObjective``'s."""
+        ``pretrain.families.bert_loss.PretrainingObjective``'s."""
         if token_loss_scale is None:
             raise ValueError("distillation's cosine loss needs the loader's token_loss_scale")
         inputs = dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,

@@ -8,7 +8,7 @@ The encoder runs in two modes with the same modules and weights: padded, ``(B, T
 mask, or packed, the real tokens of every row back to back as ``(N,)`` with a ``Packing`` that says where
 each row's tokens are. In packed mode every GEMM sees only the real tokens; the embeddings (lookups and a
 LayerNorm) run on the padded grid (``Packing.unpack``), and attention, which mixes positions, through the kernel
-``pretrain.attention`` chose: on the padded grid under a mask, or on the packed tokens (variable-length flash
+``models.attention`` chose: on the padded grid under a mask, or on the packed tokens (variable-length flash
 attention on CUDA).
 
 Packed documents (rows ``[CLS] d1 [SEP] d2 [SEP] …``) may be kept apart: with ``document_ids`` a token attends
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from pretrain.attention import SDPA_PADDED_GRID, VARLEN, Packing, document_mask, varlen_attention
+from models.attention import SDPA_PADDED_GRID, VARLEN, Packing, document_mask, varlen_attention
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -101,14 +101,14 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
-        self.packed_kernel = SDPA_PADDED_GRID  # packed mode's kernel (``pretrain.attention.use``)
+        self.packed_kernel = SDPA_PADDED_GRID  # packed mode's kernel (``models.attention.use``)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
         """x: (B, T, H), or packed (N, H): then the projections see the real tokens, and attention the padded grid
         (``sdpa-padded-grid``) or the packed tokens within each segment (``varlen``)."""
         if packing is not None and self.packed_kernel == VARLEN:
             if self.training and self.dropout_p > 0:
-                raise ValueError("the varlen attention kernel has no dropout; pretrain.attention.choose gives it "
+                raise ValueError("the varlen attention kernel has no dropout; models.attention.choose gives it "
                                  "only to models without attention dropout")
             qkv = self._packed_projections(x).view(x.shape[0], 3, self.num_heads, -1)
             out = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], packing.segment_starts, packing.longest_segment)

@@ -2,7 +2,7 @@
 
     python -m bench.compile [--quick] [--preset base] [--work DIR] [--data DIR] [--results DIR]
 
-1. Pretraining: one AdamW step (forward, MLM + NSP loss, backward, optimizer) of ``PretrainingObjective`` around
+1. Pretraining: one AdamW step (forward, MLM + NSP loss, backward, optimizer) of ``PretrainingLoss`` around
    ``BertForPreTraining`` of ``--preset`` (base: BERT-Base), eager and compiled in place from the same initial
    weights, on the loader's micro-batches of the real seq-128 and seq-512 shards (``bench.shards``, as
    ``bench.pretrain``; micro-batches of 8 and 2 rows).
@@ -32,7 +32,7 @@ from bench.shards import ensure_dataset, vocab_path
 from models.bert.model import BertForPreTraining, preset
 from pretrain import compiling
 from pretrain.data import PretrainingLoader, ShardedInstances
-from pretrain.families.bert_loss import PretrainingObjective
+from pretrain.families.bert_loss import PretrainingLoss
 
 SEED = 1234
 PRETRAIN_MICRO = {128: 8, 512: 2}  # the same tokens per micro-batch at both lengths
@@ -108,14 +108,14 @@ def pretraining(dataset: Path, seq: int, preset_name: str, rounds: int, steps: i
     batches = [{k: torch.from_numpy(np.asarray(v)) for k, v in loader.next_step()[0].items()} for _ in range(steps)]
     vocab = -(-data.manifest.tokenizer.vocab_size // 8) * 8
     config = preset(preset_name, vocab_size=vocab, max_position_embeddings=512)
-    result = measure(_pair(lambda: PretrainingObjective(BertForPreTraining(config))), batches, rounds, quiet_budget)
+    result = measure(_pair(lambda: PretrainingLoss(BertForPreTraining(config))), batches, rounds, quiet_budget)
     return {"preset": preset_name, "micro_batch": PRETRAIN_MICRO[seq], "seq_length": seq, **result}
 
 
 def finetuning(data_dir: Path, rounds: int, steps: int, quiet_budget: float) -> dict:
     from finetune import glue
-    from finetune.checkpoint import load_encoder, load_tokenizer_for
-    from finetune.models import SequenceClassifier, pad_batch
+    from finetune.heads import SequenceClassifier, pad_batch
+    from finetune.pretrained import load_encoder, load_tokenizer_for
     from finetune.suite import pair_features
 
     model_dir = vocab_path().parent  # the MiniLM checkpoint's directory

@@ -9,7 +9,7 @@ dev), SST-2 (a seeded subsample of the training set, scored on the whole dev set
 test, conlleval span F1) and SQuAD v1.1 (its dev set split by article into a training part and a held-out
 part, official EM/F1). Every task is finetuned twice in one run, with the same features, batches, order,
 optimizer, schedule, seed, initial head and evaluation code (``finetune.trainer.finetune``): once with our
-heads (``finetune.models``), once with ``transformers``' ``BertFor{SequenceClassification,
+heads (``finetune.heads``), once with ``transformers``' ``BertFor{SequenceClassification,
 TokenClassification,QuestionAnswering}`` (``bench.finetune_harness``). The two runs of a task go in lockstep:
 two threads that take turns one training step at a time (each keeping its own random state, so each run is
 exactly what it would be alone), so whatever else loads this shared machine hits both alike; who takes the
@@ -41,8 +41,8 @@ from bench import finetune_harness as harness
 from bench import record
 from bench.cpu import OtherProcesses
 from common import configlib
-from finetune.checkpoint import load_tokenizer_for
 from finetune.config import ConllConfig, GlueConfig, SquadConfig, task_training
+from finetune.pretrained import load_tokenizer_for
 from finetune.trainer import finetune
 
 IMPLEMENTATIONS = ("ours", "theirs")

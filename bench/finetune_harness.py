@@ -3,7 +3,7 @@
 Both implementations get the same feature rows, the same ``finetune.trainer.finetune`` loop (batches,
 order, AdamW, schedule, clipping) and the same evaluation code; only the model differs:
 
-* ours: ``finetune.models.SequenceClassifier`` / ``TokenClassifier`` / ``SpanExtractor`` on our encoder;
+* ours: ``finetune.heads.SequenceClassifier`` / ``TokenClassifier`` / ``SpanExtractor`` on our encoder;
 * theirs: ``transformers``' ``BertForSequenceClassification`` / ``BertForTokenClassification`` /
   ``BertForQuestionAnswering`` (SDPA attention), behind ``TransformersAdapter``, which gives it our heads'
   ``forward(input_ids, token_type_ids, attention_mask, labels | start_positions, end_positions)``.
@@ -28,7 +28,7 @@ from torch import nn
 
 from finetune import conll, glue, metrics, squad
 from finetune.config import ConllConfig, SquadConfig, TrainingConfig
-from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, load_encoder
+from finetune.heads import SequenceClassifier, SpanExtractor, TokenClassifier, load_encoder
 from finetune.suite import pair_features
 from finetune.trainer import predict
 

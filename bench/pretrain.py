@@ -4,11 +4,11 @@
 
 Measures (``--quick``: a smoke run of each):
 1. Step time of one AdamW training step (forward, MLM + NSP loss, backward, optimizer), ours
-   (``PretrainingObjective(BertForPreTraining)``) against ``transformers.BertForPreTraining`` (SDPA, full
+   (``PretrainingLoss(BertForPreTraining)``) against ``transformers.BertForPreTraining`` (SDPA, full
    ``labels`` with -100): same config, initial weights and padded batches; alternating rounds, median.
 2. Padding share of our length-grouped batches, of random batches and of padding to max_seq_length.
 3. Loader throughput: samples per second of ``PretrainingLoader.next_step()`` in one process.
-4. Padding-free step (``padding_free``): forward + backward of ``PretrainingObjective`` padded against
+4. Padding-free step (``padding_free``): forward + backward of ``PretrainingLoss`` padded against
    ``padding_free=True`` (``model.padding_free``), one model, at seq 128 and 512, on the loader's length-grouped
    micro-batches and on random ones (rows drawn uniformly, much more padding). ``--only padding_free`` runs this
    section alone and writes it into the existing results file under its key, leaving the other keys as they are.
@@ -44,7 +44,7 @@ from pretrain.data import (
     read_rows,
     split_global_batch,
 )
-from pretrain.families.bert_loss import PretrainingObjective
+from pretrain.families.bert_loss import PretrainingLoss
 
 # Small enough for CPU, shaped like BERT; vocab rounded up to a multiple of 8 as for tensor cores.
 MODEL = dict(vocab_size=30528, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
@@ -57,10 +57,10 @@ TARGETS = {"step_time_ratio_max": 0.8, "padding_share_seq128_max": 0.05, "loader
 
 # 1. Step time -------------------------------------------------------------------------------------
 
-def make_models() -> tuple[PretrainingObjective, transformers.BertForPreTraining]:
+def make_models() -> tuple[PretrainingLoss, transformers.BertForPreTraining]:
     """Ours and transformers' with the same config and the same initial weights (names already match)."""
     torch.manual_seed(SEED)
-    ours = PretrainingObjective(BertForPreTraining(BertConfig(**MODEL)))
+    ours = PretrainingLoss(BertForPreTraining(BertConfig(**MODEL)))
     hf = transformers.BertForPreTraining(transformers.BertConfig(**MODEL, attn_implementation="sdpa"))
     result = hf.load_state_dict(ours.model.state_dict(), strict=False)
     # decoder.bias is transformers' alias of cls.predictions.bias, which is loaded.
@@ -199,14 +199,14 @@ def padding_free_batches(dataset: Path, seq: int, steps: int) -> dict[str, list[
             for source, batches in (("grouped", loader.next_step()), ("random", drawn))}
 
 
-def forward_backward(objective: PretrainingObjective, batch: dict) -> float:
+def forward_backward(objective: PretrainingLoss, batch: dict) -> float:
     started = time.perf_counter()
     objective(**batch)[0].backward()
     objective.zero_grad(set_to_none=True)
     return time.perf_counter() - started
 
 
-def padding_free_equivalence(modes: dict[str, PretrainingObjective], batch: dict) -> dict:
+def padding_free_equivalence(modes: dict[str, PretrainingLoss], batch: dict) -> dict:
     """Without dropout: the loss and gradients of both modes (their difference is rounding)."""
     out = {}
     for name, objective in modes.items():
@@ -224,8 +224,8 @@ def padding_free_equivalence(modes: dict[str, PretrainingObjective], batch: dict
 def measure_padding_free(dataset: Path, seq: int, rounds: int, steps: int, quiet_budget: float) -> dict:
     torch.manual_seed(SEED)
     model = BertForPreTraining(BertConfig(**MODEL))
-    modes = {"padded": PretrainingObjective(model).train(),
-             "padding_free": PretrainingObjective(model, padding_free=True).train()}
+    modes = {"padded": PretrainingLoss(model).train(),
+             "padding_free": PretrainingLoss(model, padding_free=True).train()}
     out = {"micro_batch": PADDING_FREE_MICRO[seq]}
     deadline = time.monotonic() + quiet_budget
     for source, batches in padding_free_batches(dataset, seq, steps).items():

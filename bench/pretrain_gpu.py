@@ -37,6 +37,7 @@ from pretrain import config as config_module
 from pretrain import engine as ds
 from pretrain.compiling import compile_module
 from pretrain.data import PretrainingLoader, ShardedInstances, host_packing
+from pretrain.ds_config import deepspeed_config
 from pretrain.dynamic_masking import DynamicMasking
 from pretrain.launch import Rendezvous
 from pretrain.monitor import peak_tflops
@@ -101,10 +102,12 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
     family = families.for_config(cfg)
     model = family.new_model(vocab_size=30528, pad_token_id=0)
     family.set_activation_checkpointing(model, args.checkpointing)
-    objective = family.objective(model)
+    objective = family.loss_module(model)
     if compiled:
         compile_module(objective, regional=regional, cuda_graphs=cuda_graphs)
-    engine = ds.build(cfg, objective, ds.deepspeed_config(cfg, plan, record.WORK))
+    ds_config = deepspeed_config(plan, record.WORK, train=cfg.train, optimizer=cfg.optimizer, zero=cfg.zero,
+                                 logging=cfg.logging)
+    engine = ds.build(objective, ds_config, optimizer=cfg.optimizer, schedule=cfg.schedule)
     kernel = attention.configure(model, engine.device)[0] if padding_free else None
     if data is not None:
         masking = (DynamicMasking.for_dataset(resolve(cfg.objective, data.manifest).dynamic_masking,

@@ -54,14 +54,3 @@ def instance_schema(vocab_size: int, provenance: bool, metadata: dict | None = N
     meta = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)}
     meta.update({k: (v if isinstance(v, str) else json.dumps(v, sort_keys=True)) for k, v in (metadata or {}).items()})
     return pa.schema(fields, metadata=meta)
-
-
-def document_schema(vocab_size: int) -> pa.Schema:
-    """The tokenized document store: one document per row, sorted by ``doc_hash`` within a file."""
-    tok = token_type(vocab_size)
-    return pa.schema([
-        pa.field("doc_hash", pa.uint64(), nullable=False),
-        pa.field("doc_id", pa.string(), nullable=False),
-        pa.field("tokens", pa.list_(tok), nullable=False),               # all sentences, concatenated
-        pa.field("sentence_lengths", pa.list_(pa.uint32()), nullable=False),
-    ])

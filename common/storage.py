@@ -189,9 +189,3 @@ def size_of(uri: str) -> int:
     return int(fs.size(path))
 
 
-def copy_tree_to(local_dir: str, uri: str) -> None:
-    """Copy a local directory's files (flat) to a directory URI."""
-    for name in sorted(os.listdir(local_dir)):
-        source = os.path.join(local_dir, name)
-        if os.path.isfile(source):
-            upload_file(source, join(uri, name))

@@ -144,8 +144,8 @@ def _single_text_encoder(sp: spm.SentencePieceProcessor):
     """text -> ids through the binding's own one-text call, or None where this sentencepiece version has none.
 
     Its list call starts and joins a thread per call, even with num_threads=1: on a machine whose cores are all
-    busy, each start waits for a core, which left each of two pool workers idle ~0.2 s on the benchmark. Per
-    text, the binding call (skipping ``Encode``'s argument handling) costs the same CPU as the list call.
+    busy, each start waits for a core, leaving pool workers idle (bench/results/preprocess-*.json). Per text, the
+    binding call (skipping ``Encode``'s argument handling) costs the same CPU as the list call.
     """
     native = getattr(getattr(sp, "_processor", None), "_EncodeAsIds", None)
     if native is None:
@@ -245,7 +245,7 @@ class WordPieceTokenizer(Tokenizer):
             clean_text=True, handle_chinese_chars=True, strip_accents=self.lowercase, lowercase=self.lowercase)
         self._hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         self._hf.decoder = decoders.WordPiece(prefix="##", cleanup=True)
-        # encode_batch_fast skips character offsets we never use (~20% faster); older releases lack it.
+        # encode_batch_fast skips the character offsets we never use; older releases lack it.
         self._hf_encode_batch = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
         return tokens
 

@@ -101,7 +101,7 @@ def expected_error(error: BaseException, output: Path) -> tuple[str | None, bool
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune import checkpoint, report, suite
+    from finetune import pretrained, report, suite
     from finetune.config import load
     from finetune.trainer import resolved_precision
 
@@ -113,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
     notes = [f"{name}.{resolved_precision(getattr(cfg, name).training.precision).line()}" for name in to_run]
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "config.yaml").write_text("".join(f"# {note}\n" for note in notes) + configlib.to_yaml(cfg))
-    model_dir = checkpoint.resolve(args.checkpoint, args.output)
-    tokenizer = checkpoint.load_tokenizer_for(model_dir)
+    model_dir = pretrained.resolve(args.checkpoint, args.output)
+    tokenizer = pretrained.load_tokenizer_for(model_dir)
     log.info(f"model {model_dir}; benchmarks {', '.join(to_run)}; seeds {cfg.seeds}")
     results = []
     if "glue" in to_run:

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from finetune import conll, glue, metrics, squad
-from finetune.checkpoint import load_encoder
 from finetune.config import FinetuneConfig, TrainingConfig, task_training
 from finetune.errors import DataError
-from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier
+from finetune.heads import SequenceClassifier, SpanExtractor, TokenClassifier
+from finetune.pretrained import load_encoder
 from finetune.trainer import device_and_dtype, finetune, predict, training_record
 
 

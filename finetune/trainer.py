@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from finetune.config import TrainingConfig
-from finetune.models import pad_batch
+from finetune.heads import pad_batch
 from pretrain import precision
 from pretrain.compiling import RecompileLimitWatch, compile_module
 from pretrain.compiling import describe as describe_compile
@@ -100,17 +100,7 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
         compile_module(model)
         logger.info(describe_compile(model))
         RecompileLimitWatch.for_process(logger.warning)
-    engine = None
-    if cfg.deepspeed_zero_stage >= 0:  # DeepSpeed owns the optimizer, precision and clipping
-        from finetune.engine import finetuning_engine
-
-        engine = finetuning_engine(model, lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-                                   batch_size=cfg.batch_size, zero_stage=cfg.deepspeed_zero_stage,
-                                   offload_optimizer=cfg.offload_optimizer, dtype=dtype)
-        optimizer, dtype = engine.optimizer, None  # 16-bit weights under DeepSpeed: no autocast on top
-    else:
-        optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999),
-                                      eps=1e-6)
+    engine, optimizer, dtype = _optimizer(model, cfg, dtype)
     # fp16 under autocast scales the loss so that small gradients survive (bf16 has fp32's range and needs none).
     scaler = torch.amp.GradScaler(device.type) if engine is None and dtype is torch.float16 else None
     steps_per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
@@ -133,24 +123,7 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
                 group["lr"] = lr_at(step, cfg.lr, schedule)
             batch = pad_batch([train_rows[i] for i in order[start:start + cfg.batch_size]], pad_id)
             inputs = {k: v.to(device) for k, v in batch.items()}
-            if engine is not None:
-                loss, _ = engine(**inputs)
-                engine.backward(loss)
-                engine.step()
-            else:
-                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                    loss, _ = model(**inputs)
-                optimizer.zero_grad(set_to_none=True)
-                if scaler is not None:
-                    scaler.scale(loss).backward()
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    scaler.step(optimizer)  # skipped when the scaled gradients overflowed
-                    scaler.update()
-                else:
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    optimizer.step()
+            loss = _step(model, engine, optimizer, scaler, inputs, dtype, cfg.max_grad_norm)
             step += 1
             if bar is not None:
                 bar.update(1)
@@ -184,6 +157,44 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
     if writer is not None:
         writer.close()
     return result
+
+
+def _optimizer(model: torch.nn.Module, cfg: TrainingConfig, dtype: torch.dtype | None):
+    """(DeepSpeed's engine or None, the optimizer, the autocast dtype): DeepSpeed owns the optimizer, precision and
+    clipping when ``deepspeed_zero_stage`` is set (its 16-bit weights need no autocast on top), else AdamW."""
+    if cfg.deepspeed_zero_stage >= 0:
+        from finetune.zero import finetuning_engine
+
+        engine = finetuning_engine(model, lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                                   batch_size=cfg.batch_size, zero_stage=cfg.deepspeed_zero_stage,
+                                   offload_optimizer=cfg.offload_optimizer, dtype=dtype)
+        return engine, engine.optimizer, None
+    return None, torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999),
+                                   eps=1e-6), dtype
+
+
+def _step(model, engine, optimizer, scaler, inputs: dict, dtype: torch.dtype | None,
+          max_grad_norm: float) -> torch.Tensor:
+    """One optimizer step on one batch (through DeepSpeed's engine when there is one); its loss."""
+    if engine is not None:
+        loss, _ = engine(**inputs)
+        engine.backward(loss)
+        engine.step()
+        return loss
+    with torch.autocast(inputs["input_ids"].device.type, dtype=dtype, enabled=dtype is not None):
+        loss, _ = model(**inputs)
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        scaler.step(optimizer)  # skipped when the scaled gradients overflowed
+        scaler.update()
+    else:
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+    return loss
 
 
 def _progress(total: int, label: str):

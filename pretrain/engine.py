@@ -16,57 +16,11 @@ import torch.distributed as dist
 
 from common.errors import ConfigError
 from pretrain import safe_loading
-from pretrain.config import BatchPlan, PretrainConfig
+from pretrain.config import OptimizerConfig
 from pretrain.lamb import Lamb
 from pretrain.launch import Rendezvous
-from pretrain.schedule import lr_at
+from pretrain.schedule import ScheduleConfig, lr_at
 from pretrain.weight_decay import parameter_groups
-
-
-def deepspeed_config(cfg: PretrainConfig, plan: BatchPlan, output_dir: str | Path) -> dict:
-    """The DeepSpeed JSON config for this run at this world size (its precision resolved: ``pretrain.precision``)."""
-    train, opt, zero = cfg.train, cfg.optimizer, cfg.zero
-    if train.precision == "auto":
-        raise ValueError("train.precision is auto: resolve it first (pretrain.precision.resolve_run)")
-    ds: dict = {
-        "train_batch_size": plan.global_batch,
-        "train_micro_batch_size_per_gpu": plan.micro_batch,
-        "gradient_accumulation_steps": plan.accumulation,
-        "gradient_clipping": train.gradient_clipping,
-        "steps_per_print": 10 ** 9,          # we log ourselves
-        "wall_clock_breakdown": False,
-        "zero_optimization": {"stage": zero.stage},
-        "checkpoint": {"load_universal": False},
-    }
-    if opt.name == "adamw":
-        ds["optimizer"] = {"type": "AdamW", "params": {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
-                                                       "weight_decay": opt.weight_decay,
-                                                       "torch_adam": opt.torch_adam, "adam_w_mode": True}}
-    if zero.stage >= 1:
-        ds["zero_optimization"].update(contiguous_gradients=True, overlap_comm=zero.stage >= 2,
-                                       reduce_scatter=True)
-        for which in ("optimizer", "param"):
-            device = getattr(zero, f"offload_{which}")
-            if device != "none":
-                block = {"device": device, "pin_memory": True}
-                if device == "nvme":
-                    block["nvme_path"] = zero.nvme_path
-                ds["zero_optimization"][f"offload_{which}"] = block
-        if zero.offload_optimizer != "none" and opt.name == "adamw":
-            ds["optimizer"]["params"].pop("torch_adam")  # DeepSpeedCPUAdam does the offloaded step
-    if train.precision == "bf16":
-        ds["bf16"] = {"enabled": True, "check_grad_overflow": True}
-        ds["data_types"] = {"grad_accum_dtype": "fp32"}
-    elif train.precision == "fp16":
-        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": train.initial_scale_power,
-                      "loss_scale_window": train.loss_scale_window, "hysteresis": train.hysteresis,
-                      "min_loss_scale": train.min_loss_scale}
-    monitor_dir = str(Path(output_dir) / "monitor")
-    if cfg.logging.tensorboard:
-        ds["tensorboard"] = {"enabled": True, "output_path": monitor_dir, "job_name": "tensorboard"}
-    if cfg.logging.csv:
-        ds["csv_monitor"] = {"enabled": True, "output_path": monitor_dir, "job_name": "csv"}
-    return ds
 
 
 def init_distributed(rendezvous: Rendezvous, timeout_minutes: float) -> None:
@@ -106,19 +60,30 @@ def _every_group_times_out_after(timeout: timedelta) -> None:
         distributed_c10d.default_pg_nccl_timeout = timeout
 
 
+def barrier() -> None:
+    """Wait for every rank (also before an ``Engine`` exists, e.g. while choosing the checkpoint to resume)."""
+    dist.barrier()
+
+
+def broadcast_object(value, src: int = 0):
+    """Rank ``src``'s ``value`` (any picklable object) on every rank."""
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
 
-def build(cfg: PretrainConfig, module: torch.nn.Module, ds_config: dict):
+def build(module: torch.nn.Module, ds_config: dict, *, optimizer: OptimizerConfig, schedule: ScheduleConfig):
     """The DeepSpeed engine, with our LR schedule as a LambdaLR that DeepSpeed steps and checkpoints."""
-    opt = cfg.optimizer
-    optimizer = None
+    opt, optimizer = optimizer, None
     if opt.name == "lamb":
         optimizer = Lamb(parameter_groups(module, opt.weight_decay), lr=opt.lr, betas=opt.betas, eps=opt.eps)
-    schedule, peak = cfg.schedule, opt.lr
+    peak = opt.lr
 
     def scheduler(optim):
         return torch.optim.lr_scheduler.LambdaLR(optim, lambda step: lr_at(step, peak, schedule) / peak)
@@ -129,7 +94,7 @@ def build(cfg: PretrainConfig, module: torch.nn.Module, ds_config: dict):
 
 def initialize(module: torch.nn.Module, ds_config: dict, **arguments):
     """``deepspeed.initialize`` of ``module`` (``arguments``: its optimizer, lr_scheduler, model_parameters),
-    quietly; DeepSpeed's engine. Finetuning's engine (finetune/engine.py) is made here too."""
+    quietly; DeepSpeed's engine. Finetuning's engine (finetune/zero.py) is made here too."""
     import deepspeed
 
     try:
@@ -156,7 +121,7 @@ def _arch_list_error(error: ValueError) -> ConfigError | None:
 
 
 class Engine:
-    """DeepSpeed's engine as the run sees it: ``pretrain.loop.Engine`` for the loop (a step, its learning rate,
+    """DeepSpeed's engine as the run sees it: ``pretrain.loop.LoopEngine`` for the loop (a step, its learning rate,
     whether it was applied, the gradient norm, the loss scale, the per-step all-reduce), and the checkpoint and
     weight calls of ``pretrain.train``. Nothing outside this module holds DeepSpeed's own object."""
 
@@ -199,7 +164,7 @@ class Engine:
         dist.all_reduce(tensor)
 
     def barrier(self) -> None:
-        dist.barrier()
+        barrier()
 
     def all_gather(self, value) -> list:
         """Every rank's ``value`` (any picklable object), in rank order."""

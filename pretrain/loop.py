@@ -1,6 +1,6 @@
 """The training loop: optimizer steps, the rules for non-finite steps, the metrics window, and when to
 checkpoint or stop. ``pretrain.train`` sets the run up and hands the loop its state; the loop sees the engine
-only through the small ``Engine`` interface below (``pretrain.engine.Engine`` in a run, a fake in the tests),
+only through the small ``LoopEngine`` interface below (``pretrain.engine.Engine`` in a run, a fake in the tests),
 never DeepSpeed or ``torch.distributed`` themselves.
 
 Statuses: 0 done; ``PREEMPTED`` (75) saved after SIGUSR1/SIGTERM and wants a requeue; ``DIVERGED`` (3) too
@@ -50,7 +50,7 @@ class StopFlag:
         self._previous = {}
 
 
-class Engine(Protocol):
+class LoopEngine(Protocol):
     """What the loop asks of an engine."""
 
     device: torch.device
@@ -84,14 +84,33 @@ class LoopState:
     skipped: int = 0           # steps skipped as non-finite, in all
 
 
-def train(state: LoopState, engine: Engine, loader, monitor: Monitor, *, cfg: PretrainConfig, plan: BatchPlan,
-          family: Family, model: nn.Module, rank: int = 0, stop: StopFlag, save: Callable[[LoopState], None],
-          read_lag: int = 0) -> int:
-    """Step until ``train.max_steps`` or a stop; the status (0, ``PREEMPTED`` or ``DIVERGED``).
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop reads of a run's config (``of``)."""
+
+    max_steps: int                  # train.max_steps
+    precision: str                  # train.precision, as resolved (named when a step diverges)
+    log_every: int                  # logging.log_every
+    save_every: int                 # checkpoint.every_steps (0: at the end and on a stop only)
+    max_consecutive_skips: int      # faults.max_consecutive_skips
+    peak_tflops: float | None       # logging.peak_tflops (None: the GPU's, when known)
+    checkpoints: Path               # where the run keeps its checkpoints (named in messages)
+
+    @classmethod
+    def of(cls, cfg: PretrainConfig) -> LoopSettings:
+        return cls(max_steps=cfg.train.max_steps, precision=cfg.train.precision, log_every=cfg.logging.log_every,
+                   save_every=cfg.checkpoint.every_steps, max_consecutive_skips=cfg.faults.max_consecutive_skips,
+                   peak_tflops=cfg.logging.peak_tflops, checkpoints=Path(cfg.output_dir) / "checkpoints")
+
+
+def train(state: LoopState, engine: LoopEngine, loader, monitor: Monitor, *, settings: LoopSettings,
+          plan: BatchPlan, family: Family, model: nn.Module, rank: int = 0, stop: StopFlag,
+          save: Callable[[LoopState], None], read_lag: int = 0) -> int:
+    """Step until ``settings.max_steps`` or a stop; the status (0, ``PREEMPTED`` or ``DIVERGED``).
 
     ``loader.next_step()`` gives this rank's micro-batches of the next step; ``family`` adds its inputs to each,
     reads the statistics and counts ``model``'s FLOPs; ``save(state)`` writes a checkpoint (every
-    ``checkpoint.every_steps``, at the end and on a stop) and may raise ``Diverged``.
+    ``settings.save_every`` steps, at the end and on a stop) and may raise ``Diverged``.
 
     ``read_lag=1`` (a run on a GPU) reads each step's statistics only once the next step is queued on the device,
     so the host never waits on the step it just queued: the device stays busy while the host logs, checks and loads
@@ -99,8 +118,8 @@ def train(state: LoopState, engine: Engine, loader, monitor: Monitor, *, cfg: Pr
     signal, is acted on one step later (the statistics of a step that saves are read before it saves).
     """
     try:
-        return _steps(state, engine, loader, monitor, cfg=cfg, plan=plan, family=family, model=model, rank=rank,
-                      stop=stop, save=save, read_lag=read_lag)
+        return _steps(state, engine, loader, monitor, settings=settings, plan=plan, family=family, model=model,
+                      rank=rank, stop=stop, save=save, read_lag=read_lag)
     except Diverged as error:
         monitor.info(str(error))
         return DIVERGED
@@ -123,12 +142,12 @@ class _Finished:
 class _Window:
     """What the loop reads from finished steps: the skip rules, the metrics window and the stop signal."""
 
-    def __init__(self, monitor: Monitor, *, cfg: PretrainConfig, plan: BatchPlan, family: Family, model: nn.Module,
-                 state: LoopState):
-        self.cfg, self.plan, self.family, self.model = cfg, plan, family, model
+    def __init__(self, monitor: Monitor, *, settings: LoopSettings, plan: BatchPlan, family: Family,
+                 model: nn.Module, state: LoopState):
+        self.settings, self.plan, self.family, self.model = settings, plan, family, model
         self.monitor, self.state = monitor, state
         self.names = family.stat_names
-        self.peak = cfg.logging.peak_tflops or peak_tflops(
+        self.peak = settings.peak_tflops or peak_tflops(
             torch.cuda.get_device_name() if torch.cuda.is_available() else None)
         self.sums = torch.zeros(len(self.names), dtype=torch.float64)
         self.started, self.width, self.steps, self.consecutive = time.time(), 0, 0, 0
@@ -136,22 +155,22 @@ class _Window:
 
     def read(self, done: _Finished) -> None:
         """Account ``done``: skip or diverge, add it to the window, log the window at a log step."""
-        cfg, names = self.cfg, self.names
+        settings, names = self.settings, self.names
         reduced = done.reduced.cpu()
         stats, self.signalled = reduced[:-1], self.signalled or bool(reduced[-1] > 0)
-        ckpt_dir = Path(cfg.output_dir) / "checkpoints"
+        ckpt_dir = settings.checkpoints
         loss_value = self.family.summary(stats)["loss"]
         if not done.applied:
             self.state.skipped, self.consecutive = self.state.skipped + 1, self.consecutive + 1
             self.monitor.info(f"step {done.step}: non-finite loss or gradient; step skipped "
                               f"({self.consecutive} in a row, {self.state.skipped} in all)")
-            if self.consecutive >= cfg.faults.max_consecutive_skips:
+            if self.consecutive >= settings.max_consecutive_skips:
                 raise Diverged(f"{self.consecutive} consecutive steps had a non-finite loss or gradient (limit "
-                               f"faults.max_consecutive_skips={cfg.faults.max_consecutive_skips}); stopping. "
+                               f"faults.max_consecutive_skips={settings.max_consecutive_skips}); stopping. "
                                f"The last good checkpoint is kept in {ckpt_dir}: resume from it with a lower "
                                "learning rate, or fp16 -> bf16")
         elif stats[names.index("nonfinite_losses")] > 0 or not math.isfinite(loss_value):
-            raise Diverged(f"step {done.step}: the loss is not finite and {cfg.train.precision} has no overflow "
+            raise Diverged(f"step {done.step}: the loss is not finite and {settings.precision} has no overflow "
                            "check to skip the step; the weights are no longer usable. The last good checkpoint "
                            f"is kept in {ckpt_dir}: resume with bf16 or fp16, or a lower learning rate")
         else:
@@ -173,14 +192,13 @@ class _Window:
             self.started, self.width, self.steps = time.time(), 0, 0
 
 
-def _steps(state, engine, loader, monitor, *, cfg, plan, family, model, rank, stop, save, read_lag) -> int:
-    train = cfg.train
+def _steps(state, engine, loader, monitor, *, settings, plan, family, model, rank, stop, save, read_lag) -> int:
     device = engine.device
-    window = _Window(monitor, cfg=cfg, plan=plan, family=family, model=model, state=state)
+    window = _Window(monitor, settings=settings, plan=plan, family=family, model=model, state=state)
     # The stop flag is filled in place on the device (a kernel argument), not copied from the host each step.
     flag = torch.zeros(1, dtype=torch.float64, device=device)
     queued: list[_Finished] = []
-    while state.step < train.max_steps:
+    while state.step < settings.max_steps:
         stats = torch.zeros(len(family.stat_names), dtype=torch.float64, device=device)
         lr = engine.lr()  # the rate this step uses
         width = 0
@@ -198,11 +216,11 @@ def _steps(state, engine, loader, monitor, *, cfg, plan, family, model, rank, st
         engine.all_reduce(reduced)
         state.step += 1
         state.consumed += plan.global_batch
-        step, last = state.step, state.step == train.max_steps
-        logs = step % cfg.logging.log_every == 0 or last
+        step, last = state.step, state.step == settings.max_steps
+        logs = step % settings.log_every == 0 or last
         queued.append(_Finished(step, state.consumed, reduced, applied, lr, width,
                                 engine.grad_norm() if logs else None, engine.loss_scale() if logs else None))
-        saves = last or bool(cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0)
+        saves = last or bool(settings.save_every and step % settings.save_every == 0)
         # A step that saves, or a stop seen in a step read here, reads every queued step first: what is saved was
         # checked.
         while len(queued) > (0 if saves or window.signalled else read_lag):

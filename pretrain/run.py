@@ -14,14 +14,14 @@ import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script (the launchers do that): make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common.configlib import ConfigError  # noqa: E402
-from common.errors import DatasetFormatError, InputError, report, storage_failure  # noqa: E402
-from common.writelock import OutputLockedError, end_with_parent  # noqa: E402
-from models.hf_io import CheckpointError  # noqa: E402
-from pretrain import config as config_module  # noqa: E402
+try:  # the launchers run this file as a script: the project must be installed, as the README's set-up does
+    from common.configlib import ConfigError
+except ModuleNotFoundError as missing:
+    sys.exit(f"pretrain/run.py: cannot import {missing.name!r}: install the project first "
+             f"(pip install -e '{Path(__file__).resolve().parents[1]}[pretrain]')")
+from common.errors import CheckpointError, DatasetFormatError, InputError, report, storage_failure
+from common.writelock import OutputLockedError, end_with_parent
+from pretrain import config as config_module
 
 EXPECTED_ERRORS = (ConfigError, DatasetFormatError, CheckpointError, FileNotFoundError, ValueError, OutputLockedError)
 
@@ -46,14 +46,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def dry_run(cfg, world_size: int) -> None:
     from pretrain.config import batch_plan
-    from pretrain.engine import deepspeed_config
+    from pretrain.ds_config import deepspeed_config
     from pretrain.memory import DEFAULT_VOCAB, estimate_for_run
     from pretrain.precision import planning_hardware, resolve_run
     from pretrain.schedule import lr_at
 
     cfg, choices = resolve_run(cfg, planning_hardware())
     plan = batch_plan(cfg.train, world_size)
-    ds_config = deepspeed_config(cfg, plan, cfg.output_dir)
+    ds_config = deepspeed_config(plan, cfg.output_dir, train=cfg.train, optimizer=cfg.optimizer, zero=cfg.zero,
+                                 logging=cfg.logging)
     warmup = cfg.schedule.resolved_warmup()
     print(json.dumps(ds_config, indent=2))
     print(f"\n{plan.describe()}")
@@ -69,10 +70,13 @@ def dry_run(cfg, world_size: int) -> None:
 
 
 def _dataset_vocab_size(path: str) -> int | None:
-    manifest = Path(path) / "manifest.json" if path else None
-    if manifest is None or not manifest.is_file():
+    """The vocabulary of the dataset at ``path`` (its manifest, read and checked as training reads it), or None
+    where there is no dataset yet (a plan made before preprocessing)."""
+    from common.manifest import MANIFEST_NAME, Manifest
+
+    if not path or not (Path(path) / MANIFEST_NAME).is_file():
         return None
-    return int(json.loads(manifest.read_text())["tokenizer"]["vocab_size"])
+    return Manifest.read(path).tokenizer.vocab_size
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from common import configlib, writelock
@@ -30,6 +29,7 @@ from pretrain.compiling import RecompileLimitWatch, cache_counts, compile_module
 from pretrain.compiling import describe as describe_compile
 from pretrain.config import BatchPlan, PretrainConfig, batch_plan
 from pretrain.data import PretrainingLoader, ShardedInstances
+from pretrain.ds_config import deepspeed_config
 from pretrain.dynamic_masking import DynamicMasking
 from pretrain.families import Family
 from pretrain.launch import Rendezvous
@@ -150,8 +150,8 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
         with compiled or contextlib.nullcontext():
             # On a GPU each step's statistics are read once the next step is queued (the device never idles on
             # the host's read); on CPU the collectives are synchronous anyway, and each step is read at once.
-            status = loop.train(state, engine, run.loader, monitor, cfg=cfg, plan=run.plan, family=run.family,
-                                model=run.model, rank=rank, stop=stop, save=save,
+            status = loop.train(state, engine, run.loader, monitor, settings=loop.LoopSettings.of(cfg),
+                                plan=run.plan, family=run.family, model=run.model, rank=rank, stop=stop, save=save,
                                 read_lag=1 if engine.device.type == "cuda" else 0)
         if status == 0 and not engine.weights_finite():  # e.g. the last steps were skipped, so never saved
             monitor.info(f"the final weights hold NaN or inf: the run is not done and {export_directory(out)} is not "
@@ -211,7 +211,8 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: 
     if found is not None and "settings" in found.info:
         for change in resume_check.check(found.info["settings"], _settings(cfg, data.manifest), str(found.path)):
             log.info(f"resuming with a changed setting, applied from step {found.step} on: {change}")
-    ds_config = ds.deepspeed_config(cfg, plan, out)
+    ds_config = deepspeed_config(plan, out, train=cfg.train, optimizer=cfg.optimizer, zero=cfg.zero,
+                                 logging=cfg.logging)
     load_from, timings = found, {}
     # Another world size, or another precision (pretrain.resume), loads through the universal format.
     if found is not None and cfg.zero.stage > 0 and (found.info["world_size"] != world or
@@ -229,16 +230,10 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: 
         shutil.copytree(data.tokenizer_dir, out / "tokenizer", dirs_exist_ok=True)
     seed_everything(cfg.seed, rank)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.model.init_from else None
-    objective = family.objective(model)
+    objective = family.loss_module(model)
     if cfg.model.compile:
-        objective = compile_module(objective, cuda_graphs=cfg.model.compile_cuda_graphs, cache=cfg.model.compile_cache)
-        if rank == 0:
-            graphs = ""
-            if cfg.model.compile_cuda_graphs:
-                graphs = ("; CUDA graphs" if torch.cuda.is_available() else
-                          "; model.compile_cuda_graphs has no effect here: there is no GPU")
-            log.info(describe_compile(objective) + graphs)
-    engine = ds.Engine(ds.build(cfg, objective, ds_config))
+        objective = _compiled(objective, cfg.model, rank)
+    engine = ds.Engine(ds.build(objective, ds_config, optimizer=cfg.optimizer, schedule=cfg.schedule))
     if cfg.model.padding_free:
         kernel, why = attention.configure(model, engine.device)
         if rank == 0:
@@ -269,6 +264,18 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: 
     elif resume:
         log.info(f"no complete checkpoint in {ckpt_dir}; starting from scratch")
     return Setup(model, family, data, engine, loader, plan, state, timings)
+
+
+def _compiled(objective: torch.nn.Module, model_cfg, rank: int) -> torch.nn.Module:
+    """``model.compile``: the loss module compiled in place (``pretrain.compiling``), and the choice in rank 0's log."""
+    objective = compile_module(objective, cuda_graphs=model_cfg.compile_cuda_graphs, cache=model_cfg.compile_cache)
+    if rank == 0:
+        graphs = ""
+        if model_cfg.compile_cuda_graphs:
+            graphs = ("; CUDA graphs" if torch.cuda.is_available() else
+                      "; model.compile_cuda_graphs has no effect here: there is no GPU")
+        log.info(describe_compile(objective) + graphs)
+    return objective
 
 
 def _sum_over_ranks(engine: ds.Engine, count: int) -> int:
@@ -336,23 +343,22 @@ def _universal(found: checkpoints.Checkpoint, rank: int) -> checkpoints.Checkpoi
         shutil.rmtree(target_dir / found.tag, ignore_errors=True)
         ds.convert_to_universal(found.directory, found.tag, target_dir / found.tag)
         checkpoints.publish(target_dir, found.tag, found.info)
-    dist.barrier()
+    ds.barrier()
     return checkpoints.Checkpoint(target_dir, found.tag, found.step, found.info)
 
 
 def _resume_point(ckpt_dir: Path, on_corrupt: str, rank: int) -> checkpoints.Checkpoint | None:
     """The newest intact checkpoint (see ``checkpoints.newest_intact``), chosen by rank 0, which alone reads
     every file, and told to the other ranks; a refusal is raised on every rank."""
-    choice: list = [None]
+    choice = None
     if rank == 0:
         try:
             found = checkpoints.newest_intact(ckpt_dir, on_corrupt, check=lambda c: ds.refuse_unsafe(c.path),
                                               warn=log.warning)
-            choice = [("tag", found.tag if found else None)]
+            choice = ("tag", found.tag if found else None)
         except checkpoints.CheckpointError as error:
-            choice = [("error", str(error))]
-    dist.broadcast_object_list(choice, src=0)
-    kind, value = choice[0]
+            choice = ("error", str(error))
+    kind, value = ds.broadcast_object(choice, src=0)
     if kind == "error":
         raise checkpoints.CorruptCheckpoint(value)
     return next((c for c in checkpoints.complete(ckpt_dir) if c.tag == value), None)

@@ -37,7 +37,7 @@ def test_model_files_import_nothing_distributed_and_no_stage():
 
 
 def test_deepspeed_is_touched_in_one_module():
-    """pretrain/engine.py imports DeepSpeed; finetune/engine.py (finetuning's engine) asks it for its engine."""
+    """pretrain/engine.py imports DeepSpeed; finetune/zero.py (finetuning's engine) asks it for its engine."""
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def test_deepspeed_is_touched_in_one_module():
                           for line in path.read_text().splitlines()))
     assert users == ["pretrain/engine.py"], users
     loaded = _modules_after("import pretrain.train, pretrain.loop, pretrain.data, pretrain.families.bert_loss, "
-                            "pretrain.checkpoints, finetune.trainer, finetune.engine")
+                            "pretrain.checkpoints, finetune.trainer, finetune.zero")
     assert "deepspeed" not in loaded  # imported lazily, when an engine is built
 
 

@@ -254,7 +254,7 @@ class AlbertForPreTraining(nn.Module):
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
                 packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MLM logits and sentence-order logits (B, 2); the arguments of ``models.bert.model.BertForPreTraining``'s
-        forward, so that ``pretrain.families.bert_loss.PretrainingObjective`` trains either model.
+        forward, so that ``pretrain.families.bert_loss.PretrainingLoss`` trains either model.
 
         Args:
             masked_positions: flat indices into the (B*T) tokens, or with ``packing`` into the packed (N) tokens

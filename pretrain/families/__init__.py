@@ -6,7 +6,7 @@ checkpoint format and one resume path. A family's statistics vector always holds
 itself reads: throughput, the masked share behind the FLOPs, the non-finite check); the rest is its own, and its
 ``summary`` turns sums over steps and ranks into the logged ratios (exact ratios of sums, never means of means).
 
-Nothing here imports DeepSpeed or torch.distributed: a family's objective is a plain ``nn.Module`` whose forward takes
+Nothing here imports DeepSpeed or torch.distributed: a family's loss module is a plain ``nn.Module`` whose forward takes
 the loader's micro-batch (plus ``micro_batch_inputs``) and returns (loss to back-propagate, detached statistics).
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Family:
     def set_activation_checkpointing(self, model: nn.Module, enabled: bool) -> None:
         raise NotImplementedError
 
-    def objective(self, model: nn.Module) -> nn.Module:
+    def loss_module(self, model: nn.Module) -> nn.Module:
         """The module DeepSpeed wraps; ``forward(**micro_batch, **micro_batch_inputs(...))`` -> (loss, stats). Only
         its parameters are trained and checkpointed (a teacher is kept outside them)."""
         raise NotImplementedError
@@ -73,7 +73,7 @@ class Family:
 
     def model_from_state(self, state: dict[str, torch.Tensor], config=None) -> nn.Module:
         """A CPU model of ``config`` (default: the run's, as its config.yaml gives it) holding ``state`` (the
-        objective's parameters with the ``model.`` prefix removed, as the engine consolidates them); raises
+        loss module's parameters with the ``model.`` prefix removed, as the engine consolidates them); raises
         ``common.errors.CheckpointError`` if they do not fit."""
         raise NotImplementedError
 

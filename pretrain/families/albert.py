@@ -3,7 +3,7 @@
 prediction, ``objective.sentence_objective: sop``, is ALBERT's), exported as ``AlbertForPreTraining``.
 
 ALBERT's forward takes BERT's arguments (packing, ``position_ids``, ``document_ids``), so
-``pretrain.families.bert_loss.PretrainingObjective`` trains it as it trains BERT: padding-free and document attention
+``pretrain.families.bert_loss.PretrainingLoss`` trains it as it trains BERT: padding-free and document attention
 included, with the same statistics and logged metrics. Its MFU counts every application of the shared layers.
 """
 from __future__ import annotations
@@ -65,10 +65,10 @@ class AlbertFamily(Family):
         kept are one hidden state per application, as BERT keeps one per layer."""
         model.albert.encoder.gradient_checkpointing = enabled
 
-    def objective(self, model: nn.Module) -> nn.Module:
-        from pretrain.families.bert_loss import PretrainingObjective
+    def loss_module(self, model: nn.Module) -> nn.Module:
+        from pretrain.families.bert_loss import PretrainingLoss
 
-        return PretrainingObjective(model, self.sentence_objective, padding_free=self.padding_free)
+        return PretrainingLoss(model, self.sentence_objective, padding_free=self.padding_free)
 
     def flops_per_token(self, model: nn.Module, seq_len: int, masked_fraction: float) -> float:
         return flops_per_token(model.config, seq_len, masked_fraction=masked_fraction)

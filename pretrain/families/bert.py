@@ -12,7 +12,7 @@ from models.bert.hf import export, load_config, load_pretrained
 from models.bert.model import BertForPreTraining, flops_per_token, preset
 from pretrain.checkpoints import finished_export
 from pretrain.families import Family
-from pretrain.families.bert_loss import STAT_NAMES, PretrainingObjective
+from pretrain.families.bert_loss import STAT_NAMES, PretrainingLoss
 
 _TIED = "cls.predictions.decoder.weight"  # the decoder is the word embeddings: one parameter, sometimes two names
 
@@ -48,8 +48,8 @@ class BertFamily(Family):
     def set_activation_checkpointing(self, model: nn.Module, enabled: bool) -> None:
         model.bert.encoder.gradient_checkpointing = enabled
 
-    def objective(self, model: nn.Module) -> nn.Module:
-        return PretrainingObjective(model, self.sentence_objective, padding_free=self.padding_free)
+    def loss_module(self, model: nn.Module) -> nn.Module:
+        return PretrainingLoss(model, self.sentence_objective, padding_free=self.padding_free)
 
     def summary(self, stats: torch.Tensor) -> dict[str, float]:
         """Token-mean MLM loss plus sequence-mean sentence-pair loss; the pair head's metrics are named after the

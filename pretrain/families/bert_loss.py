@@ -28,7 +28,7 @@ STAT_NAMES = ("mlm_loss_sum", "mlm_correct", "mlm_tokens", "pair_loss_sum", "pai
               "sequences", "tokens", "nonfinite_losses")
 
 
-class PretrainingObjective(nn.Module):
+class PretrainingLoss(nn.Module):
     """``sentence_objective``: ``nsp`` or ``sop`` train the pair head on the rows' labels (the same two-way head;
     SOP's label says whether the segments were swapped); ``none`` trains no pair loss: the head and the pooler
     stay as initialised (or loaded), untouched by any gradient. ``padding_free``: run the encoder's dense layers on

@@ -33,7 +33,7 @@ from models.hf_io import config_from_dict, weights_file
 from pretrain import precision
 from pretrain.checkpoints import finished_export
 from pretrain.families.bert import BertFamily
-from pretrain.families.distillation_loss import STAT_NAMES, DistillationObjective, Weights
+from pretrain.families.distillation_loss import STAT_NAMES, DistillationLoss, Weights
 
 RECORD_NAME = "teacher.json"  # in output_dir: which teacher the run's checkpoints were distilled from
 
@@ -142,10 +142,10 @@ class DistillationFamily(BertFamily):
             raise CheckpointError(f"{self.teacher_dir}: the student could not take {sorted(missing)[:3]} from it")
         return student
 
-    def objective(self, model: nn.Module) -> nn.Module:
+    def loss_module(self, model: nn.Module) -> nn.Module:
         self._check_record()
         s = self.settings
-        return DistillationObjective(model, self.teacher(), Weights(s.temperature, s.kl_weight, s.mlm_weight,
+        return DistillationLoss(model, self.teacher(), Weights(s.temperature, s.kl_weight, s.mlm_weight,
                                                                     s.cosine_weight),
                                      sentence_objective=self.sentence_objective, padding_free=self.padding_free,
                                      teacher_dtype=self.teacher_dtype())

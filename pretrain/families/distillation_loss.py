@@ -81,7 +81,7 @@ def soft_target_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, t
     return F.kl_div(student, teacher, reduction="none", log_target=True).sum(-1) * (t * t)
 
 
-class DistillationObjective(nn.Module):
+class DistillationLoss(nn.Module):
     """The student (``self.model``, trained and checkpointed) and the frozen teacher (``self.teacher``, neither)."""
 
     def __init__(self, student: BertForPreTraining, teacher: BertForPreTraining, weights: Weights, *,
@@ -113,7 +113,7 @@ class DistillationObjective(nn.Module):
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
                 **loader_packing) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to back-propagate, detached statistics in the order of ``STAT_NAMES``); ``loader_packing`` as
-        ``pretrain.families.bert_loss.PretrainingObjective``'s."""
+        ``pretrain.families.bert_loss.PretrainingLoss``'s."""
         if token_loss_scale is None:
             raise ValueError("distillation's cosine loss needs the loader's token_loss_scale")
         inputs = dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
@@ -149,4 +149,4 @@ class DistillationObjective(nn.Module):
         return loss, stats
 
 
-__all__ = ["STAT_NAMES", "DistillationObjective", "Encoded", "Weights", "encode", "soft_target_kl"]
+__all__ = ["STAT_NAMES", "DistillationLoss", "Encoded", "Weights", "encode", "soft_target_kl"]

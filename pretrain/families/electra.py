@@ -23,7 +23,7 @@ from models.electra.model import PRESETS, ElectraPair, ElectraPairConfig, flops_
 from pretrain.checkpoints import finished_export
 from pretrain.families import Family
 from pretrain.families.bert import load_state
-from pretrain.families.electra_loss import STAT_NAMES, ElectraObjective, summary
+from pretrain.families.electra_loss import STAT_NAMES, ElectraLoss, summary
 
 # One parameter, several names: the discriminator reads the generator's embedding module, and the generator's
 # output layer is the word embedding table. A checkpoint holds each once, under the generator's embeddings.
@@ -40,8 +40,8 @@ def sample_seed(seed: int, step: int, rank: int, micro: int) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
-class ElectraPretrainingObjective(ElectraObjective):
-    """``ElectraObjective`` taking the loader's micro-batch: ``token_loss_scale`` scales the discriminator's loss as
+class ElectraPretrainingLoss(ElectraLoss):
+    """``ElectraLoss`` taking the loader's micro-batch: ``token_loss_scale`` scales the discriminator's loss as
     ``mlm_loss_scale`` does the generator's; the pair label is not used (ELECTRA has no sentence-pair task)."""
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -99,8 +99,8 @@ class ElectraFamily(Family):
         model.generator.electra.encoder.gradient_checkpointing = enabled
         model.discriminator.electra.encoder.gradient_checkpointing = enabled
 
-    def objective(self, model: nn.Module) -> nn.Module:
-        return ElectraPretrainingObjective(model, self.electra_cfg.discriminator_weight)
+    def loss_module(self, model: nn.Module) -> nn.Module:
+        return ElectraPretrainingLoss(model, self.electra_cfg.discriminator_weight)
 
     def micro_batch_inputs(self, *, step: int, micro: int, rank: int) -> dict[str, int]:
         return {"sample_seed": sample_seed(self.seed, step, rank, micro)}
@@ -140,7 +140,7 @@ class ElectraFamily(Family):
                 f"{count(model.discriminator):,}, each counting the embeddings they share)")
 
 
-__all__ = ["ElectraFamily", "ElectraPretrainingObjective", "sample_seed"]
+__all__ = ["ElectraFamily", "ElectraPretrainingLoss", "sample_seed"]
 
 
 TRAINING = ElectraFamily  # what pretrain.families.for_config builds for model.family: electra

@@ -62,7 +62,7 @@ class ElectraTerms:
     stats: torch.Tensor
 
 
-class ElectraObjective(nn.Module):
+class ElectraLoss(nn.Module):
     def __init__(self, model: ElectraPair, discriminator_weight: float = DISCRIMINATOR_WEIGHT):
         super().__init__()
         if discriminator_weight < 0:
@@ -135,5 +135,5 @@ def summary(stats: torch.Tensor, discriminator_weight: float = DISCRIMINATOR_WEI
             "replaced_recall": per("replaced_correct", "replaced_tokens")}
 
 
-__all__ = ["DISCRIMINATOR_WEIGHT", "ElectraObjective", "ElectraTerms", "STAT_NAMES", "corrupt", "sample_replacements",
+__all__ = ["DISCRIMINATOR_WEIGHT", "ElectraLoss", "ElectraTerms", "STAT_NAMES", "corrupt", "sample_replacements",
            "summary"]

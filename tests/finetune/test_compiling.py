@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from finetune import cli
-from finetune.models import SequenceClassifier, pad_batch
+from finetune.heads import SequenceClassifier, pad_batch
 from models.bert.model import BertModel, preset
 from pretrain import compiling
 from tests.conftest import require

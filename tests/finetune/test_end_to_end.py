@@ -86,14 +86,14 @@ def test_conll_finds_entities_on_dev_and_test(suite):
 def test_squad_answers_come_back_as_the_exact_context_text(suite, minilm_dir, data_dir):
     import torch
 
-    from finetune import checkpoint, config, squad
-    from finetune.models import SpanExtractor, load_encoder
+    from finetune import config, pretrained, squad
+    from finetune.heads import SpanExtractor, load_encoder
     from finetune.suite import squad_evaluator
 
     trained = suite["by_task"]["squad"]["mean"]
     # The same evaluation on the checkpoint with an untrained span head: the baseline.
     cfg = config.load(cli.DEFAULT_CONFIG, SUITE_SETTINGS).squad
-    tokenizer = checkpoint.load_tokenizer_for(minilm_dir)
+    tokenizer = pretrained.load_tokenizer_for(minilm_dir)
     examples, raw = squad.load_squad_json(str(data_dir / cfg.dev_file))
     features = squad.make_features(examples, tokenizer, training=False, max_seq_length=128, doc_stride=64,
                                    max_query_length=cfg.max_query_length)
@@ -151,7 +151,7 @@ def test_bad_requests_get_one_clear_message(argv, message, minilm_dir, data_dir,
 
 def test_a_tokenizer_that_does_not_fit_the_model_is_refused(minilm_dir, tmp_path):
     from common.errors import CheckpointError
-    from finetune import checkpoint
+    from finetune import pretrained
 
     model = tmp_path / "model"
     model.mkdir()
@@ -159,4 +159,4 @@ def test_a_tokenizer_that_does_not_fit_the_model_is_refused(minilm_dir, tmp_path
     (model / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
     (model / "vocab.txt").write_text((minilm_dir / "vocab.txt").read_text())
     with pytest.raises(CheckpointError, match="tokenizer has 30522 ids but the model's embedding only 1000"):
-        checkpoint.load_tokenizer_for(model)
+        pretrained.load_tokenizer_for(model)

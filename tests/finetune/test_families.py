@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from common.errors import CheckpointError
-from finetune import checkpoint, cli
-from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
+from finetune import cli, pretrained
+from finetune.heads import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
 from tests.finetune.glue_sample import ONE_SEED_ONE_EPOCH, SAMPLES, sst2_argv
 from tests.finetune.head_parity import assert_trains_like
 
@@ -73,12 +73,12 @@ def _batch(lengths=(5, 17, 9, 3)) -> dict[str, torch.Tensor]:
 
 def test_the_family_comes_from_config_json(family_dir):
     family, directory = family_dir
-    assert checkpoint.model_type(directory) == family
-    assert checkpoint.resolve(directory, directory.parent) == directory
-    tokenizer = checkpoint.load_tokenizer_for(directory)
+    assert pretrained.model_type(directory) == family
+    assert pretrained.resolve(directory, directory.parent) == directory
+    tokenizer = pretrained.load_tokenizer_for(directory)
     assert tokenizer.vocab_size == VOCAB and tokenizer.pad_id == 0
-    encoder = checkpoint.load_encoder(directory)
-    assert encoder.config.hidden_size == 32 == checkpoint.load_model_config(directory).hidden_size
+    encoder = pretrained.load_encoder(directory)
+    assert encoder.config.hidden_size == 32 == pretrained.load_model_config(directory).hidden_size
 
 
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
@@ -88,7 +88,7 @@ def test_the_encoder_gives_transformers_automodel_outputs(family_dir, packed):
     from models.bert.model import Packing
 
     family, directory = family_dir
-    ours = checkpoint.load_encoder(directory).eval()
+    ours = pretrained.load_encoder(directory).eval()
     theirs = transformers.AutoModel.from_pretrained(str(directory), torch_dtype=torch.float32).eval()
     assert type(theirs).__name__ == {"bert": "BertModel", "albert": "AlbertModel", "electra": "ElectraModel"}[family]
     batch = _batch()
@@ -117,7 +117,7 @@ def test_heads_give_the_outputs_of_transformers_task_models(family_dir, head):
 
     family, directory = family_dir
     torch.manual_seed(5)
-    encoder = checkpoint.load_encoder(directory)
+    encoder = pretrained.load_encoder(directory)
     batch = _batch()
     if head == "sequence":
         ours, kind = SequenceClassifier(encoder, 3), transformers.AutoModelForSequenceClassification
@@ -147,7 +147,7 @@ def test_packed_and_padded_heads_agree(family_dir, head):
     outputs = []
     for packed in (True, False):
         torch.manual_seed(3)  # the same head weights both times
-        encoder = checkpoint.load_encoder(directory)
+        encoder = pretrained.load_encoder(directory)
         model = {"sequence": lambda: SequenceClassifier(encoder, 2, packed=packed),
                  "token": lambda: TokenClassifier(encoder, 4, packed=packed),
                  "span": lambda: SpanExtractor(encoder, packed=packed)}[head]().eval()
@@ -181,13 +181,13 @@ def test_an_unknown_model_type_is_refused_in_one_line(family_dir, tmp_path, caps
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
     with pytest.raises(CheckpointError, match=r"config\.json: model_type 'roberta' cannot be finetuned here"):
-        checkpoint.load_encoder(other)
+        pretrained.load_encoder(other)
     assert cli.main(sst2_argv(other, tmp_path / "out")) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and str(other / "config.json") in lines[0] and "'roberta'" in lines[0], lines
     assert not (tmp_path / "out" / "report.json").exists()
     with pytest.raises(CheckpointError, match="no config.json; pass a Hugging Face bert, albert, electra directory"):
-        checkpoint.load_encoder(tmp_path)
+        pretrained.load_encoder(tmp_path)
 
 
 def _sentencepiece(path: pathlib.Path, pad: str, unk: str) -> None:
@@ -209,10 +209,10 @@ def test_an_albert_directory_with_only_spiece_model_reads_it(tmp_path):
     directory = tmp_path / "albert"
     export_albert(AlbertForPreTraining(preset("albert_tiny", vocab_size=200)), directory)  # no tokenizer
     _sentencepiece(directory / "spiece.model", "[PAD]", "[UNK]")
-    tokenizer = checkpoint.load_tokenizer_for(directory)
+    tokenizer = pretrained.load_tokenizer_for(directory)
     assert tokenizer.kind == "sentencepiece" and tokenizer.vocab_size == 200 and tokenizer.pad_id == 0
     # Google's releases name the pieces <pad> and <unk>: refused, naming the file and what it lacks.
     _sentencepiece(directory / "spiece.model", "<pad>", "<unk>")
     with pytest.raises(InputError, match=r"spiece\.model: the sentencepiece vocabulary lacks the BERT special "
                                          r"token\(s\) \[PAD\], \[UNK\]"):
-        checkpoint.load_tokenizer_for(directory)
+        pretrained.load_tokenizer_for(directory)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from finetune.config import TrainingConfig
-from finetune.models import SequenceClassifier
+from finetune.heads import SequenceClassifier
 from finetune.trainer import finetune
 from models.bert.model import BertModel, preset
 
@@ -38,7 +38,7 @@ def _train(tmp_path, **settings):
 
     def evaluate(m):
         m.eval()
-        from finetune.models import pad_batch
+        from finetune.heads import pad_batch
 
         batch = pad_batch([{k: r[k] for k in ("input_ids", "token_type_ids")} for r in dev], pad_id=0)
         with torch.no_grad():

@@ -20,7 +20,7 @@ import torch
 from models.bert.model import BertConfig, BertForPreTraining
 from pretrain import compiling, config, families
 from pretrain.data import RowBlock, pad
-from pretrain.families.bert_loss import PretrainingObjective
+from pretrain.families.bert_loss import PretrainingLoss
 from tests.pretrain.launching import TINY
 
 TOLERANCE = 1e-4
@@ -30,12 +30,12 @@ NO_DROPOUT = {"model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_p
 RUN = {**NO_DROPOUT, "model.activation_checkpointing": "true"}
 
 
-def _objective(vocab_size: int, layers: int = 2) -> PretrainingObjective:
+def _objective(vocab_size: int, layers: int = 2) -> PretrainingLoss:
     torch.manual_seed(0)
     config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0)
-    return PretrainingObjective(BertForPreTraining(config), "nsp").train()
+    return PretrainingLoss(BertForPreTraining(config), "nsp").train()
 
 
 def _dropout_off(model: torch.nn.Module) -> None:
@@ -155,7 +155,7 @@ FAMILIES = {  # each family's tiny model, dropout off (inductor draws its own ma
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_familys_objective_compiles_to_its_eager_losses(name, minilm_dir, tmp_path):
-    """What ``pretrain.train`` compiles is ``family.objective(model)``: for each family the compiled objective gives
+    """What ``pretrain.train`` compiles is ``family.loss_module(model)``: for each family the compiled objective gives
     the eager one's loss and statistics over micro-batches of several widths, with the family's own inputs
     (ELECTRA's sampling seed: its sampling from a ``torch.Generator`` runs eagerly between two graphs)."""
     overrides = {**FAMILIES[name], "model.hidden_dropout_prob": 0.0,
@@ -169,7 +169,7 @@ def test_every_familys_objective_compiles_to_its_eager_losses(name, minilm_dir, 
         model = family.new_model(vocab_size=VOCAB, pad_token_id=0)
         _dropout_off(model)
         family.set_activation_checkpointing(model, cfg.model.activation_checkpointing)
-        made.append(family.objective(model).train())
+        made.append(family.loss_module(model).train())
     torch._dynamo.reset()  # as in a new process: the graphs of the other families' tests are forgotten
     eager, compiled = made[0], compiling.compile_module(made[1])
     reports = []
@@ -219,7 +219,7 @@ def test_a_compiled_run_has_the_eager_losses_and_resumes_from_an_eager_checkpoin
     compiled = json.loads((tmp_path / "run-true" / "summary.json").read_text())["compile"]
     assert compiled["graphs"] > 0 and compiled["recompile_limits_hit"] == 0
     assert "compile" not in json.loads((tmp_path / "run-false" / "summary.json").read_text())
-    assert caplog.text.count("model.compile: torch.compile (inductor, dynamic shapes) of PretrainingObjective") == 1
+    assert caplog.text.count("model.compile: torch.compile (inductor, dynamic shapes) of PretrainingLoss") == 1
     for switch, other in (("false", "true"), ("true", "false")):  # resume each run's step-2 checkpoint the other way
         out = tmp_path / f"run-{switch}"
         for stale in sorted((out / "checkpoints").glob("step_00000004*")):

@@ -23,7 +23,7 @@ from models.electra.model import (
     generator_config,
     preset,
 )
-from pretrain.families.electra_loss import STAT_NAMES, ElectraObjective, corrupt, sample_replacements, summary
+from pretrain.families.electra_loss import STAT_NAMES, ElectraLoss, corrupt, sample_replacements, summary
 
 VOCAB = 120
 SIZES = dict(vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -140,7 +140,7 @@ def test_embeddings_are_one_module_that_both_losses_train():
     assert disc.electra.embeddings is gen.electra.embeddings
     assert gen.generator_lm_head.weight is gen.electra.embeddings.word_embeddings.weight
     assert disc.electra.embeddings_project is not gen.electra.embeddings_project  # each encoder its own width
-    objective = ElectraObjective(pair).eval()
+    objective = ElectraLoss(pair).eval()
     batch = _masked_batch()
     table = pair.embeddings.word_embeddings.weight
     objective.terms(*batch, sample_seed=0).generator_loss.backward()
@@ -168,7 +168,7 @@ def test_a_generator_that_samples_the_originals_replaces_nothing():
     labels = torch.full_like(positions, 7)
     with torch.no_grad():
         pair.generator.generator_lm_head.bias[7] = 100.0  # every sample is token 7, the original
-    _, stats = ElectraObjective(pair).eval()(ids, types, mask, positions, labels, sample_seed=3)
+    _, stats = ElectraLoss(pair).eval()(ids, types, mask, positions, labels, sample_seed=3)
     assert _stat(stats, "replaced_tokens") == 0 and _stat(stats, "mlm_correct") == len(positions)
     assert _stat(stats, "disc_tokens") == mask.sum()
 
@@ -187,7 +187,7 @@ def test_samples_follow_the_generators_distribution_and_the_seed():
 def test_loss_is_generator_mlm_plus_50_times_discriminator_bce():
     pair = _pair().eval()
     ids, types, mask, positions, labels = _masked_batch()
-    loss, stats = ElectraObjective(pair)(ids, types, mask, positions, labels, sample_seed=11)
+    loss, stats = ElectraLoss(pair)(ids, types, mask, positions, labels, sample_seed=11)
     with torch.no_grad():  # the same losses from the two networks by hand
         gen_logits = pair.generator(ids, types, mask, positions)
         gen = torch.nn.functional.cross_entropy(gen_logits, labels)
@@ -205,7 +205,7 @@ def test_loss_is_generator_mlm_plus_50_times_discriminator_bce():
 
 
 def test_objective_is_deterministic_given_the_seed():
-    objective = ElectraObjective(_pair()).eval()
+    objective = ElectraLoss(_pair()).eval()
     batch = _masked_batch()
     first, again, other = (objective(*batch, sample_seed=seed) for seed in (1, 1, 2))
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
@@ -213,7 +213,7 @@ def test_objective_is_deterministic_given_the_seed():
 
 
 def test_a_few_steps_lower_the_loss():
-    objective = ElectraObjective(_pair(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    objective = ElectraLoss(_pair(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
     optimizer = torch.optim.AdamW(objective.parameters(), lr=2e-3)
     batch = _masked_batch()
     losses = []
@@ -228,7 +228,7 @@ def test_a_few_steps_lower_the_loss():
 
 def test_flops_per_token_counts_the_pairs_training_matmuls():
     cfg = preset("electra_tiny", vocab_size=VOCAB, max_position_embeddings=64)
-    objective = ElectraObjective(ElectraPair(cfg))
+    objective = ElectraLoss(ElectraPair(cfg))
     ids, types = torch.randint(5, VOCAB, (2, 16)), torch.zeros(2, 16, dtype=torch.long)
     positions = torch.arange(0, 32, 4)
     with FlopCounterMode(display=False) as counter:

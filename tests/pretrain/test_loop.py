@@ -14,7 +14,7 @@ from models.bert.model import BertForPreTraining, preset
 from pretrain import config, loop
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.families.bert import BertFamily
-from pretrain.families.bert_loss import STAT_NAMES, PretrainingObjective
+from pretrain.families.bert_loss import STAT_NAMES, PretrainingLoss
 from pretrain.monitor import Monitor
 from pretrain.schedule import lr_at
 from tests.pretrain.launching import TINY
@@ -36,7 +36,7 @@ class Step:
 
 
 class FakeEngine:
-    """``pretrain.loop.Engine`` in one process: the optimizer steps after every ``accumulation`` micro-batches and,
+    """``pretrain.loop.LoopEngine`` in one process: the optimizer steps after every ``accumulation`` micro-batches and,
     with ``overflow_check`` (as DeepSpeed's bf16 and fp16 optimizers), skips a step whose gradients are not finite."""
 
     device = torch.device("cpu")
@@ -44,7 +44,7 @@ class FakeEngine:
     def __init__(self, model: BertForPreTraining, cfg: config.PretrainConfig, accumulation: int, *,
                  overflow_check: bool = True):
         peak = cfg.optimizer.lr
-        self.objective = PretrainingObjective(model)
+        self.objective = PretrainingLoss(model)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=peak)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
                                                           lambda step: lr_at(step, peak, cfg.schedule) / peak)
@@ -141,8 +141,8 @@ def _run(tmp_path, dataset, *, poisoned=(), signal_at=None, overflow_check=True,
     monitor = Monitor(tmp_path, total_steps=cfg.train.max_steps, start_step=0, progress=False)
     stop = loop.StopFlag().install()
     try:
-        status = loop.train(state, engine, loader, monitor, cfg=cfg, plan=plan, family=BertFamily(cfg), model=model,
-                            stop=stop, save=record_save, read_lag=read_lag)
+        status = loop.train(state, engine, loader, monitor, settings=loop.LoopSettings.of(cfg), plan=plan,
+                            family=BertFamily(cfg), model=model, stop=stop, save=record_save, read_lag=read_lag)
     finally:
         stop.restore()
         monitor.close()

@@ -11,7 +11,7 @@ from models.bert.hf import load_pretrained
 from models.bert.model import BertConfig, BertForPreTraining
 from pretrain import config, loop, train
 from pretrain.families.bert import BertFamily
-from pretrain.families.bert_loss import STAT_NAMES, PretrainingObjective
+from pretrain.families.bert_loss import STAT_NAMES, PretrainingLoss
 from pretrain.monitor import format_line
 from tests.pretrain.launching import TINY, settings
 
@@ -31,7 +31,7 @@ def test_the_pair_loss_is_trained_only_when_the_objective_has_one(objective):
     torch.manual_seed(0)
     model = BertForPreTraining(CONFIG).eval()  # no dropout: the loss is recomputed below
     batch = _batch()
-    loss, stats = PretrainingObjective(model, objective)(**batch)
+    loss, stats = PretrainingLoss(model, objective)(**batch)
     loss.backward()
     s = dict(zip(STAT_NAMES, stats.tolist()))
     with torch.no_grad():
@@ -50,7 +50,7 @@ def test_the_pair_loss_is_trained_only_when_the_objective_has_one(objective):
         assert s["pair_sequences"] == 4 and s["pair_loss_sum"] == pytest.approx(4 * pair_loss.item(), rel=1e-5)
         assert all(grads[name].abs().sum() > 0 for name in untouched)
     with pytest.raises(ValueError, match="choose nsp, sop or none"):
-        PretrainingObjective(model, "mlm_only")
+        PretrainingLoss(model, "mlm_only")
 
 
 def _record(objective):

@@ -22,7 +22,7 @@ def _padded_batch(lengths=LENGTHS, width=WIDTH):
     ids = torch.randint(1, CONFIG.vocab_size, (len(lengths), width), generator=generator)
     types = (torch.arange(width) >= torch.tensor(lengths)[:, None] // 2).long()
     mask = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
-    return ids * mask, types * mask, mask  # padding is the pad id with type 0, as finetune.models.pad_batch makes
+    return ids * mask, types * mask, mask  # padding is the pad id with type 0, as finetune.heads.pad_batch makes
 
 
 def _both_modes(bert, ids, types, mask):

@@ -1,4 +1,4 @@
-"""Padding-free pretraining (``PretrainingObjective(padding_free=True)``, ``model.padding_free``) against the padded
+"""Padding-free pretraining (``PretrainingLoss(padding_free=True)``, ``model.padding_free``) against the padded
 step: the same losses, statistics and gradients, on the loader's real micro-batches of synthetic datasets.
 
 Tolerance (fp32, CPU): 1e-5 relative on the losses, and on each gradient 1e-5 of its largest entry. The two modes
@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from models.attention import LOADER_FIELDS, pack_batch
 from models.bert.model import BertConfig, BertForPreTraining, Packing
 from pretrain.data import PretrainingLoader, ShardedInstances
-from pretrain.families.bert_loss import STAT_NAMES, PretrainingObjective
+from pretrain.families.bert_loss import STAT_NAMES, PretrainingLoss
 
 TOLERANCE = 1e-5
 SEQ = 64
@@ -35,7 +35,7 @@ def _objectives(data: ShardedInstances, sentence: str, dropout: float = 0.0):
     made = []
     for padding_free in (False, True):
         torch.manual_seed(0)
-        made.append(PretrainingObjective(BertForPreTraining(_config(vocab, dropout)), sentence,
+        made.append(PretrainingLoss(BertForPreTraining(_config(vocab, dropout)), sentence,
                                          padding_free=padding_free).train())
     return made
 
@@ -50,7 +50,7 @@ def _micro_batches(dataset, steps: int = 1, documents: bool = False, micro_batch
     return data, batches
 
 
-def _step(objective: PretrainingObjective, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def _step(objective: PretrainingLoss, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
     torch.manual_seed(11)  # the same dropout masks in both modes (Packing.dropout draws the padded ones)
     loss, stats = objective(**batch)
     loss.backward()
@@ -59,7 +59,7 @@ def _step(objective: PretrainingObjective, batch: dict) -> tuple[torch.Tensor, t
     return loss.detach(), stats, grads
 
 
-def _assert_same_step(padded: PretrainingObjective, packed: PretrainingObjective, batch: dict) -> dict:
+def _assert_same_step(padded: PretrainingLoss, packed: PretrainingLoss, batch: dict) -> dict:
     loss, stats, grads = _step(padded, batch)
     packed_loss, packed_stats, packed_grads = _step(packed, batch)
     torch.testing.assert_close(packed_loss, loss, rtol=TOLERANCE, atol=0)

@@ -2,7 +2,7 @@
 pretraining from it, planning its memory, and finetuning from it; an export cut short is passed over by all."""
 import pytest
 
-from finetune import checkpoint
+from finetune import pretrained
 from models.bert.hf import export
 from models.bert.model import BertForPreTraining, preset
 from pretrain import config, memory, train
@@ -23,7 +23,7 @@ def test_every_reader_takes_a_run_directorys_finished_export(tmp_path):
     cfg = config.load(TINY, [f"model.init_from={run}"])
     assert train._init_directory(cfg.model.init_from) == run / "hf"
     assert memory.planned_model_config(cfg.model, 30522) == small  # the export's, not the preset
-    assert checkpoint.resolve(run, tmp_path / "scratch") == run / "hf"
+    assert pretrained.resolve(run, tmp_path / "scratch") == run / "hf"
 
 
 def test_an_export_without_its_weights_is_passed_over_by_every_reader(tmp_path, caplog):
@@ -33,6 +33,6 @@ def test_an_export_without_its_weights_is_passed_over_by_every_reader(tmp_path, 
     cfg = config.load(TINY, [f"model.init_from={run}"])
     assert train._init_directory(cfg.model.init_from) == run
     assert memory.planned_model_config(cfg.model, 30522).num_hidden_layers == 2  # the preset's
-    with pytest.raises(checkpoint.CheckpointError):  # finetuning falls back to a checkpoint: there is none here
-        checkpoint.resolve(run, tmp_path / "scratch")
+    with pytest.raises(pretrained.CheckpointError):  # finetuning falls back to a checkpoint: there is none here
+        pretrained.resolve(run, tmp_path / "scratch")
     assert f"{run / 'hf'} is incomplete" in caplog.text

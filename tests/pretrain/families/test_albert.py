@@ -172,7 +172,7 @@ def _objectives(data: ShardedInstances, sentence: str, **more):
         cfg = config.load(SHIPPED, [f"{k}={v}" for k, v in values.items()])
         family = families.for_config(cfg)
         torch.manual_seed(0)
-        made.append(family.objective(family.new_model(vocab_size=-(-data.manifest.tokenizer.vocab_size // 8) * 8,
+        made.append(family.loss_module(family.new_model(vocab_size=-(-data.manifest.tokenizer.vocab_size // 8) * 8,
                                                       pad_token_id=0)).train())
     return made
 

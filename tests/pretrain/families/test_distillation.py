@@ -136,7 +136,7 @@ def test_the_loss_is_distilberts_and_the_teacher_gets_no_gradient(dataset, teach
     student = family.new_model(vocab_size=0, pad_token_id=0)
     for p in student.parameters():  # the student must differ from its teacher for the terms to be non-trivial
         p.data.add_(0.05 * torch.randn_like(p))
-    objective = family.objective(student)
+    objective = family.loss_module(student)
     teacher_model = objective.teacher
     assert not {id(p) for p in teacher_model.parameters()} & {id(p) for p in objective.parameters()}
     assert all(not k.startswith("teacher") for k in objective.state_dict())

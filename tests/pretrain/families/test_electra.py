@@ -173,10 +173,10 @@ def test_the_losses_are_global_batch_means_however_the_batch_is_split():
     """Two micro-batches with the loader's scales (micro-batches / masked tokens, micro-batches / real tokens of the
     global batch), averaged as DeepSpeed averages them, give the loss of the whole batch at once."""
     from models.electra.model import ElectraPair, preset
-    from pretrain.families.electra import ElectraPretrainingObjective
+    from pretrain.families.electra import ElectraPretrainingLoss
 
     torch.manual_seed(0)
-    objective = ElectraPretrainingObjective(ElectraPair(preset("electra_tiny", vocab_size=120,
+    objective = ElectraPretrainingLoss(ElectraPair(preset("electra_tiny", vocab_size=120,
                                                                hidden_dropout_prob=0.0,
                                                                attention_probs_dropout_prob=0.0)))
     ids = torch.randint(5, 120, (4, 12), generator=torch.Generator().manual_seed(1))

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from common.errors import CheckpointError
-from finetune import checkpoint, cli
+from finetune import cli, pretrained
 from models import hf_io
 from models.bert import hf as bert_hf
 from pretrain import train
@@ -38,9 +38,9 @@ def test_an_export_killed_midway_leaves_no_hf_directory_and_finetuning_uses_the_
                                                                                              tmp_path):
     run_dir = killed_during_export
     assert not (run_dir / "hf").exists() and (run_dir / "hf.partial" / "config.json").is_file()
-    model_dir = checkpoint.resolve(run_dir, tmp_path)
+    model_dir = pretrained.resolve(run_dir, tmp_path)
     assert model_dir == tmp_path / "exported-run-step_00000004"
-    assert hf_io.is_complete(model_dir) and checkpoint.load_tokenizer_for(model_dir).vocab_size == 30522
+    assert hf_io.is_complete(model_dir) and pretrained.load_tokenizer_for(model_dir).vocab_size == 30522
 
 
 def test_an_incomplete_hf_directory_from_before_atomic_exports_is_passed_over(killed_during_export, tmp_path, caplog):
@@ -48,13 +48,13 @@ def test_an_incomplete_hf_directory_from_before_atomic_exports_is_passed_over(ki
     shutil.copytree(killed_during_export, run_dir)
     (run_dir / "hf").mkdir()
     (run_dir / "hf" / "config.json").write_text("{}")  # what a kill left before exports were renamed into place
-    model_dir = checkpoint.resolve(run_dir, tmp_path / "scratch")
+    model_dir = pretrained.resolve(run_dir, tmp_path / "scratch")
     assert model_dir.name == "exported-run-step_00000004"
     assert f"{run_dir / 'hf'} is incomplete" in caplog.text
 
 
 def test_a_later_export_replaces_the_directory_whole(killed_during_export, tmp_path):
-    model, _ = bert_hf.load_pretrained(checkpoint.resolve(killed_during_export, tmp_path))
+    model, _ = bert_hf.load_pretrained(pretrained.resolve(killed_during_export, tmp_path))
     target = tmp_path / "hf"
     target.mkdir()
     (target / "stale.txt").write_text("from an older export")
@@ -68,10 +68,10 @@ def test_a_later_export_replaces_the_directory_whole(killed_during_export, tmp_p
 
 def test_a_truncated_model_safetensors_is_named_in_one_line(killed_during_export, tmp_path, capsys):
     hf_dir = tmp_path / "hf"
-    shutil.copytree(checkpoint.resolve(killed_during_export, tmp_path / "scratch"), hf_dir)
+    shutil.copytree(pretrained.resolve(killed_during_export, tmp_path / "scratch"), hf_dir)
     truncate(hf_dir / "model.safetensors")
     with pytest.raises(CheckpointError, match="model.safetensors: unreadable .*incomplete metadata"):
-        checkpoint.resolve(hf_dir, tmp_path)
+        pretrained.resolve(hf_dir, tmp_path)
     capsys.readouterr()  # the export's progress bars
     assert cli.main(sst2_argv(hf_dir, tmp_path / "out")) == 2
     err = capsys.readouterr().err.strip()

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from finetune.checkpoint import Encoder, load_encoder
+from finetune.pretrained import Encoder, load_encoder
 from models import registry
 from models.attention import Packing
 

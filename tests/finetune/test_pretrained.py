@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from finetune import checkpoint, cli
+from finetune import cli, pretrained
 from tests.finetune.glue_sample import ONE_SEED_ONE_EPOCH, sst2_argv
 from tests.pretrain.conftest import sample_dataset  # noqa: F401  (the pretraining tests' small dataset)
 from tests.pretrain.launching import launch, settings
@@ -22,16 +22,16 @@ def zero2_run(sample_dataset, tmp_path_factory) -> pathlib.Path:
 
 
 def test_a_run_directory_resolves_to_its_newest_checkpoint_exported_once(zero2_run, tmp_path):
-    exported = checkpoint.resolve(zero2_run, tmp_path)
+    exported = pretrained.resolve(zero2_run, tmp_path)
     assert exported.parent == tmp_path and exported.name.endswith("step_00000004")
     assert (exported / "model.safetensors").is_file() and (exported / "config.json").is_file()
     stamp = (exported / "model.safetensors").stat().st_mtime_ns
-    assert checkpoint.resolve(zero2_run, tmp_path) == exported  # a second call reuses the export
+    assert pretrained.resolve(zero2_run, tmp_path) == exported  # a second call reuses the export
     assert (exported / "model.safetensors").stat().st_mtime_ns == stamp
-    tokenizer = checkpoint.load_tokenizer_for(exported)  # the run kept its tokenizer
+    tokenizer = pretrained.load_tokenizer_for(exported)  # the run kept its tokenizer
     # The embedding is padded to a multiple of 8 rows; the tokenizer is the dataset's vocabulary.
     assert tokenizer.vocab_size == 30522 <= json.loads((exported / "config.json").read_text())["vocab_size"]
-    older = checkpoint.resolve(zero2_run / "checkpoints" / "step_00000002", tmp_path)
+    older = pretrained.resolve(zero2_run / "checkpoints" / "step_00000002", tmp_path)
     assert older.name.endswith("step_00000002")
 
 

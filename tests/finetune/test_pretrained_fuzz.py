@@ -1,4 +1,4 @@
-"""A Hugging Face directory given to finetune (finetune.checkpoint): its config.json and tokenizer_config.json,
+"""A Hugging Face directory given to finetune (finetune.pretrained): its config.json and tokenizer_config.json,
 mutated or damaged, give the model's config and tokenizer or one CheckpointError/InputError line; and remote-code
 keys (``auto_map``) never make anything run: the files are read as JSON, never imported."""
 import ast
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.errors import CheckpointError, InputError
-from finetune import checkpoint
+from finetune import pretrained
 from models.bert.hf import export
 from models.bert.model import BertConfig, BertForPreTraining
 from tests.fuzz_documents import FUZZ, damaged_bytes, listing, mutated
@@ -45,11 +45,11 @@ def remote_code_model(tmp_path_factory) -> pathlib.Path:
 
 
 def test_auto_map_in_config_json_is_loaded_without_running_its_code(remote_code_model, tmp_path):
-    model_dir = checkpoint.resolve(remote_code_model, tmp_path)
-    assert checkpoint.model_type(model_dir) == "bert"
-    assert checkpoint.load_model_config(model_dir) == TINY
-    encoder = checkpoint.load_encoder(model_dir)
-    tokenizer = checkpoint.load_tokenizer_for(model_dir)
+    model_dir = pretrained.resolve(remote_code_model, tmp_path)
+    assert pretrained.model_type(model_dir) == "bert"
+    assert pretrained.load_model_config(model_dir) == TINY
+    encoder = pretrained.load_encoder(model_dir)
+    tokenizer = pretrained.load_tokenizer_for(model_dir)
     assert encoder.config.vocab_size == tokenizer.vocab_size == len(VOCAB)
     assert not (remote_code_model / "REMOTE_CODE_RAN").exists(), "a module named by auto_map was imported"
     # The marker proves something: running the module does leave it.
@@ -106,9 +106,9 @@ def test_mutated_hugging_face_files_give_a_config_and_tokenizer_or_one_line(tmp_
         (tmp_path / "config.json").write_bytes(contents[0])
         (tmp_path / "tokenizer_config.json").write_bytes(contents[1])
         try:
-            checkpoint.model_type(tmp_path)
-            checkpoint.load_model_config(tmp_path)
-            checkpoint.load_tokenizer_for(tmp_path)
+            pretrained.model_type(tmp_path)
+            pretrained.load_model_config(tmp_path)
+            pretrained.load_tokenizer_for(tmp_path)
         except (CheckpointError, InputError) as error:
             assert "\n" not in str(error), repr(error)
         assert listing(tmp_path) == ["config.json", "tokenizer_config.json", "vocab.txt"]
@@ -129,19 +129,19 @@ def _directory(tmp_path, config: dict, settings_text: str | None = None) -> path
 def test_a_tokenizer_config_that_is_not_a_json_object_is_refused_naming_the_file(tmp_path):
     directory = _directory(tmp_path, {"model_type": "bert", **TINY.__dict__}, "null")
     with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: a JSON NoneType, not an object"):
-        checkpoint.load_tokenizer_for(directory)
+        pretrained.load_tokenizer_for(directory)
     (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": tru')
     with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: not valid JSON"):
-        checkpoint.load_tokenizer_for(directory)
+        pretrained.load_tokenizer_for(directory)
 
 
 def test_a_vocab_size_of_the_wrong_type_is_refused_before_comparing_with_the_tokenizer(tmp_path):
     directory = _directory(tmp_path, {"model_type": "bert", **TINY.__dict__, "vocab_size": {"x": 30}})
     with pytest.raises(CheckpointError, match=r"config\.json: vocab_size: expected an integer"):
-        checkpoint.load_tokenizer_for(directory)
+        pretrained.load_tokenizer_for(directory)
 
 
 def test_a_config_json_nested_thousands_deep_is_refused_not_a_recursion_error(tmp_path):
     (tmp_path / "config.json").write_text("[" * 100_000)
     with pytest.raises(CheckpointError, match=r"config\.json: not valid JSON"):
-        checkpoint.model_type(tmp_path)
+        pretrained.model_type(tmp_path)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from finetune.models import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
+from finetune.heads import SequenceClassifier, SpanExtractor, TokenClassifier, pad_batch
 from models.bert.model import BertConfig, BertForPreTraining
 from tests.finetune.head_parity import assert_trains_like
 

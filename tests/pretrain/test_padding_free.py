@@ -3,7 +3,7 @@ step: the same losses, statistics and gradients, on the loader's real micro-batc
 
 Tolerance (fp32, CPU): 1e-5 relative on the losses, and on each gradient 1e-5 of its largest entry. The two modes
 are not equal to the bit: the packed GEMMs have other shapes (other blockings) and the query/key/value projections
-are one GEMM there, so only summation order differs (tests/pretrain/test_packed.py bounds the encoder alone).
+are one GEMM there, so only summation order differs (tests/models/test_packed.py bounds the encoder alone).
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from pretrain import config, families, train
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.families.albert import AlbertFamily
 from pretrain.families.bert_loss import STAT_NAMES
-from tests.pretrain.test_attention import _segment_by_segment
+from tests.models.test_attention import _segment_by_segment
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "configs" / "pretrain" / "albert_base.yaml"
@@ -193,7 +193,7 @@ def test_padding_free_albert_gives_the_padded_losses_and_gradients(synthetic_dat
     """Tolerance as tests/pretrain/test_padding_free.py states it (fp32): 1e-5 relative on the losses and
     statistics, and on each gradient 1e-5 of its largest entry; dropout 0.1 on (hidden only with varlen, which has
     no attention dropout: ALBERT v2's presets have none, so a CUDA run of them gets it). The varlen kernel is CUDA's:
-    on CPU it is replaced by SDPA on each segment alone, as tests/pretrain/test_attention.py does."""
+    on CPU it is replaced by SDPA on each segment alone, as tests/models/test_attention.py does."""
     monkeypatch.setattr(model_module, "varlen_attention", _segment_by_segment)
     spec = ({"kind": "full_sentences", "document_tokens": 20, "sentence_objective": "none"} if documents
             else {"sentence_objective": "sop"})

@@ -72,7 +72,7 @@ def student_inits(teacher_dir: Path, student_layers: int, tokenizer_dir: Path, w
     from pretrain.families.distillation import DistillationFamily
 
     cfg = config.load(None, [f"distillation.teacher={teacher_dir}", f"distillation.student_layers={student_layers}"])
-    family = DistillationFamily(cfg)
+    family = DistillationFamily.from_config(cfg)
     made = {"teacher_layers": work / "init-teacher-layers", "random": work / "init-random"}
     if not (made["teacher_layers"] / "config.json").is_file():
         export(family.new_model(vocab_size=0, pad_token_id=0), made["teacher_layers"], tokenizer_dir=tokenizer_dir)

@@ -28,6 +28,11 @@ class Family:
     stat_names: tuple[str, ...] = ()
     architecture: str = ""  # what the Hugging Face export is, for the log line (e.g. "BertForPreTraining")
 
+    @classmethod
+    def from_config(cls, cfg) -> Family:
+        """The family with the sections of a ``PretrainConfig`` its constructor takes (the model's, ...)."""
+        raise NotImplementedError
+
     def new_model(self, *, vocab_size: int, pad_token_id: int) -> nn.Module:
         """A freshly initialised model of the run's preset for a vocabulary of ``vocab_size`` ids (already rounded)."""
         raise NotImplementedError
@@ -96,9 +101,10 @@ def for_config(cfg, run_directory: Path | None = None) -> Family:
     if cfg.distillation.teacher:
         from pretrain.families.distillation import DistillationFamily
 
-        return DistillationFamily(cfg, recorded_in=run_directory)
-    # Each model family (models.registry) has its training glue in the module of its name here: its TRAINING class.
-    return importlib.import_module(f"pretrain.families.{cfg.model.family}").TRAINING(cfg)
+        return DistillationFamily.from_config(cfg, recorded_in=run_directory)
+    # Each model family (models.registry) has its training glue in the module of its name here: its TRAINING class,
+    # which takes the config sections it uses (``from_config`` picks them).
+    return importlib.import_module(f"pretrain.families.{cfg.model.family}").TRAINING.from_config(cfg)
 
 
 __all__ = ["REQUIRED_STATS", "Family", "for_config"]

@@ -18,6 +18,7 @@ from common.configlib import ConfigError
 from models.albert.hf import export_albert, load_albert, load_albert_config
 from models.albert.model import PRESETS, AlbertConfig, AlbertForPreTraining, flops_per_token, preset
 from pretrain.checkpoints import finished_export
+from pretrain.config import ModelConfig
 from pretrain.families import Family
 from pretrain.families.bert import BertFamily, load_state
 
@@ -31,14 +32,18 @@ class AlbertFamily(Family):
     architecture = "AlbertForPreTraining"
     summary = BertFamily.summary  # MLM plus the pair head's loss, named after the objective (sop_loss, ...)
 
-    def __init__(self, cfg):
-        self.model_cfg = cfg.model
-        self.output_dir = Path(cfg.output_dir)
-        self.sentence_objective = cfg.objective.sentence_objective
-        self.padding_free = cfg.model.padding_free
-        if not cfg.model.init_from and cfg.model.preset not in PRESETS:
-            raise ConfigError(f"model.preset is {cfg.model.preset!r}, not an ALBERT size; with model.family albert "
+    def __init__(self, model: ModelConfig, sentence_objective: str, output_dir: Path):
+        self.model_cfg = model
+        self.output_dir = Path(output_dir)
+        self.sentence_objective = sentence_objective
+        self.padding_free = model.padding_free
+        if not model.init_from and model.preset not in PRESETS:
+            raise ConfigError(f"model.preset is {model.preset!r}, not an ALBERT size; with model.family albert "
                               f"choose one of {', '.join(PRESETS)}")
+
+    @classmethod
+    def from_config(cls, cfg) -> AlbertFamily:
+        return cls(cfg.model, cfg.objective.sentence_objective, Path(cfg.output_dir))
 
     def model_config(self, *, vocab_size: int, pad_token_id: int) -> AlbertConfig:
         """The preset at the dataset's vocabulary and the run's positions, with the run's dropout overrides

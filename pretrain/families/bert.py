@@ -11,6 +11,7 @@ from common.errors import CheckpointError
 from models.bert.hf import export, load_config, load_pretrained
 from models.bert.model import BertForPreTraining, flops_per_token, preset
 from pretrain.checkpoints import finished_export
+from pretrain.config import ModelConfig
 from pretrain.families import Family
 from pretrain.families.bert_loss import STAT_NAMES, PretrainingLoss
 
@@ -22,10 +23,14 @@ class BertFamily(Family):
     stat_names = STAT_NAMES
     architecture = "BertForPreTraining"
 
-    def __init__(self, cfg):
-        self.model_cfg = cfg.model
-        self.sentence_objective = cfg.objective.sentence_objective
-        self.padding_free = cfg.model.padding_free
+    def __init__(self, model: ModelConfig, sentence_objective: str):
+        self.model_cfg = model
+        self.sentence_objective = sentence_objective
+        self.padding_free = model.padding_free
+
+    @classmethod
+    def from_config(cls, cfg) -> BertFamily:
+        return cls(cfg.model, cfg.objective.sentence_objective)
 
     def model_config(self, *, vocab_size: int, pad_token_id: int):
         m = self.model_cfg

@@ -32,6 +32,7 @@ from models.bert.model import BertConfig, BertForPreTraining, count_parameters, 
 from models.hf_io import config_from_dict, weights_file
 from pretrain import precision
 from pretrain.checkpoints import finished_export
+from pretrain.config import DistillationConfig, ModelConfig
 from pretrain.families.bert import BertFamily
 from pretrain.families.distillation_loss import STAT_NAMES, DistillationLoss, Weights
 
@@ -91,25 +92,31 @@ class DistillationFamily(BertFamily):
     stat_names = STAT_NAMES
     architecture = "BertForPreTraining"
 
-    def __init__(self, cfg, recorded_in: Path | None = None):
+    def __init__(self, model: ModelConfig, sentence_objective: str, distillation: DistillationConfig, data_path: str,
+                 output_dir: Path, recorded_in: Path | None = None):
         """``recorded_in``: a run directory whose checkpoints are read back; its record's teacher config is used
         (``families.for_config``)."""
-        super().__init__(cfg)
-        self.settings = cfg.distillation
-        self.data_path = cfg.data.path
-        self.output_dir = Path(cfg.output_dir)
-        self.teacher_dir = teacher_directory(cfg.distillation.teacher)
+        super().__init__(model, sentence_objective)
+        self.settings = distillation
+        self.data_path = data_path
+        self.output_dir = Path(output_dir)
+        self.teacher_dir = teacher_directory(distillation.teacher)
         recorded = None if recorded_in is None else recorded_teacher_config(recorded_in)
         if recorded is None and not (self.teacher_dir / "config.json").is_file():
             older = "" if recorded_in is None else (f" and {Path(recorded_in) / RECORD_NAME} holds no copy of it (a "
                                                     "run from before runs recorded it)")
-            raise CheckpointError(f"distillation.teacher {cfg.distillation.teacher}: no config.json (nor a finished "
+            raise CheckpointError(f"distillation.teacher {distillation.teacher}: no config.json (nor a finished "
                                   f"run's hf/ export) there{older}; set it to a Hugging Face BERT directory or one of "
                                   "our run directories")
         self.teacher_config = recorded or load_config(self.teacher_dir)
         layers = self.teacher_config.num_hidden_layers
         self.layers = student_layer_map(layers, self.settings.student_layers or max(1, layers // 2))
         self._teacher: BertForPreTraining | None = None
+
+    @classmethod
+    def from_config(cls, cfg, recorded_in: Path | None = None) -> DistillationFamily:
+        return cls(cfg.model, cfg.objective.sentence_objective, cfg.distillation, cfg.data.path, Path(cfg.output_dir),
+                   recorded_in=recorded_in)
 
     def student_config(self) -> BertConfig:
         """The teacher's config with the student's depth (and the run's dropout overrides, if any)."""

@@ -21,6 +21,7 @@ from torch import nn
 from models.electra.hf import export_pair, load_pair, pair_config
 from models.electra.model import PRESETS, ElectraPair, ElectraPairConfig, flops_per_token, preset
 from pretrain.checkpoints import finished_export
+from pretrain.config import ElectraTrainingConfig, ModelConfig
 from pretrain.families import Family
 from pretrain.families.bert import load_state
 from pretrain.families.electra_loss import STAT_NAMES, ElectraLoss, summary
@@ -61,13 +62,17 @@ class ElectraFamily(Family):
     stat_names = STAT_NAMES
     architecture = "ElectraForPreTraining discriminator, ElectraForMaskedLM generator in generator/"
 
-    def __init__(self, cfg):
-        if cfg.model.preset not in PRESETS:
-            raise ValueError(f"model.preset {cfg.model.preset!r} is not an ELECTRA preset; choose one of "
+    def __init__(self, model: ModelConfig, electra: ElectraTrainingConfig, seed: int):
+        if model.preset not in PRESETS:
+            raise ValueError(f"model.preset {model.preset!r} is not an ELECTRA preset; choose one of "
                              f"{', '.join(sorted(PRESETS))}")
-        if cfg.model.padding_free:
+        if model.padding_free:
             raise ValueError("model.padding_free is not implemented for model.family electra; set it to false")
-        self.model_cfg, self.electra_cfg, self.seed = cfg.model, cfg.electra, cfg.seed
+        self.model_cfg, self.electra_cfg, self.seed = model, electra, seed
+
+    @classmethod
+    def from_config(cls, cfg) -> ElectraFamily:
+        return cls(cfg.model, cfg.electra, cfg.seed)
 
     @property
     def fraction(self) -> float:

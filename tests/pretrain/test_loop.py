@@ -142,7 +142,7 @@ def _run(tmp_path, dataset, *, poisoned=(), signal_at=None, overflow_check=True,
     stop = loop.StopFlag().install()
     try:
         status = loop.train(state, engine, loader, monitor, settings=loop.LoopSettings.of(cfg), plan=plan,
-                            family=BertFamily(cfg), model=model, stop=stop, save=record_save, read_lag=read_lag)
+                            family=BertFamily.from_config(cfg), model=model, stop=stop, save=record_save, read_lag=read_lag)
     finally:
         stop.restore()
         monitor.close()

@@ -60,7 +60,7 @@ def _record(objective):
         values.update(pair_loss_sum=2.0, pair_correct=3.0, pair_sequences=4.0)
     for name, value in values.items():
         stats[STAT_NAMES.index(name)] = value
-    family = BertFamily(config.load(TINY, [f"objective.sentence_objective={objective}"]))
+    family = BertFamily.from_config(config.load(TINY, [f"objective.sentence_objective={objective}"]))
     return loop.metrics(stats, family, step=1, lr=1e-3, grad_norm=1.0, loss_scale=1.0, skipped=0, elapsed=1.0,
                         consumed=4, flops_per_token=1.0, peak_tflops=None, world=1)
 

@@ -48,10 +48,10 @@ def test_git_state_without_a_repository_takes_the_commit_it_is_told(tmp_path, mo
 
 def test_command_line_is_the_module_form(monkeypatch):
     main = types.ModuleType("__main__")
-    main.__spec__ = types.SimpleNamespace(name="bench.pretrain")
+    main.__spec__ = types.SimpleNamespace(name="bench.pretrain.steps")
     monkeypatch.setitem(sys.modules, "__main__", main)
-    monkeypatch.setattr(sys, "argv", ["/anywhere/bench/pretrain.py", "--quick"])
-    assert record.command_line() == "python -m bench.pretrain --quick"
+    monkeypatch.setattr(sys, "argv", ["/anywhere/bench/pretrain/steps.py", "--quick"])
+    assert record.command_line() == "python -m bench.pretrain.steps --quick"
 
 
 def test_results_are_written_whole_with_paths_as_text(tmp_path):

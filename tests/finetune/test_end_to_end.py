@@ -21,7 +21,7 @@ SUITE_SETTINGS = [
     "glue.training.lr=2e-4",
     "conll.training.max_train_examples=600", "conll.training.max_eval_examples=200", "conll.training.epochs=2",
     "conll.training.batch_size=16", "conll.training.lr=2e-4",
-    # SQuAD: held-out learning needs thousands of questions (bench/finetune.py shows it). Here the model is
+    # SQuAD: held-out learning needs thousands of questions (bench/finetune/against_transformers.py shows it). Here the model is
     # trained and scored on the same 32 questions: exact answers come back only if windows, start/end labels,
     # n-best decoding and the mapping back to the context text are all right.
     "squad.training.max_seq_length=128", "squad.doc_stride=64", "squad.training.epochs=8",

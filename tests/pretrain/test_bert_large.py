@@ -1,4 +1,4 @@
-"""BERT-Large through every stage on CPU, as ``python -m bench.bert_large`` runs it, with one step of one sequence a
+"""BERT-Large through every stage on CPU, as ``python -m bench.pretrain.bert_large`` runs it, with one step of one sequence a
 rank in each run (the real size is what this proves; the step rates are the benchmark's): the phase-1
 config on 2 ranks (ZeRO 2, precision auto) with a checkpoint, that checkpoint resumed on 1 rank (a universal
 checkpoint), phase 2 from phase 1 (``model.init_from``), the export against ``transformers`` and ``python -m finetune``
@@ -26,7 +26,7 @@ def test_bert_large_pretrains_resumes_continues_exports_and_finetunes(shared_dat
             pytest.fail(message)  # CI's machines have it: never let the check go silently
         pytest.skip(message)
     env = {k: v for k, v in environment().items() if k != "OMP_NUM_THREADS"}  # the script sets it per job
-    result = processes.run([sys.executable, "-m", "bench.bert_large", "--steps", "1", "--resume-steps", "1",
+    result = processes.run([sys.executable, "-m", "bench.pretrain.bert_large", "--steps", "1", "--resume-steps", "1",
                             "--phase2-steps", "1", "--batch", "2", "2", "--data", str(shared_data),
                             "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")],
                            cwd=REPO, env=env, text=True, capture_output=True, timeout=1800)

@@ -1,10 +1,10 @@
 """Benchmark of the pretraining loader at real scale: memory per rank, start-up and throughput vs dataset rows.
 
-    python -m bench.loader [--rows 100000000] [--small-rows 10000000] [--work bench/work/loader] [--quick]
+    python -m bench.pretrain.loader [--rows 100000000] [--small-rows 10000000] [--work bench/work/loader] [--quick]
 
 1. Writes synthetic datasets in the real shard format (``python -m preprocess.synthetic``, seq 128, the
    bert-base-uncased vocabulary) once under ``--work``; the disk is checked first.
-2. For each dataset, a fresh process (``bench.loader_rank``: one rank of an 8-rank job with the shipped
+2. For each dataset, a fresh process (``bench.pretrain.loader_rank``: one rank of an 8-rank job with the shipped
    BERT-Large phase-1 config's batch: global 65,536, micro-batch 64, accumulation 128, its length-grouping window;
    --quick: global 8,192), run once after the page cache is dropped (cold) and once again (warm), opens the
    dataset, reads its first step, then reads steps for ``--seconds``; it records wall times and its USS (``psutil``
@@ -79,11 +79,11 @@ def drop_page_cache() -> bool:
 
 
 def run_ranks(dataset: str, seconds: float, shape: dict, ranks: tuple[int, ...]) -> list[dict]:
-    """Ranks ``ranks`` of the job at once, each in its own process (``bench.loader_rank``); their figures."""
+    """Ranks ``ranks`` of the job at once, each in its own process (``bench.pretrain.loader_rank``); their figures."""
     with tempfile.TemporaryDirectory(prefix="loader-barrier-") as barrier, contextlib.ExitStack() as running:
         together = {"directory": barrier, "ranks": list(ranks)} if len(ranks) > 1 else None
         procs = [running.enter_context(processes.started(
-            [sys.executable, "-m", "bench.loader_rank", dataset, "--seconds", str(seconds),
+            [sys.executable, "-m", "bench.pretrain.loader_rank", dataset, "--seconds", str(seconds),
              "--shape", json.dumps({**shape, "rank": rank, "together": together})],
             cwd=record.REPO, stdout=subprocess.PIPE, text=True)) for rank in ranks]
         deadline = time.monotonic() + seconds + RANK_TIMEOUT_S  # a late rank's whole session is killed on leaving
@@ -98,7 +98,7 @@ def run_rank(dataset: str, seconds: float, shape: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.loader", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain.loader", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100_000_000)
     parser.add_argument("--small-rows", type=int, default=10_000_000)
     parser.add_argument("--work", type=Path, default=record.WORK / "loader")

@@ -1,9 +1,9 @@
 """BERT pretraining throughput and MFU on one GPU, through the same DeepSpeed engine the runs use.
 
-    python -m bench.pretrain_gpu                                   # BERT-Large, phase 1 and 2, bf16, ZeRO 1
-    python -m bench.pretrain_gpu --data128 DIR --data512 DIR       # real shards instead of full-length rows
-    python -m bench.pretrain_gpu --modes padded,padding-free,padded+compile,padding-free+compile
-    DS_ACCELERATOR=cpu python -m bench.pretrain_gpu --preset tiny --steps 3 --warmup 1   # smoke run on CPU
+    python -m bench.pretrain.gpu                                   # BERT-Large, phase 1 and 2, bf16, ZeRO 1
+    python -m bench.pretrain.gpu --data128 DIR --data512 DIR       # real shards instead of full-length rows
+    python -m bench.pretrain.gpu --modes padded,padding-free,padded+compile,padding-free+compile
+    DS_ACCELERATOR=cpu python -m bench.pretrain.gpu --preset tiny --steps 3 --warmup 1   # smoke run on CPU
 
 Each phase: the model preset at that sequence length, one rank, bf16 (DeepSpeed's bf16 with ZeRO 1 and
 fp32 master weights), AdamW; ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps; once per mode:
@@ -211,7 +211,7 @@ def profile_steps(engine, steps, count: int, sync, path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.pretrain_gpu", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="large")
     # BERT-Large's micro-batches that fill an 80-141 GiB card, with accumulation as the shipped global batches need
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                   ((128, args.micro128, args.data128), (512, args.micro512, args.data512)) if seq in wanted
                   for mode in modes]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    versions = record.versions(("torch", "deepspeed"), ("pretrain", "bench/pretrain_gpu.py"))
+    versions = record.versions(("torch", "deepspeed"), ("pretrain", "bench/pretrain/gpu.py"))
     result = {"benchmark": "pretrain-gpu", "date": record.utc_now(), "command": record.command_line(),
               "preset": args.preset, "machine": {**record.machine_info(), "device": device},
               "versions": {**versions, "cuda": torch.version.cuda},

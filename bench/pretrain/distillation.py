@@ -1,12 +1,12 @@
 """Distillation on CPU: the packaged MiniLM (6 layers, 384 wide) distilled into a 3-layer student on the shared corpus,
 against the same student trained without the teacher, then the same finetuning of all of them.
 
-    python -m bench.distillation [--budget-cpu-s 600] [--head-cpu-s 500] [--tasks sst2] [--seeds 1] [--quick]
+    python -m bench.pretrain.distillation [--budget-cpu-s 600] [--head-cpu-s 500] [--tasks sst2] [--seeds 1] [--quick]
 
-1. Data: the objectives benchmark's datasets (``bench.objectives``, shared with it under bench/work/objectives):
+1. Data: the objectives benchmark's datasets (``bench.pretrain.objectives``, shared with it under bench/work/objectives):
    RoBERTa's rows (FULL-SENTENCES, dynamic masking, no NSP; DistilBERT's recipe) for pretraining, its static BERT rows
    for the teacher's head, its held-out books for the probe. Sequence length 128.
-2. Teacher: MiniLM has no MLM head, so one is fitted on its frozen encoder first (``bench.distillation_models``):
+2. Teacher: MiniLM has no MLM head, so one is fitted on its frozen encoder first (``bench.pretrain.distillation_models``):
    the teacher's encoder is MiniLM's unchanged.
 3. Students, 3 layers of the teacher's shape: ``distilled`` (``distillation.teacher``: initialised from teacher
    layers 0, 2, 4; loss 5 x KL at T=2 + 2 x MLM + 1 x cosine), ``mlm_teacher_init`` (the same initialisation,
@@ -14,7 +14,7 @@ against the same student trained without the teacher, then the same finetuning o
    initialisation, MLM only). Each runs ``pretrain/run.py`` in one process with the objectives benchmark's training
    settings and the same number of steps: the distilled run's, calibrated (two short runs) to fit the CPU budget,
    which the teacher's forward makes the most expensive per step. CPU seconds of each are reported.
-4. Held-out masked-token accuracy of each MLM head (``bench.objectives_probe``) and GLUE dev scores after
+4. Held-out masked-token accuracy of each MLM head (``bench.pretrain.objectives_probe``) and GLUE dev scores after
    ``python -m finetune glue`` with one recipe (the objectives benchmark's: the first 2,000 training examples,
    2 epochs, lr 1e-4) for the teacher and the three students.
 
@@ -29,14 +29,15 @@ import sys
 import time
 from pathlib import Path
 
-from bench import objectives, record
+from bench import record
+from bench.pretrain import objectives
 from bench.shards import vocab_path
 
 STUDENT_LAYERS = 3
 DISTILLATION = {"distillation.temperature": 2.0, "distillation.kl_weight": 5.0, "distillation.mlm_weight": 2.0,
                 "distillation.cosine_weight": 1.0, "distillation.student_layers": STUDENT_LAYERS,
                 "distillation.teacher_precision": "bf16"}
-DATA_RECIPE = "roberta"  # bench.objectives.RECIPES: its rows and pretraining switches
+DATA_RECIPE = "roberta"  # bench.pretrain.objectives.RECIPES: its rows and pretraining switches
 HEAD_DATA_RECIPE = "bert"  # static masks: the teacher's head fit reads them as they are
 
 
@@ -87,7 +88,10 @@ def calibrate(work: Path, settings: dict, budget: float, logs: Path) -> tuple[in
 
 
 def main(argv=None) -> int:
-    from bench import distillation_models, objectives_probe  # torch: imported once the arguments are known
+    from bench.pretrain import (  # torch: imported once the arguments are known
+        distillation_models,
+        objectives_probe,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-cpu-s", type=float, default=600.0, help="the distilled run's pretraining CPU s")

@@ -1,8 +1,8 @@
 """One rank of the loader benchmark, in a fresh process: open a dataset, read its first step, read on; print figures.
 
-    python -m bench.loader_rank DATASET --seconds S --shape JSON
+    python -m bench.pretrain.loader_rank DATASET --seconds S --shape JSON
 
-``bench.loader`` starts it (one process per rank, several at once for ranks of one node) and reads the JSON line
+``bench.pretrain.loader`` starts it (one process per rank, several at once for ranks of one node) and reads the JSON line
 it prints: wall times and the process's USS (``psutil`` ``memory_full_info().uss``: memory no other process
 shares) after imports, after opening, after the first step and at the end, with and without the shard pages
 the process maps.
@@ -85,10 +85,10 @@ def measure_rank(dataset: str, seconds: float, shape: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.loader_rank", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain.loader_rank", description=__doc__.split("\n\n")[0])
     parser.add_argument("dataset")
     parser.add_argument("--seconds", type=float, required=True, help="how long to read steps after the first")
-    parser.add_argument("--shape", required=True, help="the rank's shape, JSON (see bench.loader.rank_shape)")
+    parser.add_argument("--shape", required=True, help="the rank's shape, JSON (see bench.pretrain.loader.rank_shape)")
     args = parser.parse_args(argv)
     print(json.dumps(measure_rank(args.dataset, args.seconds, json.loads(args.shape))), flush=True)
     return 0

@@ -1,10 +1,10 @@
-"""bench.objectives: every recipe is a valid configuration, the probe set is held out, and the table reads the
+"""bench.pretrain.objectives: every recipe is a valid configuration, the probe set is held out, and the table reads the
 finetuning report as the finetuning stage writes it."""
 from pathlib import Path
 
 import pytest
 
-from bench import objectives, objectives_probe
+from bench.pretrain import objectives, objectives_probe
 from common.preprocess_config import InstanceConfig
 from finetune import report
 from pretrain import config as pretrain_config

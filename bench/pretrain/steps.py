@@ -1,6 +1,6 @@
 """Benchmark of the pretraining stage on CPU, on shards made from the real shared data.
 
-    python -m bench.pretrain [--quick] [--only padding_free] [--work DIR] [--data DIR] [--results DIR]
+    python -m bench.pretrain.steps [--quick] [--only padding_free] [--work DIR] [--data DIR] [--results DIR]
 
 Measures (``--quick``: a smoke run of each):
 1. Step time of one AdamW training step (forward, MLM + NSP loss, backward, optimizer), ours
@@ -277,7 +277,7 @@ def print_padding_free(section: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.pretrain", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain.steps", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds x 3 steps, 0.5 s loader runs")
     parser.add_argument("--only", choices=["padding_free"], help="run this section alone; write it into the "
                         "existing results file under its key")

@@ -1,8 +1,8 @@
-"""The GPU step's whole grid in one call: each variant of ``bench.pretrain_gpu`` in its own process with a timeout,
+"""The GPU step's whole grid in one call: each variant of ``bench.pretrain.gpu`` in its own process with a timeout,
 within one time budget, then the best variant of each phase again on the real loader with a short profile.
 
-    python -m bench.pretrain_gpu_grid [--budget 480] [--data128 DIR --data512 DIR] [--results DIR]
-    DS_ACCELERATOR=cpu python -m bench.pretrain_gpu_grid --preset tiny --budget 120 --variants eager,regional
+    python -m bench.pretrain.gpu_grid [--budget 480] [--data128 DIR --data512 DIR] [--results DIR]
+    DS_ACCELERATOR=cpu python -m bench.pretrain.gpu_grid --preset tiny --budget 120 --variants eager,regional
 
 A GPU session here is 15 minutes, all tries together: the grid must finish, and what it finished must be kept, even
 when a variant hangs or a compile runs long. So every variant runs as a child process in its own session, killed
@@ -27,7 +27,7 @@ from bench import record
 from bench.processes import free_port
 from common import processes
 
-# name -> what it changes against the eager padded baseline (bench.pretrain_gpu's options)
+# name -> what it changes against the eager padded baseline (bench.pretrain.gpu's options)
 VARIANTS = {
     "eager": ["--modes", "padded"],
     "regional": ["--modes", "padded+compile"],
@@ -48,7 +48,7 @@ def run_variant(name: str, seq: int, args, work: Path, timeout: float, *, real_l
     """One variant at one sequence length in a child process: its phase's figures, or why there are none. With
     ``real_loader``, on ``--data<seq>`` through the loader and with a short profile."""
     out = work / f"{name}-seq{seq}{'-final' if real_loader else ''}"
-    command = [sys.executable, "-m", "bench.pretrain_gpu", "--preset", args.preset, "--phases", str(seq),
+    command = [sys.executable, "-m", "bench.pretrain.gpu", "--preset", args.preset, "--phases", str(seq),
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--accumulation", str(args.accumulation),
                "--micro128", str(args.micro128), "--micro512", str(args.micro512), "--results", str(out),
                *VARIANTS[name]]
@@ -72,7 +72,7 @@ def run_variant(name: str, seq: int, args, work: Path, timeout: float, *, real_l
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.pretrain_gpu_grid", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain.gpu_grid", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=480, help="seconds for the whole grid, final runs included")
     parser.add_argument("--timeout", type=float, default=90, help="seconds one variant at one length may take")

@@ -1,13 +1,13 @@
 """The objectives menu side by side: BERT, RoBERTa-, SpanBERT-, ALBERT(SOP)- and modern-style pretraining of the same
 small encoder on the same real data for the same CPU time, then the same held-out probe and the same finetuning.
 
-    python -m bench.objectives [--budget-cpu-s 600] [--seeds 1,2] [--quick] [--work DIR] [--data DIR]
+    python -m bench.pretrain.objectives [--budget-cpu-s 600] [--seeds 1,2] [--quick] [--work DIR] [--data DIR]
 
 1. Data: the shared Wikipedia slice and books, two books held out. Each recipe's training set is made by
    ``python -m preprocess run`` from configs/preprocess/phase1_seq128.yaml with the recipe's instance switches
    (``--set instances.…``), at sequence length 128 for all (CPU). The held-out probe set: the two books as
    ``doc_sentences`` rows with static 15% token masking, the same rows for every model.
-2. Model: one 4-layer, 256-wide BERT (``bench.objectives_probe.MODEL``), initialised once (seed 0) and exported
+2. Model: one 4-layer, 256-wide BERT (``bench.pretrain.objectives_probe.MODEL``), initialised once (seed 0) and exported
    as a Hugging Face directory that every recipe starts from (``model.init_from``); that initialisation
    finetuned as is is the floor.
 3. Pretraining: ``pretrain/run.py`` in one process (both cores), the same global batch, learning rate and warm-up
@@ -15,7 +15,7 @@ small encoder on the same real data for the same CPU time, then the same held-ou
    step, its schedule is set to fit the budget, and the run is stopped (SIGTERM: it saves and exits as when
    preempted) if it still reaches the budget first. CPU is the process tree's (user + system).
 4. Held-out masked-token accuracy and loss of each model's MLM head on the probe set
-   (``bench.objectives_probe``), and GLUE dev scores after ``python -m finetune glue`` on SST-2 and MRPC (the
+   (``bench.pretrain.objectives_probe``), and GLUE dev scores after ``python -m finetune glue`` on SST-2 and MRPC (the
    first 2,000 training examples of each; the whole dev sets), one recipe, the given seeds (mean and spread reported).
 
 Writes ``bench/results/objectives-<machine>[-quick].json`` and prints the table. ``--quick``: a smoke run
@@ -221,7 +221,7 @@ def scores(report: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    from bench import objectives_probe  # torch: imported once the arguments are known
+    from bench.pretrain import objectives_probe  # torch: imported once the arguments are known
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-cpu-s", type=float, default=600.0, help="pretraining CPU seconds per recipe")

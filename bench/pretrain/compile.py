@@ -1,11 +1,11 @@
 """Benchmark of ``model.compile`` (``pretrain.compiling``) on CPU: eager against compiled training steps.
 
-    python -m bench.compile [--quick] [--preset base] [--work DIR] [--data DIR] [--results DIR]
+    python -m bench.pretrain.compile [--quick] [--preset base] [--work DIR] [--data DIR] [--results DIR]
 
 1. Pretraining: one AdamW step (forward, MLM + NSP loss, backward, optimizer) of ``PretrainingLoss`` around
    ``BertForPreTraining`` of ``--preset`` (base: BERT-Base), eager and compiled in place from the same initial
    weights, on the loader's micro-batches of the real seq-128 and seq-512 shards (``bench.shards``, as
-   ``bench.pretrain``; micro-batches of 8 and 2 rows).
+   ``bench.pretrain.steps``; micro-batches of 8 and 2 rows).
    Both see the same batches; rounds alternate which goes first; per step = round wall / steps; medians over the
    rounds no other process contended (over all of them, flagged, when none was quiet). Also the compile time (the
    first compiled steps' wall minus as many eager steps) and the graphs TorchDynamo compiled over all the steps.
@@ -130,7 +130,7 @@ def finetuning(data_dir: Path, rounds: int, steps: int, quiet_budget: float) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.compile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain.compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny preset, 2 rounds x 3 steps")
     parser.add_argument("--preset", default="base", help="pretraining model preset (models.bert.model.PRESETS)")
     parser.add_argument("--work", type=Path, default=record.WORK / "pretrain")

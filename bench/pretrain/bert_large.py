@@ -1,6 +1,6 @@
 """BERT-Large through every stage on CPU, with the shipped phase configs and small batch overrides.
 
-    python -m bench.bert_large [--steps 6] [--resume-steps 3] [--phase2-steps 3] [--work DIR] [--data DIR]
+    python -m bench.pretrain.bert_large [--steps 6] [--resume-steps 3] [--phase2-steps 3] [--work DIR] [--data DIR]
 
 1. phase 1 (configs/pretrain/bert_large_phase1_seq128.yaml): 2 ranks (torchrun), ZeRO 2, precision auto (bf16 where
    the CPU computes it natively, else fp32), AdamW, global
@@ -19,7 +19,7 @@ load and export seconds the runs record in summary.json, and the model-state mem
 ``pretrain.memory`` (what ``--dry-run`` prints) next to the measured peaks. Shards: built once under --work by
 ``python -m preprocess run`` (``bench.shards``). Writes bench/results/bert-large-<machine>.json.
 Run it alone (two BERT-Large ranks take most of a small machine's memory; the peaks are in the results):
-``flock /tmp/heavy.lock python -m bench.bert_large``.
+``flock /tmp/heavy.lock python -m bench.pretrain.bert_large``.
 """
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def memory_check(config: str, overrides: dict, ranks: int, vocab: int, job: dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bert_large", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain.bert_large", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="phase-1 steps on 2 ranks")
     parser.add_argument("--resume-steps", type=int, default=3, help="more steps after resuming on 1 rank")
     parser.add_argument("--phase2-steps", type=int, default=3)

@@ -1,4 +1,4 @@
-"""bench.pretrain_gpu, the script a scarce GPU session runs, smoke-run on CPU with the tiny preset: it must not be
+"""bench.pretrain.gpu, the script a scarce GPU session runs, smoke-run on CPU with the tiny preset: it must not be
 the GPU's minutes that find it broken."""
 import json
 import os
@@ -12,7 +12,7 @@ from tests.pretrain.launching import REPO
 def test_the_gpu_benchmark_runs_both_phases_and_records_every_figure(tmp_path):
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "bench.pretrain_gpu", "--preset", "tiny", "--micro128", "2", "--micro512", "1",
+    command = [sys.executable, "-m", "bench.pretrain.gpu", "--preset", "tiny", "--micro128", "2", "--micro512", "1",
                "--accumulation", "2", "--steps", "1", "--warmup", "1", "--modes", "padded,padding-free",
                "--results", str(tmp_path)]
     result = processes.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -27,7 +27,7 @@ def test_the_gpu_benchmark_runs_both_phases_and_records_every_figure(tmp_path):
 
 def _grid(tmp_path, *options: str) -> dict:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "bench.pretrain_gpu_grid", "--preset", "tiny", "--micro128", "2", "--micro512",
+    command = [sys.executable, "-m", "bench.pretrain.gpu_grid", "--preset", "tiny", "--micro128", "2", "--micro512",
                "1", "--accumulation", "2", "--steps", "1", "--warmup", "1", "--results", str(tmp_path), *options]
     result = processes.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""What ``bench.finetune`` runs for both implementations: task data, the two models, and step timing.
+"""What ``bench.finetune.against_transformers`` runs for both implementations: task data, the two models, and step timing.
 
 Both implementations get the same feature rows, the same ``finetune.trainer.finetune`` loop (batches,
 order, AdamW, schedule, clipping) and the same evaluation code; only the model differs:

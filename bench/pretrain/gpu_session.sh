@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU step's grid (bench.pretrain_gpu_grid) fed by synthetic datasets in the real shard format, as one prepared
+# The GPU step's grid (bench.pretrain.gpu_grid) fed by synthetic datasets in the real shard format, as one prepared
 # run on a GPU machine.
 #
-#   bench/pretrain_gpu_session.sh VOCAB RESULTS_DIR [ROWS_SEQ128] [ROWS_SEQ512]
+#   bench/pretrain/gpu_session.sh VOCAB RESULTS_DIR [ROWS_SEQ128] [ROWS_SEQ512]
 #
 # Writes a phase-1 dataset (seq 128, 20 predictions; default 100 M rows, about 30 GiB) and a phase-2 one (seq 512,
 # 80 predictions; default 4 M rows, about 4 GiB) with `python -m preprocess.synthetic` under $BENCH_DATA (default
@@ -23,5 +23,5 @@ if [ ! -d "$seq512" ]; then
   python3 -m preprocess.synthetic --rows "$rows512" --max-seq-length 512 --max-predictions 80 --tokenizer "$vocab" \
     --output "$seq512" --workers "$(nproc)"
 fi
-python3 -m bench.pretrain_gpu_grid --data128 "$seq128" --data512 "$seq512" --budget "${GRID_BUDGET:-480}" \
+python3 -m bench.pretrain.gpu_grid --data128 "$seq128" --data512 "$seq512" --budget "${GRID_BUDGET:-480}" \
   --results "$results" ${GRID_ARGS:-}

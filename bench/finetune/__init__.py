@@ -1,0 +1,1 @@
+"""Benchmarks of the finetuning stage: ours against ``transformers``' task models (``against_transformers``)."""

@@ -3,7 +3,7 @@
     python -m bench.irreducible --config CONFIG --tokenizer DIR --wiki DUMP... --books BOOK...
 
 Decompresses and parses the dumps, reads the books, cleans the wikitext, splits sentences and tokenizes, with
-the pipeline's own functions (``sources.iter_wikipedia``, ``books.iter_book``, ``text.to_document``,
+the pipeline's own functions (``wikipedia.iter_wikipedia``, ``books.iter_book``, ``text.to_document``,
 ``encode_batch``) and nothing more: no Apache Beam, no instances, no output. It imports only what that work
 needs, so the CPU of this whole process (interpreter, imports, tokenizer load, work) is what a standalone
 program doing the work costs; ``bench.preprocess`` runs it as a child and compares the pipeline's whole
@@ -22,7 +22,7 @@ def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str
     """Read + clean + split + tokenize every file in this process, timed per phase (``time.process_time``)."""
     from common import preprocess_config as config
     from common.tokenizer import load_tokenizer
-    from preprocess import books, sources, text
+    from preprocess import books, text, wikipedia
     from preprocess.records import Rejected
 
     cfg = config.load(config_path).sources
@@ -34,7 +34,7 @@ def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str
     gc.collect()
     wall0, cpu0 = time.perf_counter(), clock()
     for kind, uri in files:
-        reader = (sources.iter_wikipedia if kind == "wiki" else books.iter_book)(uri, cfg)
+        reader = (wikipedia.iter_wikipedia if kind == "wiki" else books.iter_book)(uri, cfg)
         while True:
             t0 = clock()
             raw = next(reader, None)

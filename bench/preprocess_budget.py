@@ -26,10 +26,10 @@ def budget_run(setting: Setting, unbudgeted: dict) -> dict:
     """The in-memory run under ``--max-memory`` a quarter of its unbudgeted peak (``unbudgeted``: its
     ``peak_tree_rss_bytes`` and ``shard_sha256``); when the CLI refuses that, also under the smallest budget it
     accepts, and the floor under any budget."""
-    from preprocess import memory
+    from preprocess.executors import part_budget
 
     files = sized_files(setting.inputs)
-    smallest = memory.estimated_peak(files, len(files))
+    smallest = part_budget.estimated_peak(files, len(files))
     out = {"unbudgeted_peak_bytes": unbudgeted["peak_tree_rss_bytes"],
            "smallest_accepted_budget_bytes": smallest}
     budgets = {"quarter": unbudgeted["peak_tree_rss_bytes"] // 4, "smallest_accepted": smallest}

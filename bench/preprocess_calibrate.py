@@ -1,4 +1,4 @@
-"""Calibration of the ``--max-memory`` estimate (``preprocess.memory``): peaks of in-memory runs, and a fit.
+"""Calibration of the ``--max-memory`` estimate (``preprocess.executors.part_budget``): peaks of in-memory runs, and a fit.
 
     python -m bench.preprocess_calibrate [--copies 1 8 32] [--work DIR] [--data DIR] [--results DIR]
 
@@ -8,11 +8,11 @@ kinds at 8 copies and at the largest in 4 and 16 parts, and records each run's p
 tree) and CPU.
 
 The fit: slopes per kind (peak bytes per input byte as stored) by least squares over the one-part runs, rounded up
-to 0.5, then the smallest base, rounded up to 10 MiB, under which ``preprocess.memory``'s estimate with those slopes
+to 0.5, then the smallest base, rounded up to 10 MiB, under which ``preprocess.executors.part_budget``'s estimate with those slopes
 is at or above every measured peak, multi-part runs included (``fitted_estimate_over_peak`` of each run). The
-estimate with the constants in ``preprocess/memory.py`` is compared with every run too (``estimate_over_peak``;
+estimate with the constants in ``preprocess/executors/part_budget.py`` is compared with every run too (``estimate_over_peak``;
 ``estimate_errs_high``: none below 1). The result goes into ``memory_calibration`` of
-``bench/results/preprocess-<machine>.json``; the constants in ``preprocess/memory.py`` are then set from it by hand.
+``bench/results/preprocess-<machine>.json``; the constants in ``preprocess/executors/part_budget.py`` are then set from it by hand.
 """
 from __future__ import annotations
 
@@ -45,19 +45,19 @@ def runs_to_make(copies: list[int]) -> list[tuple[str, int, tuple[str, ...], int
 
 
 def weighted_input(files: list[tuple[str, str, int]]) -> dict[str, int]:
-    """Input bytes by ``preprocess.memory`` kind (``.bz2`` dump, plain dump, book): what the slopes multiply."""
-    from preprocess import memory
+    """Input bytes by ``preprocess.executors.part_budget`` kind (``.bz2`` dump, plain dump, book): what the slopes multiply."""
+    from preprocess.executors import part_budget
 
     weighted: dict[str, int] = {}
     for kind, uri, size in files:
-        weighted[memory.input_kind(kind, uri)] = weighted.get(memory.input_kind(kind, uri), 0) + size
+        weighted[part_budget.input_kind(kind, uri)] = weighted.get(part_budget.input_kind(kind, uri), 0) + size
     return weighted
 
 
 def fit(measured: list[dict]) -> dict:
     """Slopes per input kind from the one-part runs (least squares, rounded up), the smallest base (rounded up)
     under which the estimate with them covers every run, and each run's estimate over its peak with both."""
-    from preprocess import memory
+    from preprocess.executors import part_budget
 
     kinds = sorted({kind for run in measured for kind in run["weighted_input"]})
     one_part = [run for run in measured if run["parts"] == 1]
@@ -67,13 +67,13 @@ def fit(measured: list[dict]) -> dict:
     least_squares = {kind: round(float(slope), 3) for kind, slope in zip(kinds, solution[1:])}
     slopes = {kind: math.ceil(round(slope / SLOPE_STEP, 6)) * SLOPE_STEP for kind, slope in least_squares.items()}
     # The base each run needs with these slopes: its peak less the heaviest part's weighted input.
-    needed = [run["peak_tree_rss_bytes"] - memory.estimated_peak(run["files"], run["parts"], slopes, base=0)
+    needed = [run["peak_tree_rss_bytes"] - part_budget.estimated_peak(run["files"], run["parts"], slopes, base=0)
               for run in measured]
     base = -(-int(max(needed)) // BASE_STEP) * BASE_STEP
     return {"least_squares": {"peak_bytes_per_input_byte": least_squares, "base_bytes": int(solution[0])},
             "peak_bytes_per_input_byte": slopes, "base_bytes": base, "base_mib": base >> 20,
             "fitted_estimate_over_peak": {
-                run["label"]: round(memory.estimated_peak(run["files"], run["parts"], slopes, base)
+                run["label"]: round(part_budget.estimated_peak(run["files"], run["parts"], slopes, base)
                                     / run["peak_tree_rss_bytes"], 3) for run in measured}}
 
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
     parser.add_argument("--results", type=Path, default=record.RESULTS)
     args = parser.parse_args(argv)
-    from preprocess import memory
+    from preprocess.executors import part_budget
 
     work = args.work.resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         files = sized_files(inputs, kinds)
         result = run_pipeline(setting, work / "out" / "calibration", [*MODES["workers_1"], "--parts", str(parts)],
                               work / "logs" / f"calibration-{label}.log")
-        estimate = memory.estimated_peak(files, parts)
+        estimate = part_budget.estimated_peak(files, parts)
         measured.append({"label": label, "parts": parts, "files": files, "weighted_input": weighted_input(files),
                          "peak_tree_rss_bytes": result["peak_tree_rss_bytes"], "cpu_s": result["cpu_s"],
                          "wall_s": result["wall_s"], "contended": result["contended"], "estimate_bytes": estimate,
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         "versions": record.versions(record.DISTRIBUTIONS["preprocess"], ("preprocess", "configs")),
         "method": "peak_tree_rss_bytes of one in-memory run each (python -m preprocess run --direct_num_workers 1 "
                   "--parts N, the phase-1 config), measured as bench.preprocess measures its runs",
-        "constants_in_use": {"peak_bytes_per_input_byte": dict(memory.PEAK_BYTES_PER_INPUT_BYTE),
-                             "base_bytes": memory.BASE_PEAK_BYTES},
+        "constants_in_use": {"peak_bytes_per_input_byte": dict(part_budget.PEAK_BYTES_PER_INPUT_BYTE),
+                             "base_bytes": part_budget.BASE_PEAK_BYTES},
         "runs": [{key: value for key, value in run.items() if key != "files"}
                  | {"input_bytes": sum(size for _, _, size in run["files"])} for run in measured],
         "estimate_errs_high": all(run["estimate_over_peak"] >= 1 for run in measured),

@@ -43,7 +43,7 @@ def trivial_pipeline(tokenizer: str) -> object:
 
     cli.load_pipeline_modules()
     from common.tokenizer import load_tokenizer
-    from preprocess.beamrun import beam_options, run_beam
+    from preprocess.executors.beamrun import beam_options, run_beam
 
     loaded = load_tokenizer(tokenizer)
     run_beam(beam_options(["--direct_num_workers", "1"]), lambda p, lot: (

@@ -38,7 +38,7 @@ def describe_inputs(inputs: dict) -> dict:
 
 
 def sized_files(inputs: dict, keys: tuple[str, ...] = ("wiki", "books")) -> list[tuple[str, str, int]]:
-    """(kind, uri, size in bytes as stored) of the files of ``inputs`` under ``keys``, as ``preprocess.memory``
+    """(kind, uri, size in bytes as stored) of the files of ``inputs`` under ``keys``, as ``preprocess.executors.part_budget``
     takes them."""
     return [("wiki" if key == "wiki" else "book", uri, os.path.getsize(uri)) for key in keys for uri in inputs[key]]
 

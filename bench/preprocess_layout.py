@@ -2,7 +2,7 @@
 
     python -m bench.preprocess_layout --against REF [--copies 8] [--pairs 2] [--full-rows 200000000]
 
-A run's key-range groups hold about ``preprocess.barriers.ROWS_PER_GROUP`` rows each, so their number follows
+A run's key-range groups hold about ``preprocess.stages.index.ROWS_PER_GROUP`` rows each, so their number follows
 from its rows: some 64 on the 8× input (795 k rows), 16 k on full Wikipedia + BooksCorpus (~200 M rows). A cost
 that grows with a part's rows times the number of groups stays hidden on the benchmark's inputs. This benchmark
 divides the rows per group by (full rows ÷ the input's rows), so a run on the 8× input has the full corpus's group
@@ -13,7 +13,7 @@ run's CPU, wall time, peak RSS, group bits and shard checksums.
 Units (``ROWS_PER_UNIT`` instances each) are left at their size: what a unit holds and sends per element does not
 depend on the corpus, only their number does, and shrinking them to reach the full corpus's count would make
 every unit smaller than a flush, which no real run has. Their number is bounded where it matters by
-``preprocess.transforms.JOIN_RANGE_BITS``. The size is patched into the child's ``preprocess.barriers`` before it
+``preprocess.layout.JOIN_RANGE_BITS``. The size is patched into the child's ``preprocess.stages.index`` before it
 runs the CLI (``EMULATE``): a benchmark device, not a setting of the pipeline. Adds ``full_scale_layout`` to
 ``comparisons`` in ``bench/results/preprocess-<machine>.json``.
 """
@@ -33,8 +33,9 @@ from bench.preprocess_runs import QUIET_WAIT, Setting, mib, run_pipeline
 FULL_ROWS = 200_000_000  # phase-1 rows of full Wikipedia + BooksCorpus (docs/benchmarks.md, the estimate)
 # Run in the measured child, in the tree under test: the rows per group divided by argv[1], then the CLI.
 EMULATE = ("import sys\n"
-           "from preprocess import barriers, cli\n"
-           "barriers.ROWS_PER_GROUP = max(1, round(barriers.ROWS_PER_GROUP / float(sys.argv[1])))\n"
+           "from preprocess import cli\n"
+           "from preprocess.stages import index\n"
+           "index.ROWS_PER_GROUP = max(1, round(index.ROWS_PER_GROUP / float(sys.argv[1])))\n"
            "sys.exit(cli.main(sys.argv[2:]))\n")
 MEASURED = ("cpu_s", "wall_s", "peak_tree_rss_bytes", "instances", "layout", "shard_sha256", "contended")
 

@@ -12,8 +12,8 @@ import re
 from typing import Iterator
 
 from common.preprocess_config import SourceConfig
+from preprocess.inputs import Utf8Check, is_empty_local, open_uri, read_error, source_name
 from preprocess.records import RawDocument, Rejected
-from preprocess.sources import Utf8Check, is_empty_local, open_uri, read_error, source_name
 from preprocess.text import BookChunker, split_long_line
 
 _READ_LINE_LIMIT = 1 << 20   # a "line" longer than this is cut, so a file without newlines streams

@@ -70,7 +70,7 @@ def _summary_lines(manifest: dict, output: str) -> list[str]:
 
 
 def _objective_figures(st: dict) -> list[str]:
-    """The statistics that the dataset's objective has (``preprocess.publish``), in a few words each."""
+    """The statistics that the dataset's objective has (``preprocess.executors.publish``), in a few words each."""
     figures = []
     if "next_sentence_random_fraction" in st:
         figures.append(f"random next {st['next_sentence_random_fraction']:.3f}")
@@ -88,7 +88,7 @@ def _objective_figures(st: dict) -> list[str]:
 
 
 def _command_run(args, beam_args: list[str]) -> int:
-    from preprocess import pipeline
+    from preprocess.executors import pipeline
 
     overrides = list(args.overrides)
     if args.parts is not None and args.max_memory is not None:
@@ -116,7 +116,7 @@ def _command_run(args, beam_args: list[str]) -> int:
 
 
 def _run_step(args, cfg, tokenizer: str, beam_args: list[str]) -> int:
-    from preprocess import steps
+    from preprocess.executors import steps
 
     result = steps.run_step(cfg, step=args.step, part=args.part, wikipedia=args.wikipedia, books=args.books,
                             tokenizer=tokenizer, output=args.output, beam_args=beam_args, wait_seconds=args.wait,
@@ -138,13 +138,13 @@ def _run_step(args, cfg, tokenizer: str, beam_args: list[str]) -> int:
 
 
 def _command_tokenizer_train(args) -> int:
-    from preprocess import sources
+    from preprocess import inputs
     from preprocess.vocab import sample_sentences, train_sentencepiece
 
     cfg = config_module.load(args.config) if args.config else config_module.PreprocessConfig()
     wiki = list(args.wikipedia) + [u for u in args.input if ".xml" in u]
     books = list(args.books) + [u for u in args.input if ".xml" not in u]
-    files = [("wiki", u) for u in sources.expand_inputs(wiki)] + [("book", u) for u in sources.expand_inputs(books)]
+    files = [("wiki", u) for u in inputs.expand_inputs(wiki)] + [("book", u) for u in inputs.expand_inputs(books)]
     if not files:
         raise InputError("no input: pass --input (or --wikipedia / --books)")
     started = time.time()
@@ -214,7 +214,7 @@ def load_pipeline_modules() -> None:
     created out of the cycle collector's view (``gc.freeze``). Beam's import alone leaves over 100,000 objects
     that live as long as the process; unfrozen, every full collection of a long run traverses them again, a cost
     per input byte (the local pool's forked workers inherit the frozen set too)."""
-    import preprocess.pipeline  # noqa: F401
+    import preprocess.executors.pipeline  # noqa: F401
 
     gc.freeze()
 

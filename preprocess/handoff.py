@@ -9,7 +9,7 @@ consumer takes it back. Distributed runners get the payloads themselves.
 
 The parking place is process-global by necessity: Beam pickles every DoFn, also the ones it runs in this process,
 so the DoFns of one pipeline can meet only at a place the process holds. Each pipeline gets a lot of its own
-(``open_lot``, used by ``preprocess.beamrun.run_beam``), closed when the pipeline ends: what a failed pipeline
+(``open_lot``, used by ``preprocess.executors.beamrun.run_beam``), closed when the pipeline ends: what a failed pipeline
 left behind is dropped, and pipelines running side by side never see each other's payloads.
 """
 from __future__ import annotations

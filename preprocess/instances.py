@@ -47,14 +47,6 @@ def sentence_offsets(sentence_lengths: Sequence[int]) -> np.ndarray:
     return offsets
 
 
-def draw_other_document(rng: random.Random, doc_index: int, num_docs: int) -> int:
-    """A document index drawn uniformly from every document except ``doc_index``."""
-    if num_docs < 2:
-        raise ValueError("next-sentence prediction needs at least two documents in the corpus")
-    other = _below(rng.getrandbits, num_docs - 1)
-    return other + 1 if other >= doc_index else other
-
-
 def _below(getrandbits, n: int) -> int:
     """``rng.randrange(n)`` for n >= 1, the same value from the same state (its rejection sampling, inlined)."""
     bits = n.bit_length()

@@ -4,7 +4,7 @@ Every instance carries a 128-bit shuffle key derived from (seed, document, dupli
 global order of the dataset is the key order, so shard ``s`` of ``S`` holds the rows ranked
 ``[s*R//S, (s+1)*R//S)``: shards are equal to within one row, and every shard is a uniformly
 random sample of the corpus in random order. A piece holds the rows of one transport group (a run of
-adjacent key-range groups, ``preprocess.transforms.TRANSPORT_GROUP_BITS``) from one part, group after
+adjacent key-range groups, ``preprocess.layout.TRANSPORT_GROUP_BITS``) from one part, group after
 group, and its metadata says where each group's rows are; a shard is assembled from the few groups that
 overlap its rank range (each sorted by key as it is read) one group at a time: memory is bounded by a
 group, not by a shard (local pieces are memory-mapped; from an object store, the pieces of one transport

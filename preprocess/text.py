@@ -2,7 +2,7 @@
 document (wikitext itself is cleaned by ``preprocess.wikitext``).
 
 Everything here is a pure function of its arguments (no I/O, no Beam), so the readers in
-``preprocess.sources`` and ``preprocess.books`` and the Beam transforms can share it and tests can call it directly.
+``preprocess.wikipedia`` and ``preprocess.books`` and the Beam transforms can share it and tests can call it directly.
 Paragraphs are separated by a single "\\n" in every cleaned text.
 """
 from __future__ import annotations
@@ -174,7 +174,7 @@ def to_document(raw: RawDocument, cfg: SourceConfig) -> Document | Rejected:
     """Clean a raw document and split it into sentences; never raises.
 
     Args:
-        raw: A page or book chunk as read by ``preprocess.sources`` or ``preprocess.books``.
+        raw: A page or book chunk as read by ``preprocess.wikipedia`` or ``preprocess.books``.
         cfg: Length limits.
 
     Returns:

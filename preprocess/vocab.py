@@ -9,7 +9,7 @@ import sentencepiece as spm
 from common.hashing import rng_for
 from common.preprocess_config import SourceConfig
 from common.tokenizer import SPECIAL_TOKENS, SentencePieceTokenizer
-from preprocess import books, sources, text
+from preprocess import books, text, wikipedia
 from preprocess.records import RawDocument
 
 _MIN_SENTENCEPIECE_VOCAB = len(SPECIAL_TOKENS) + 256 + 1  # specials + byte-fallback pieces + one more
@@ -21,7 +21,7 @@ def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_senten
     reservoir: list[str] = []
     seen = 0
     for kind, uri in files:
-        reader = sources.iter_wikipedia if kind == "wiki" else books.iter_book
+        reader = wikipedia.iter_wikipedia if kind == "wiki" else books.iter_book
         for item in reader(uri, cfg):
             if not isinstance(item, RawDocument):
                 continue

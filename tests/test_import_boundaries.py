@@ -11,7 +11,7 @@ def _modules_after(import_line: str) -> set[str]:
 
 
 def test_preprocess_never_imports_torch_or_deepspeed():
-    loaded = _modules_after("import preprocess.pipeline, preprocess.transforms, preprocess.cli")
+    loaded = _modules_after("import preprocess.executors.pipeline, preprocess.stages.pairs, preprocess.cli")
     assert "torch" not in loaded and "deepspeed" not in loaded
 
 

@@ -2,7 +2,7 @@
 import json
 
 from bench import preprocess_calibrate, record
-from preprocess import memory
+from preprocess.executors import part_budget
 
 MIB = 1 << 20
 
@@ -17,18 +17,18 @@ def test_the_fit_recovers_the_slopes_and_covers_every_run_with_its_base():
     base = 200 * MIB
     wiki = [("wiki", f"d{i}.xml.bz2", 4 * MIB) for i in range(4)]
     books = [("book", f"b{i}.txt", 10 * MIB) for i in range(4)]
-    runs = [_run(name, files, 1, memory.estimated_peak(files, 1, slopes, base))
+    runs = [_run(name, files, 1, part_budget.estimated_peak(files, 1, slopes, base))
             for name, files in (("wiki", wiki[:1]), ("wiki4", wiki), ("books", books[:1]), ("books4", books),
                                 ("all", wiki + books))]
     # A split run that needs 25 MiB more than the model says: the base must grow to cover it, the slopes not.
     split = wiki + books
-    runs.append(_run("all_parts_4", split, 4, memory.estimated_peak(split, 4, slopes, base) + 25 * MIB))
+    runs.append(_run("all_parts_4", split, 4, part_budget.estimated_peak(split, 4, slopes, base) + 25 * MIB))
 
     fitted = preprocess_calibrate.fit(runs)
 
     assert fitted["peak_bytes_per_input_byte"] == slopes
     assert fitted["base_bytes"] == 230 * MIB   # 225 MiB needed, rounded up to 10 MiB
-    assert all(memory.estimated_peak(r["files"], r["parts"], fitted["peak_bytes_per_input_byte"],
+    assert all(part_budget.estimated_peak(r["files"], r["parts"], fitted["peak_bytes_per_input_byte"],
                                      fitted["base_bytes"]) >= r["peak_tree_rss_bytes"] for r in runs)
 
 
@@ -45,7 +45,7 @@ def test_slopes_between_steps_are_rounded_up_and_the_estimate_still_covers_every
     wiki = [("wiki", f"d{i}.xml.bz2", 4 * MIB) for i in range(4)]
     books = [("book", f"b{i}.txt", 10 * MIB) for i in range(4)]
     slopes = {"wiki_compressed": 10.2, "book": 6.6}
-    runs = [_run(name, files, 1, memory.estimated_peak(files, 1, slopes, 180 * MIB))
+    runs = [_run(name, files, 1, part_budget.estimated_peak(files, 1, slopes, 180 * MIB))
             for name, files in (("wiki", wiki[:1]), ("wiki4", wiki), ("books", books[:1]), ("all", wiki + books))]
 
     fitted = preprocess_calibrate.fit(runs)
@@ -63,7 +63,7 @@ def test_the_estimate_in_use_is_the_recorded_fit():
     assert recorded, "no memory_calibration in bench/results: run python -m bench.preprocess_calibrate"
     fit = recorded[0]["fit"]
     # At or above the fit, never below: the base in use keeps 10 MiB for the spread of a peak between runs.
-    assert fit["base_bytes"] <= memory.BASE_PEAK_BYTES <= fit["base_bytes"] + (10 << 20)
-    assert {kind: memory.PEAK_BYTES_PER_INPUT_BYTE[kind] for kind in fit["peak_bytes_per_input_byte"]} == \
+    assert fit["base_bytes"] <= part_budget.BASE_PEAK_BYTES <= fit["base_bytes"] + (10 << 20)
+    assert {kind: part_budget.PEAK_BYTES_PER_INPUT_BYTE[kind] for kind in fit["peak_bytes_per_input_byte"]} == \
         fit["peak_bytes_per_input_byte"]
     assert min(fit["fitted_estimate_over_peak"].values()) >= 1

@@ -52,10 +52,10 @@ def test_local_files_need_no_object_store_client(tmp_path):
     # smart_open imports every transport's client (boto3, google-cloud-storage) when it is imported.
     dump = tmp_path / "x.xml.bz2"
     dump.write_bytes(bz2.compress(b"<mediawiki/>"))
-    code = ("import sys; from common import storage, tokenizer; from preprocess import sources\n"
+    code = ("import sys; from common import storage, tokenizer; from preprocess import inputs\n"
             f"storage.write_json({str(tmp_path / 'a.json')!r}, [1])\n"
             f"assert storage.read_json({str(tmp_path / 'a.json')!r}) == [1]\n"
-            f"assert sources.open_uri({str(dump)!r}).read() == b'<mediawiki/>'\n"
+            f"assert inputs.open_uri({str(dump)!r}).read() == b'<mediawiki/>'\n"
             "print(' '.join(m for m in ('smart_open', 'boto3', 'google.cloud.storage') if m in sys.modules))\n")
     out = processes.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, capture_output=True, text=True,
                         timeout=60).stdout

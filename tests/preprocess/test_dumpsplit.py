@@ -15,15 +15,17 @@ TestPipeline.__test__ = False  # a Beam class whose name pytest would otherwise 
 
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess import dumpsplit, file_dofns, local, sources
-from preprocess.pipeline import beam_options
+from preprocess import dumpsplit, wikipedia
+from preprocess.executors import local
+from preprocess.executors.beamrun import beam_options
+from preprocess.stages import documents
 
 CFG = SourceConfig()
 
 
 @pytest.fixture(scope="module")
 def whole_records(real_wiki) -> list[tuple]:
-    return _records(sources.iter_wikipedia(str(real_wiki), CFG))
+    return _records(wikipedia.iter_wikipedia(str(real_wiki), CFG))
 
 
 def _records(items) -> list[tuple]:
@@ -31,7 +33,7 @@ def _records(items) -> list[tuple]:
 
 
 def _read_ranges(uri: str, ranges) -> list[tuple]:
-    return [r for lo, hi in ranges for r in _records(sources.iter_wikipedia(uri, CFG, byte_range=(lo, hi)))]
+    return [r for lo, hi in ranges for r in _records(wikipedia.iter_wikipedia(uri, CFG, byte_range=(lo, hi)))]
 
 
 def _dump(pages: int, words_per_page: int, seed: int = 0) -> bytes:
@@ -79,7 +81,7 @@ def test_multistream_and_many_blocks(tmp_path):
     middle = xml.index(b"  <page>", len(xml) // 3)
     path = tmp_path / "multi.xml.bz2"
     path.write_bytes(bz2.compress(xml[:middle], 1) + bz2.compress(xml[middle:], 1))  # 100 kB blocks
-    whole = _records(sources.iter_wikipedia(str(path), CFG))
+    whole = _records(wikipedia.iter_wikipedia(str(path), CFG))
     assert len(whole) == 300
     size = path.stat().st_size
     for pieces in (2, 5, 11):
@@ -94,9 +96,9 @@ def test_a_page_longer_than_a_block_leaves_ranges_without_pages(tmp_path):
     path.write_bytes(bz2.compress(xml, 1))
     size = path.stat().st_size
     ranges = dumpsplit.byte_ranges(size, size // dumpsplit.MIN_RANGE_BYTES)
-    per_range = [_records(sources.iter_wikipedia(str(path), CFG, byte_range=r)) for r in ranges]
+    per_range = [_records(wikipedia.iter_wikipedia(str(path), CFG, byte_range=r)) for r in ranges]
     assert [] in per_range
-    assert [r for rs in per_range for r in rs] == _records(sources.iter_wikipedia(str(path), CFG))
+    assert [r for rs in per_range for r in rs] == _records(wikipedia.iter_wikipedia(str(path), CFG))
 
 
 def test_truncated_dump_read_by_ranges(tmp_path, real_wiki):
@@ -123,10 +125,10 @@ def test_corrupt_block_read_by_ranges(tmp_path, real_wiki):
 def test_split_large_dumps_then_read_gives_the_whole_dump(real_wiki, whole_records):
     uri = str(real_wiki)
     with TestPipeline(options=beam_options([])) as p:
-        units = p | beam.Create([("wiki", uri)]) | beam.ParDo(file_dofns.SplitLargeDumps(300_000))
+        units = p | beam.Create([("wiki", uri)]) | beam.ParDo(documents.SplitLargeDumps(300_000))
         ranges = units | "Ranges" >> beam.Map(lambda unit: unit[2][0]) | beam.combiners.Count.PerElement()
         assert_that(ranges, equal_to([("bytes", 5)]), label="five ranges")
-        docs = (units | beam.ParDo(file_dofns.ReadSourceFile(CFG))
+        docs = (units | beam.ParDo(documents.ReadSourceFile(CFG))
                 | beam.Map(lambda r: (r.doc_id, getattr(r, "text", None) or r.reason)))
         assert_that(docs, equal_to(whole_records), label="every page once")
 
@@ -135,7 +137,7 @@ def test_not_bzip2_at_all(tmp_path):
     path = tmp_path / "fake.xml.bz2"
     path.write_bytes(b"<mediawiki></mediawiki>" * 100)
     with pytest.raises(InputError) as info:
-        list(sources.iter_wikipedia(str(path), CFG, byte_range=(0, 1000)))
+        list(wikipedia.iter_wikipedia(str(path), CFG, byte_range=(0, 1000)))
     assert "no bzip2 block" in str(info.value)
 
 
@@ -144,7 +146,7 @@ def test_ranges_of_one_file_share_its_header(real_wiki, whole_records):
     size = os.path.getsize(real_wiki)
     headers: dict[str, bytes] = {}
     got = [r for lo, hi in dumpsplit.byte_ranges(size, 4)
-           for r in _records(sources.iter_wikipedia(str(real_wiki), CFG, byte_range=(lo, hi), headers=headers))]
+           for r in _records(wikipedia.iter_wikipedia(str(real_wiki), CFG, byte_range=(lo, hi), headers=headers))]
     assert got == whole_records
     with open(real_wiki, "rb") as raw:
         assert headers == {str(real_wiki): dumpsplit.dump_header(raw)}

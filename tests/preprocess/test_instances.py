@@ -9,7 +9,7 @@ from common.hashing import stable_hash64
 from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig
 from preprocess.batch import finalize_batch, ragged_arange, random_segments, truncation_counts
-from preprocess.instances import draw_other_document, plan_instances, plan_sop_instances, sentence_offsets
+from preprocess.instances import plan_instances, plan_sop_instances, sentence_offsets
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB_SIZE = 1000
@@ -219,12 +219,14 @@ def test_actual_next_b_follows_a_in_the_document():
 
 
 def test_random_next_never_targets_the_document_itself():
-    rng = random.Random(0)
+    cfg = InstanceConfig(max_seq_length=64, random_next_prob=1.0)
+    _, offsets = make_document(random.Random(0), 60)
     for doc_index in range(5):
-        draws = {draw_other_document(rng, doc_index, 5) for _ in range(500)}
+        draws = {p.random_doc for seed in range(40) for p in plan_instances(offsets, doc_index, 5, random.Random(seed), cfg)
+                 if p.is_random_next}
         assert draws == set(range(5)) - {doc_index}
     with pytest.raises(ValueError, match="at least two documents"):
-        draw_other_document(rng, 0, 1)
+        plan_instances(offsets, 0, 1, random.Random(0), cfg)
 
 
 def test_random_next_put_back_unused_sentences():

@@ -12,7 +12,7 @@ from common import preprocess_config as config_module
 from common.manifest import Manifest
 from common.objectives import ObjectiveEntry
 from common.tokenizer import load_tokenizer
-from preprocess import pipeline
+from preprocess.executors import pipeline
 from tests.preprocess.conftest import SAMPLES, read_manifest, run_cli, shard_hashes
 
 CONFIG = "configs/preprocess/tiny.yaml"

@@ -9,7 +9,7 @@ import pytest
 
 from common import preprocess_config as config
 from common.tokenizer import load_tokenizer
-from preprocess import pipeline
+from preprocess.executors import pipeline
 from tests.preprocess.conftest import read_manifest, run_cli, shard_hashes
 
 CONFIG = "configs/preprocess/phase1_seq128.yaml"

@@ -4,7 +4,9 @@ target unit or by a few join ranges; nor on the size of the document-store bucke
 from __future__ import annotations
 
 from common import preprocess_config as config_module
-from preprocess import barriers, pipeline, plan, transforms
+from preprocess import layout
+from preprocess.executors import pipeline, plan
+from preprocess.stages import index
 from tests.preprocess.conftest import SAMPLES, read_manifest, shard_hashes
 
 
@@ -17,14 +19,14 @@ def _build(out, bert_vocab) -> dict:
 def test_shards_do_not_depend_on_transport_groups_or_join_ranges(bert_vocab, tmp_path, monkeypatch):
     # Groups of 4 rows, buckets of 2 KiB of input and units of 16 instances: the samples get hundreds of groups
     # and dozens of units, as a corpus thousands of times larger has with the real sizes.
-    monkeypatch.setattr(barriers, "ROWS_PER_GROUP", 4)
-    monkeypatch.setattr(barriers, "ROWS_PER_UNIT", 16)
+    monkeypatch.setattr(index, "ROWS_PER_GROUP", 4)
+    monkeypatch.setattr(index, "ROWS_PER_UNIT", 16)
     monkeypatch.setattr(plan, "BYTES_PER_BUCKET", 2048)
     by_group = _build(tmp_path / "by-group", bert_vocab)
     assert by_group["layout"]["group_bits"] == 8 and by_group["layout"]["bucket_bits"] >= 6
     assert by_group["rows"] > 500
-    monkeypatch.setattr(transforms, "TRANSPORT_GROUP_BITS", 2)
-    monkeypatch.setattr(transforms, "JOIN_RANGE_BITS", 1)
+    monkeypatch.setattr(layout, "TRANSPORT_GROUP_BITS", 2)
+    monkeypatch.setattr(layout, "JOIN_RANGE_BITS", 1)
     by_transport = _build(tmp_path / "by-transport", bert_vocab)
     assert by_transport["layout"] == by_group["layout"] and by_transport["rows"] == by_group["rows"]
     assert shard_hashes(tmp_path / "by-transport") == shard_hashes(tmp_path / "by-group")

@@ -1,4 +1,4 @@
-"""Fuzzing the Wikipedia dump reader (preprocess.sources.iter_wikipedia) and the wikitext cleaner it feeds
+"""Fuzzing the Wikipedia dump reader (preprocess.wikipedia.iter_wikipedia) and the wikitext cleaner it feeds
 (preprocess.wikitext via preprocess.text.to_document): every damaged dump gives pages or one InputError line naming the
 file, every page gives a document or a dead letter, in time linear in its size, and nothing is written."""
 import bz2
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess import sources
+from preprocess import wikipedia
 from preprocess.records import RawDocument, Rejected
 from preprocess.text import Document, to_document
 from preprocess.wikitext import clean_wikitext
@@ -45,7 +45,7 @@ WIKITEXT_FRAGMENTS = ("{{", "}}", "[[", "]]", "{|", "|}", "|", "<ref>", "<ref na
 def _read_dump(path) -> list:
     """Every record of the dump at ``path``, each article cleaned; None when refused in one line naming it."""
     try:
-        records = list(sources.iter_wikipedia(str(path), CFG))
+        records = list(wikipedia.iter_wikipedia(str(path), CFG))
     except InputError as error:
         assert "\n" not in error.message and str(path) in error.message, error.message
         return None
@@ -141,7 +141,7 @@ def test_an_external_entity_is_never_read_into_a_page(tmp_path):
     path = tmp_path / "dump.xml"
     path.write_bytes(dump)
     with pytest.raises(InputError, match="undefined entity"):
-        list(sources.iter_wikipedia(str(path), CFG))
+        list(wikipedia.iter_wikipedia(str(path), CFG))
 
 
 def test_nested_entities_are_refused_before_they_expand(tmp_path):
@@ -152,4 +152,4 @@ def test_nested_entities_are_refused_before_they_expand(tmp_path):
     path = tmp_path / "dump.xml"
     path.write_text(dump)
     with pytest.raises(InputError, match="amplification"):
-        list(sources.iter_wikipedia(str(path), CFG))
+        list(wikipedia.iter_wikipedia(str(path), CFG))

@@ -12,7 +12,7 @@ SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 @pytest.fixture(scope="session")
 def sample_dataset(tmp_path_factory, bert_vocab) -> pathlib.Path:
     from common import preprocess_config as config
-    from preprocess import pipeline
+    from preprocess.executors import pipeline
 
     out = tmp_path_factory.mktemp("pretrain-data") / "dataset"
     cfg = config.load("configs/preprocess/tiny.yaml", ["output.num_shards=3", "instances.dupe_factor=3"])
@@ -25,7 +25,7 @@ def sample_dataset(tmp_path_factory, bert_vocab) -> pathlib.Path:
 def real_dataset(tmp_path_factory, shared_data, bert_vocab) -> pathlib.Path:
     """Phase-1 instances (seq 128) from the real Wikipedia dump slice, with bert-base-uncased's vocabulary."""
     from common import preprocess_config as config
-    from preprocess import pipeline
+    from preprocess.executors import pipeline
     from tests.conftest import require
 
     dump = require(shared_data / "wikipedia" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",

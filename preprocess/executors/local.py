@@ -1,0 +1,180 @@
+"""Local multi-core execution: the stages as in-memory Beam pipelines in a pool of worker processes.
+
+Beam's own multi-processing DirectRunner passes every element through the runner process over gRPC, which
+serialises the job on that process. Here each worker process runs whole
+in-memory pipelines: for the documents stage on input units it claims one at a time (files, byte ranges of
+large dumps), for the instances stage on a range of document buckets, so data moves only through the work
+files. The slices meet at the same files as the ``parts`` mode, hence the output is byte-identical to a
+single in-memory run.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing
+import sys
+import threading
+from concurrent.futures import ProcessPoolExecutor
+
+import apache_beam as beam
+
+from common import writelock
+from preprocess import dumpsplit
+from preprocess.executors.beamrun import beam_options, run_beam
+from preprocess.executors.plan import Plan
+from preprocess.layout import bucket_ranges
+
+
+def estimated_cost(kind: str, uri: str, size: int) -> float:
+    """Relative cleaning work of a file: a compressed dump expands as it is read, and wikitext costs more per byte
+    than book text (the factors come from the benchmark corpus)."""
+    compressed = uri.endswith((".bz2", ".gz", ".xz", ".zst"))
+    return size * (4.0 if compressed else 1.0) * (2.0 if kind == "wiki" else 1.0)
+
+
+def plan_units(files: list[tuple[str, str, int]], slices: int, bucket_bits: int,
+               cut=lambda uri, size, ranges: ranges) -> list[tuple[float, tuple]]:
+    """The units of the documents stage, largest first: (estimated cost, (kind, uri, split)).
+
+    A file worth more than half a slice's share is split: a .bz2 dump into byte ranges (``preprocess.dumpsplit``)
+    of at most half a share each, which the processes claim one at a time with the smaller units, so that they
+    balance; any other large file into one bucket range per slice (each read of it keeps the documents of its
+    own buckets). No document is cleaned twice. Ranges are not cut finer: each boundary costs a whole bzip2 block
+    decompressed twice (the range before it reads on to finish its last page).
+
+    Args:
+        cut: (uri, size, even byte ranges) -> the ranges to use; ``block_ranges`` moves them to block starts.
+    """
+    ranges = bucket_ranges(1 << bucket_bits, slices)
+    costs = [(estimated_cost(*f), f) for f in files]
+    share = sum(c for c, _ in costs) / slices
+    units = []
+    for cost, (kind, uri, size) in costs:
+        large = slices > 1 and cost > share / 2
+        pieces = (cut(uri, size, dumpsplit.byte_ranges(size, math.ceil(2 * cost / share)))
+                  if large and dumpsplit.splittable(kind, uri) else [])
+        if len(pieces) > 1:
+            units.extend((cost * (hi - lo) / size, (kind, uri, ("bytes", lo, hi))) for lo, hi in pieces)
+        elif large:
+            units.extend((cost / slices, (kind, uri, ("buckets", bucket_bits, lo, hi))) for lo, hi in ranges)
+        else:
+            units.append((cost, (kind, uri, None)))
+    return sorted(units, key=lambda u: (-u[0], u[1][1], u[1][2] or ()))
+
+
+def block_ranges(uri: str, size: int, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` of a .bz2 dump moved to block boundaries (a few small reads), so their sizes are their work."""
+    from preprocess.inputs import open_uri
+
+    with open_uri(uri, decompress=False) as raw:
+        return dumpsplit.snap_to_blocks(raw, size, ranges)
+
+
+def _run(options_args: list[str], build) -> None:
+    """One of this worker's pipelines: in-memory, so entirely in this process (payloads handed by reference)."""
+    run_beam(beam_options(options_args), build, in_process=True)
+
+
+# The pool's shared count of claimed document units, set in each worker by _init_worker: multiprocessing lets a
+# shared Value reach a worker only through the pool's initializer, not inside a task.
+_claimed = None
+
+
+def _init_worker(claimed) -> None:
+    global _claimed
+    _claimed = claimed
+    writelock.end_with_parent()  # a worker never outlives its driver (nor keeps writing its output)
+
+
+class ClaimUnits(beam.DoFn):
+    """budget -> the next unclaimed (kind, uri, split) units of the shared list, until the list is exhausted or the
+    claimed cost reaches ``budget`` (None: no limit).
+
+    Units are claimed one at a time as the fused pipeline finishes the previous one, so a process that drew
+    cheap units takes more of them: the work balances itself, whatever the estimates missed. Which process
+    reads a unit changes nothing in the output (documents are ordered by hash).
+    """
+
+    def __init__(self, units: list[tuple[float, tuple]]):
+        self._units = units
+
+    def process(self, budget):
+        taken = 0.0
+        while budget is None or taken < budget:
+            with _claimed.get_lock():
+                index = _claimed.value
+                _claimed.value += 1
+            if index >= len(self._units):
+                return
+            cost, element = self._units[index]
+            taken += cost
+            yield element
+
+
+def _documents_task(task) -> None:
+    plan, options_args, units, budget, part = task
+    _run(options_args, lambda p, lot: (p | "Budget" >> beam.Create([budget]) | "Claim" >> beam.ParDo(ClaimUnits(units))
+                                       | plan.documents(part, lot)))
+
+
+def _instances_task(task) -> None:
+    plan, options_args, units, part = task
+    _run(options_args, lambda p, lot: (p | "Units" >> beam.Create(units, reshuffle=False)
+                                       | plan.instances(part, lot)))
+
+
+def _count_task(task) -> list[tuple]:
+    plan, lo, hi = task
+    return plan.count_buckets(lo, hi)
+
+
+def _shards_task(task) -> None:
+    plan, shard_ids = task
+    for shard in shard_ids:
+        plan.write_shard(shard)
+
+
+def _start_method() -> str:
+    """fork where it is safe, else spawn.
+
+    A forked worker starts with this process's modules (a spawned one imports Apache Beam and the tokenizers
+    again). Forking is safe while this process runs no other thread: the pool then starts
+    before any Beam pipeline here has started runner or gRPC threads that a child would inherit half-way. A
+    process that already runs threads (an earlier pipeline, a notebook) spawns, as does macOS, where system
+    libraries forbid forking.
+    """
+    return "fork" if sys.platform.startswith("linux") and threading.active_count() == 1 else "spawn"
+
+
+def run_stages(plan: Plan, workers: int, options_args: list[str], bar) -> None:
+    """The plan's stages with ``workers`` processes; slices = max(workers, parts).
+
+    Args:
+        options_args: Beam options for the workers' in-memory pipelines (without the ones that ask for workers).
+    """
+    slices = max(workers, plan.parts)
+    context = multiprocessing.get_context(_start_method())
+    claimed = context.Value("q", 0)
+    units = plan_units(list(plan.files), slices, plan.bucket_bits, block_ranges)
+    # A slice's documents stay in its pipeline's memory until it ends: with more slices than processes (parts,
+    # for a memory budget), each claims about its share; otherwise each runs until no unit is left.
+    budget = None if slices == workers else sum(cost for cost, _ in units) / slices * (1 - 1e-9)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
+                             initargs=(claimed,)) as pool:
+        bar.set_postfix_str(f"documents, {slices} slices on {workers} processes")
+        list(pool.map(_documents_task, [(plan, options_args, units, budget, i) for i in range(slices)]))
+        if claimed.value < len(units):
+            raise RuntimeError(f"only {claimed.value} of {len(units)} input units were read; nothing is published")
+        bar.update()
+        bar.set_postfix_str("index")
+        # The index is a few counts: no pipeline of its own (starting one here would be serial time).
+        ranges = bucket_ranges(plan.num_buckets, slices)
+        plan.write_index([row for rows in pool.map(_count_task, [(plan, lo, hi) for lo, hi in ranges]) for row in rows])
+        bar.update()
+        bar.set_postfix_str("instances")
+        list(pool.map(_instances_task, [(plan, options_args, units, i)
+                                        for i, units in enumerate(plan.instance_units(slices)) if units]))
+        bar.update()
+        bar.set_postfix_str("shards")
+        shard_ids = list(range(plan.plan_shards()))
+        list(pool.map(_shards_task, [(plan, shard_ids[i::workers]) for i in range(min(workers, len(shard_ids)))]))
+        bar.update()

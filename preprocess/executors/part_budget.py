@@ -1,0 +1,89 @@
+"""A memory budget for one-machine runs: ``--max-memory SIZE`` chooses the number of parts (``--parts``).
+
+The DirectRunner holds a stage's data in memory, so a run's peak grows with the input of its largest part. The
+estimate per part is a fixed base plus a factor per input byte as stored, by kind: a ``.bz2`` dump counts
+compressed (its text is about 3.6 times larger), and wikitext yields fewer tokens per byte than a book. The base
+is what a part needs whatever its size: the interpreter, Apache Beam's runner and the tokenizer, and the buffers
+of the instance and shard stages, which hold a bucket and a key-range group at a time.
+
+The constants come from ``python -m bench.preprocess_calibrate`` (``memory_calibration`` in the benchmark's
+results): slopes fitted by least squares to one-part runs of each kind at 1, 8 and 32 copies of the benchmark
+corpus and rounded up, then the smallest base under which the estimate is at or above the peak of every run,
+split runs of 8 and 32 copies included, plus 10 MiB for the spread of a peak between runs. A part's instance stage
+cuts its rows by the corpus's key-range groups up to 512 transport groups (``preprocess.layout.TRANSPORT_GROUP_BITS``),
+so below that count it also grows a little with the whole corpus, which the split runs cover; the peak per stored
+byte of one part falls as the input grows. The plain-XML slope is older and was not measured again. The smallest
+number of parts whose estimate fits is chosen; the output does not depend on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import InputError
+from common.sizes import format_size
+
+# Peak bytes of one in-memory run per input byte, by kind, and the base every run needs (see the module docstring).
+PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 7.5, "wiki": 3.5, "book": 6.0}
+BASE_PEAK_BYTES = 340 << 20
+COMPRESSED_SUFFIXES = (".bz2", ".gz", ".xz", ".zst")
+
+
+def input_kind(kind: str, uri: str) -> str:
+    if kind == "wiki":
+        return "wiki_compressed" if uri.endswith(COMPRESSED_SUFFIXES) else "wiki"
+    return "book"
+
+
+def weighted_bytes(kind: str, uri: str, size: int, slopes: dict[str, float] = PEAK_BYTES_PER_INPUT_BYTE) -> float:
+    """What a file adds to the peak of the part that holds it."""
+    return slopes[input_kind(kind, uri)] * size
+
+
+@dataclass(frozen=True)
+class PartsChoice:
+    parts: int
+    estimated_peak: int          # of the heaviest part
+    budget: int
+
+    def describe(self) -> str:
+        return (f"max-memory {format_size(self.budget)}: {self.parts} part{'s' if self.parts > 1 else ''} "
+                f"(estimated peak {format_size(self.estimated_peak)} per part)")
+
+
+def split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tuple[str, str]]]:
+    """Greedy size-balanced grouping of the input files (largest first, ties by name)."""
+    loads = [[0, i, []] for i in range(parts)]
+    for kind, uri, size in sorted(files, key=lambda f: (-f[2], f[1])):
+        target = min(loads, key=lambda load: (load[0], load[1]))
+        target[0] += size
+        target[2].append((kind, uri))
+    return [sorted(load[2]) for load in loads if load[2]]
+
+
+def estimated_peak(files: list[tuple[str, str, int]], parts: int,
+                   slopes: dict[str, float] = PEAK_BYTES_PER_INPUT_BYTE, base: int = BASE_PEAK_BYTES) -> int:
+    """Base + the weighted input of the heaviest part of the documents stage (``split_parts``), or of an even
+    share of the whole input (the instances stage splits the documents evenly), whichever is larger.
+
+    Args:
+        slopes, base: the constants (``bench.preprocess_calibrate`` fits others with them).
+    """
+    weight = {uri: weighted_bytes(kind, uri, size, slopes) for kind, uri, size in files}
+    heaviest = max(sum(weight[uri] for _, uri in part) for part in split_parts(files, min(parts, len(files))))
+    return int(base + max(heaviest, sum(weight.values()) / parts))
+
+
+def choose_parts(files: list[tuple[str, str, int]], budget: int) -> PartsChoice:
+    """The fewest parts whose estimated peak fits ``budget``; refuses when one input file per part would not.
+
+    Args:
+        files: (kind, uri, size in bytes as stored) of every input file.
+    """
+    for parts in range(1, len(files) + 1):
+        peak = estimated_peak(files, parts)
+        if peak <= budget:
+            return PartsChoice(parts, peak, budget)
+    peak = estimated_peak(files, len(files))
+    raise InputError(f"max-memory {format_size(budget)} is too small for these inputs: even one input file per part "
+                     f"({len(files)} parts) needs an estimated {format_size(peak)}; raise --max-memory to at least "
+                     f"that, or split the largest input file")

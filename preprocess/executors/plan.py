@@ -1,0 +1,163 @@
+"""The plan of a run: its four stages with their inputs and parameters, built once by the driver.
+
+    documents (per part: files) -> index (barrier) -> instances (per part: buckets) -> shards (barrier)
+
+The stages meet at files under the work directory, so the executors only schedule them: ``pipeline``
+as one Beam pipeline (or one per part), ``local`` in a pool of processes, ``steps`` as
+separate jobs. Each stage has its Beam form; the index and shards stages also a plain one, for an executor that
+runs them without a pipeline. An executor that runs a pipeline entirely in this process passes the pipeline's
+handoff lot (``preprocess.handoff``): its elements then stay where they are (no spreading over workers) and
+payloads cross the GroupByKeys by reference; with None they are spread and travel by value.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import apache_beam as beam
+import pyarrow as pa
+
+from common import schema, storage
+from common.errors import InputError
+from common.preprocess_config import InstanceConfig, OutputConfig, PreprocessConfig, SourceConfig
+from preprocess import docstore, handoff, inputs
+from preprocess.executors.part_budget import split_parts
+from preprocess.layout import INDEX_NAME, bits_for, bucket_ranges
+from preprocess.stages import documents as documents_stage
+from preprocess.stages import index as index_stage
+from preprocess.stages import packed as packed_stage
+from preprocess.stages import pairs as pairs_stage
+from preprocess.stages import shards as shards_stage
+
+# Input bytes per document-store bucket. Every part writes two files per bucket and the instance stage loads a
+# bucket whole, so larger buckets mean fewer files and file operations (about 8 k buckets for the whole of Wikipedia
+# and BooksCorpus) for a few MiB of tokens per load; work balances over the documents stage's input units and the
+# instance stage's units, not over buckets (comparisons.bucket_size in bench/results).
+BYTES_PER_BUCKET = 4 << 20
+
+
+def _input_size(uri: str) -> int:
+    try:
+        return storage.size_of(uri)
+    except Exception as exc:  # noqa: BLE001 - every backend words "missing" and "denied" differently
+        raise InputError(f"cannot read {uri}: {exc.__class__.__name__}: {exc}; check that it exists and that "
+                         "this machine's credentials may read it") from None
+
+
+def resolve_inputs(wikipedia: list[str], books: list[str]) -> list[tuple[str, str, int]]:
+    """(kind, uri, size in bytes) of every input file; refuses no input, unreadable inputs and clashing names."""
+    files = [("wiki", u) for u in inputs.expand_inputs(list(wikipedia))] + \
+            [("book", u) for u in inputs.expand_inputs(list(books))]
+    if not files:
+        raise InputError("no input files: pass --wikipedia and/or --books")
+    names = [inputs.source_name(u) for _, u in files]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"input files share a name ({', '.join(dup)}): document ids come from file names, "
+                         "so rename one of them")
+    return [(kind, uri, _input_size(uri)) for kind, uri in files]
+
+
+def bucket_bits_for(sized: list[tuple[str, str, int]], slices: int) -> int:
+    """Document-store buckets: enough for every slice, and about BYTES_PER_BUCKET of input each."""
+    input_bytes = sum(size for _, _, size in sized)
+    return min(16, max(bits_for(slices), bits_for(input_bytes / BYTES_PER_BUCKET)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The stages of one run. Small and picklable: the local pool sends it to its worker processes.
+
+    Attributes:
+        files: (kind, uri, size in bytes) of every input file.
+        parts: how many parts the documents and instances stages are split into (``PreprocessConfig.parts``).
+        work: where the stages meet (under ``staging``, removed when the dataset is published).
+        staging: where the shards are written (the dataset's staging location).
+    """
+
+    files: tuple[tuple[str, str, int], ...]
+    parts: int
+    bucket_bits: int
+    source_cfg: SourceConfig
+    instance_cfg: InstanceConfig
+    output_cfg: OutputConfig
+    seed: int
+    work: str
+    staging: str
+    tokenizer_uri: str
+    vocab_size: int
+    mask_id: int
+    output_schema: pa.Schema
+
+    @classmethod
+    def build(cls, cfg: PreprocessConfig, files, tok, staging: str, tokenizer_uri: str, slices: int) -> Plan:
+        """The plan for ``files`` with the tokenizer ``tok`` (saved at ``tokenizer_uri``); ``slices``: the most
+        pieces any executor cuts a stage into (each needs a document-store bucket of its own)."""
+        output_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, {
+            "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]},
+            packed=cfg.instances.kind != "pairs")
+        return cls(files=tuple(files), parts=cfg.parts, bucket_bits=bucket_bits_for(files, slices),
+                   source_cfg=cfg.sources, instance_cfg=cfg.instances, output_cfg=cfg.output, seed=cfg.seed,
+                   work=storage.join(staging, "_work"), staging=staging, tokenizer_uri=tokenizer_uri,
+                   vocab_size=tok.vocab_size, mask_id=tok.mask_id, output_schema=output_schema)
+
+    @property
+    def num_buckets(self) -> int:
+        return 1 << self.bucket_bits
+
+    def file_parts(self) -> list[list[tuple[str, str]]]:
+        """(kind, uri) of each part's input files: a size-balanced split (fewer parts than files at most)."""
+        return split_parts(list(self.files), min(self.parts, len(self.files)))
+
+    def instance_units(self, slices: int) -> list[list[int]]:
+        """The instance stage's units (``stages.index.instance_units``: non-empty document buckets, or packing streams)
+        of each of ``slices`` contiguous bucket ranges, after the index; a unit belongs to the range of its first
+        bucket, so each is run once, whatever the slices."""
+        corpus_index = storage.read_json(storage.join(self.work, INDEX_NAME))
+        units = index_stage.instance_units(corpus_index, self.instance_cfg)
+        starts = [index_stage.first_bucket(unit, corpus_index, self.instance_cfg) for unit in units]
+        return [[unit for unit, start in zip(units, starts) if lo <= start < hi]
+                for lo, hi in bucket_ranges(self.num_buckets, slices)]
+
+    # Stage 1: documents
+    def documents(self, part: int, lot: handoff.Lot | None) -> documents_stage.BuildDocumentStore:
+        """(kind, uri[, split]) input units -> part ``part``'s share of the document store."""
+        return documents_stage.BuildDocumentStore(self.source_cfg, self.tokenizer_uri, self.bucket_bits, self.work,
+                                                  part, self.vocab_size, spread=lot is None)
+
+    # Stage 2: index
+    def index(self, lot: handoff.Lot | None) -> index_stage.IndexCorpus:
+        """Anything -> after it, the corpus index; emits the non-empty buckets."""
+        return index_stage.IndexCorpus(self.work, self.num_buckets, self.instance_cfg, spread=lot is None)
+
+    def count_buckets(self, lo: int, hi: int) -> list[tuple]:
+        """The index stage without Beam, first half: (bucket, documents, duplicate ids) of buckets ``[lo, hi)``."""
+        return [docstore.bucket_count(self.work, bucket) for bucket in range(lo, hi)]
+
+    def write_index(self, counts: list[tuple]) -> None:
+        """The index stage without Beam, second half: every bucket's counts -> the corpus index."""
+        index_stage.write_index(counts, self.work, self.num_buckets, self.instance_cfg)
+
+    # Stage 3: instances (after the index)
+    def instances(self, part: int, lot: handoff.Lot | None) -> beam.PTransform:
+        """Units (``instance_units``) -> part ``part``'s pieces of instances: pairs, or packed rows."""
+        create = (pairs_stage.CreateInstances if self.instance_cfg.kind == "pairs"
+                  else packed_stage.CreatePackedInstances)
+        return create(self.tokenizer_uri, self.work, self.instance_cfg, self.seed, part, self.vocab_size, self.mask_id,
+                      spread=lot is None, provenance=self.output_cfg.provenance, lot=lot)
+
+    # Stage 4: shards
+    def shards(self, lot: handoff.Lot | None) -> shards_stage.WriteShards:
+        """Anything -> after it, the shards."""
+        return shards_stage.WriteShards(self.work, self.staging, self.output_cfg, self.output_schema,
+                                        spread=lot is None)
+
+    def plan_shards(self) -> int:
+        """The shards stage without Beam, first half: the shard plan; returns the number of shards."""
+        return len(shards_stage.plan_shards(self.work, self.output_cfg))
+
+    def write_shard(self, shard: int) -> str:
+        """The shards stage without Beam, second half: one shard; returns its name."""
+        return shards_stage.write_shard(self.work, self.staging, shard, self.output_schema)
+
+
+__all__ = ["Plan", "bucket_bits_for", "resolve_inputs"]

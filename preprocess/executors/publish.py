@@ -1,0 +1,179 @@
+"""Where a run builds its dataset and how it is published: the staging location, and after the shards the dead
+letters, the config and the manifest (written last: it marks a finished dataset), then the atomic rename."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+import uuid
+
+from common import configlib, schema, storage
+from common.errors import InputError
+from common.objectives import ObjectiveEntry
+from common.preprocess_config import InstanceConfig, PreprocessConfig
+from preprocess import docstore, inputs, shards
+from preprocess.executors.beamrun import WorkerLog
+from preprocess.executors.plan import Plan
+from preprocess.layout import INDEX_NAME, SHARD_PLAN_NAME
+from preprocess.stages.barrier import read_metas
+
+LOG = logging.getLogger("preprocess")
+
+
+def staging_for(output: str) -> str:
+    """Where a run builds its dataset: DIR.incomplete next to a local DIR (renamed into place when complete);
+    on object stores DIR itself, where the manifest, written last, marks a finished dataset."""
+    if storage.is_local(output):
+        staging = storage.local_path(output).rstrip("/") + ".incomplete"
+        os.makedirs(staging, exist_ok=True)
+        return staging
+    return output
+
+
+def prepare_output(output: str, overwrite: bool) -> str:
+    """Return an empty staging location; refuse to clobber a finished dataset unless asked to."""
+    if storage.exists(storage.join(output, schema.MANIFEST_NAME)) and not overwrite:
+        raise InputError(f"{output} already holds a finished dataset; pass --overwrite or choose another --output")
+    if storage.is_local(output):
+        storage.remove_tree(storage.local_path(output).rstrip("/") + ".incomplete")  # left by an interrupted run
+    else:
+        storage.remove_tree(output)  # object stores: files without a manifest are an unfinished run
+    return staging_for(output)
+
+
+def publish(staging: str, output: str) -> None:
+    if staging == output:
+        return
+    output = storage.local_path(output).rstrip("/")
+    trash = None
+    if os.path.exists(output):
+        trash = f"{output}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(output, trash)
+    os.rename(staging, output)
+    if trash:
+        storage.remove_tree(trash)
+
+
+def discard_failed(staging: str, output: str, log: WorkerLog) -> None:
+    """After a failure: remove what would look like a dataset, point at Beam's log."""
+    if staging != output or not storage.exists(storage.join(output, schema.MANIFEST_NAME)):
+        storage.remove_tree(staging)
+    if log.path and os.path.getsize(log.path):
+        LOG.warning("Apache Beam's log of this run: %s", log.path)
+    elif log.path:
+        os.unlink(log.path)  # nothing in it
+
+
+def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started: float, log: WorkerLog) -> dict:
+    """After the shards of ``plan`` are written: dead letters, config and manifest (written last), then publish
+    ``plan.staging`` as ``output``."""
+    work, staging = plan.work, plan.staging
+    index_data = storage.read_json(storage.join(work, INDEX_NAME))
+    counts = {b: (c, d) for b, c, d in index_data["counts"]}
+    num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
+    documents = docstore.add_counts(list(read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
+    stats: dict = {}
+    for meta in read_metas(storage.join(work, "pieces")).values():
+        stats = shards.merge_counts(stats, meta["stats"])
+    total_rows = sum(storage.read_json(storage.join(work, SHARD_PLAN_NAME))["group_rows"])
+    shard_meta_dir = storage.join(work, "shards")
+    shard_entries = sorted(read_metas(shard_meta_dir).values(), key=lambda e: e["name"])
+
+    with storage.open_write(storage.join(staging, schema.DEAD_LETTERS_NAME), binary=False) as handle:
+        for letter in documents["dead_letters"]:
+            handle.write(json.dumps(letter, sort_keys=True) + "\n")
+    with storage.open_write(storage.join(staging, schema.CONFIG_NAME), binary=False) as handle:
+        handle.write(configlib.to_yaml(cfg))
+
+    planned = read_metas(storage.join(work, "planned")).values()
+    stats = {**stats, "sop_dropped_chunks": sum(meta.get("sop_dropped_chunks", 0) for meta in planned)}
+    manifest = _manifest(cfg, tok, plan.files, documents, counts, num_docs, corpus, stats, shard_entries,
+                         total_rows, plan.bucket_bits, group_bits)
+    storage.remove_tree(work)
+    manifest["summary"]["wall_seconds"] = round(time.time() - started, 3)
+    manifest["summary"]["corpus_tokens_per_second"] = round(corpus["tokens"] / max(1e-9, time.time() - started), 1)
+    storage.write_json(storage.join(staging, schema.MANIFEST_NAME), manifest)  # written last: marks completion
+    publish(staging, output)
+    if log.path:
+        os.unlink(log.path)
+    return manifest
+
+
+def _fraction(numerator: float, denominator: float) -> float:
+    return round(numerator / denominator, 6) if denominator else 0.0
+
+
+def objective_of(cfg: InstanceConfig) -> ObjectiveEntry:
+    """What the dataset's rows are for (the manifest's ``objective``), from the instance recipe."""
+    return ObjectiveEntry(kind=cfg.kind, sentence_objective=cfg.sentence_objective, masking=cfg.masking,
+                          mask_unit=cfg.mask_unit, masked_lm_prob=cfg.masked_lm_prob,
+                          max_predictions_per_seq=cfg.max_predictions_per_seq,
+                          mask_token_fraction=cfg.mask_token_fraction, random_token_fraction=cfg.random_token_fraction)
+
+
+def _instance_statistics(cfg: InstanceConfig, stats: dict, total_rows: int) -> dict:
+    """The instances' statistics for the objective, from the pieces' counts (``shards.instance_stats``, merged, with
+    the planning's ``sop_dropped_chunks``): the sentence-level labels' balance (NSP: random next; SOP: swapped, and
+    the one-token chunks dropped), the masks (static masking only), truncation of pairs, and for packed rows the
+    document blocks per row and the fill (tokens over rows x max_seq_length: 1 is no padding)."""
+    stats = dict(stats)
+    dropped = stats.pop("sop_dropped_chunks", 0)
+    labels = stats.pop("next_sentence", {})
+    out: dict = {}
+    if cfg.sentence_objective == "nsp":
+        stats["next_sentence"] = labels
+        out["next_sentence_random_fraction"] = _fraction(labels.get("random", 0), total_rows)
+    elif cfg.sentence_objective == "sop":
+        stats["sentence_order"] = {"in_order": labels.get("actual", 0), "swapped": labels.get("random", 0)}
+        out["sentence_order_swapped_fraction"] = _fraction(labels.get("random", 0), total_rows)
+        out["sop_dropped_chunks"] = dropped
+    masked = stats.get("masked", {})
+    positions = masked.get("positions", 0)
+    if cfg.masking == "static":
+        out["masked_fraction"] = _fraction(positions, stats.get("tokens", 0))
+        out["mask_split"] = {k: _fraction(masked.get(k, 0), positions) for k in ("mask_token", "random_token",
+                                                                                  "unchanged")}
+    else:
+        stats.pop("masked", None)  # nothing is masked in the shards
+    if cfg.kind == "pairs":
+        out["truncated_fraction"] = _fraction(stats.get("truncated", 0), total_rows)
+    else:
+        stats.pop("truncated", None)  # packed rows cut documents where a row is full, they truncate nothing
+        out["documents_per_row"] = _fraction(stats.get("document_blocks", 0), total_rows)
+        out["fill_fraction"] = _fraction(stats.get("tokens", 0), total_rows * cfg.max_seq_length)
+    return {"instances": stats, **out}
+
+
+def _manifest(cfg, tok, sized, documents, counts, num_docs, corpus, stats, shard_entries, total_rows,
+              bucket_bits, group_bits) -> dict:
+    skipped, failed = dict(documents["skipped"]), dict(documents["failed"])
+    duplicates = sum(len(dups) for _, dups in counts.values())
+    if duplicates:
+        skipped["duplicate_id"] = skipped.get("duplicate_id", 0) + duplicates
+    read = num_docs + sum(skipped.values()) + sum(failed.values())
+    return {
+        "format": schema.FORMAT_NAME,
+        "format_version": schema.FORMAT_VERSION,
+        "objective": dataclasses.asdict(objective_of(cfg.instances)),
+        "tokenizer": {**tok.identity(), "dir": schema.TOKENIZER_DIR},
+        "token_dtype": schema.token_numpy_dtype(tok.vocab_size),
+        "max_seq_length": cfg.instances.max_seq_length,
+        "parameters": configlib.to_dict(cfg),
+        "inputs": [{"kind": kind, "name": inputs.source_name(uri), "bytes": size} for kind, uri, size in sized],
+        "rows": total_rows,
+        "tokens": stats.get("tokens", 0),
+        "shards": shard_entries,
+        "layout": {"bucket_bits": bucket_bits, "group_bits": group_bits},
+        "statistics": {
+            "documents": {"read": read, "used": num_docs, "skipped": skipped, "failed": failed},
+            "corpus": corpus,
+            **_instance_statistics(cfg.instances, stats, total_rows),
+        },
+        "summary": {"documents": num_docs, "instances": total_rows, "corpus_tokens": corpus["tokens"],
+                    "instance_tokens": stats.get("tokens", 0), "shards": len(shard_entries)},
+    }
+
+
+__all__ = ["discard_failed", "prepare_output", "publish", "publish_dataset", "staging_for"]

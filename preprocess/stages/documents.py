@@ -1,0 +1,174 @@
+"""The documents stage: input files -> the tokenized document store.
+
+A file (or a byte range of a large .bz2 dump, ``preprocess.dumpsplit``) is read as documents by its reader
+(``preprocess.wikipedia``, ``preprocess.books``), each document cleaned (``preprocess.text``) and tokenized, and the
+documents written by bucket of their id's hash into the store (``preprocess.docstore``), with each part's document
+counts for the index stage.
+
+Only portable primitives are used (Create, ParDo, GroupByKey, Reshuffle), so the same pipeline runs on the
+DirectRunner, Dask, Flink, Spark and Dataflow.
+"""
+from __future__ import annotations
+
+import itertools
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from common import schema, storage
+from common.hashing import document_hash
+from common.preprocess_config import SourceConfig
+from preprocess import books, docstore, dumpsplit, text, wikipedia
+from preprocess.records import RawDocument, Rejected
+from preprocess.stages.worker_tokenizer import UsesTokenizer
+
+DUMP_RANGE_BYTES = 64 << 20  # a larger .bz2 dump is read as byte ranges of this size, spread over the workers
+
+
+class BuildDocumentStore(beam.PTransform):
+    """(kind, uri[, split]) files of this part -> tokenized document store buckets and the part's document counts
+    (``docstore.counts_uri``); emits the part once they are written (nothing for a part without documents).
+
+    With ``spread`` (the default) large dumps are cut into byte ranges and files and documents are spread over
+    the runner's workers. Without it reading and cleaning are one fused step, for a caller that hands each
+    pipeline its own units (the local process pool).
+    """
+
+    def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size, spread: bool = True):
+        super().__init__()
+        self._cfg, self._tokenizer_uri, self._bucket_bits = cfg, tokenizer_uri, bucket_bits
+        self._work, self._part, self._vocab_size, self._spread = work, part, vocab_size, spread
+
+    def expand(self, files):
+        if self._spread:
+            files = (files | "SplitDumps" >> beam.ParDo(SplitLargeDumps(DUMP_RANGE_BYTES))
+                     | "SpreadFiles" >> beam.Reshuffle())  # files to different workers, not all read by one
+        documents = files | "Read" >> beam.ParDo(ReadSourceFile(self._cfg))
+        if self._spread:
+            documents = documents | "Spread" >> beam.Reshuffle()
+        return (documents
+                | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))
+                | "ByBucket" >> beam.GroupByKey()
+                | "WriteBuckets" >> beam.ParDo(WriteDocumentBucket(self._work, self._part, self._vocab_size))
+                | "OneKey" >> beam.Map(lambda counts: (0, counts)) | "AllBuckets" >> beam.GroupByKey()
+                | "WriteCounts" >> beam.ParDo(WritePartCounts(self._work, self._part)))
+
+
+class SplitLargeDumps(beam.DoFn):
+    """(kind, uri) -> the same, or for a .bz2 dump larger than ``range_bytes`` its byte ranges (kind, uri,
+    ("bytes", lo, hi)), so that several workers decompress and parse one dump (see ``preprocess.dumpsplit``)."""
+
+    def __init__(self, range_bytes: int):
+        self._range_bytes = range_bytes
+
+    def process(self, element):
+        kind, uri = element[:2]
+        size = storage.size_of(uri) if len(element) == 2 and dumpsplit.splittable(kind, uri) else 0
+        pieces = dumpsplit.byte_ranges(size, size // self._range_bytes) if size > self._range_bytes else []
+        if len(pieces) > 1:
+            yield from ((kind, uri, ("bytes", lo, hi)) for lo, hi in pieces)
+        else:
+            yield element
+
+
+class ReadSourceFile(beam.DoFn):
+    """(kind, uri[, split]) -> RawDocument | Rejected, streamed from the file.
+
+    ``split`` selects part of a file, so that several workers share it without cleaning any document twice:
+    ("bytes", lo, hi) reads the pages of a byte range of a .bz2 dump; ("buckets", bits, lo, hi) reads the whole
+    file and passes on only the documents of buckets ``[lo, hi)``.
+    """
+
+    def __init__(self, cfg: SourceConfig):
+        self._cfg = cfg
+        self._files = Metrics.counter("preprocess", "files_read")
+        self._headers: dict[str, bytes] = {}  # dump headers, shared by the ranges of one file
+
+    def process(self, element):
+        kind, uri, *split = element
+        self._files.inc()
+        split = split[0] if split else None
+        if split is not None and split[0] == "bytes":
+            yield from wikipedia.iter_wikipedia(uri, self._cfg, byte_range=(split[1], split[2]), headers=self._headers)
+            return
+        reader = wikipedia.iter_wikipedia if kind == "wiki" else books.iter_book
+        if split is None:
+            yield from reader(uri, self._cfg)
+            return
+        _, bits, lo, hi = split
+        for item in reader(uri, self._cfg):
+            if lo <= docstore.bucket_of(document_hash(item.doc_id), bits) < hi:
+                yield item
+
+
+def _rejected_tuple(rejected: Rejected) -> tuple:
+    return (rejected.source, rejected.doc_id, rejected.outcome, rejected.reason, rejected.detail)
+
+
+class CleanAndTokenize(UsesTokenizer):
+    """RawDocument -> (bucket, ("doc", row)) ; Rejected -> (bucket, ("rejected", tuple))."""
+
+    def __init__(self, cfg: SourceConfig, tokenizer_uri: str, bucket_bits: int):
+        super().__init__(tokenizer_uri)
+        self._cfg = cfg
+        self._bucket_bits = bucket_bits
+        self._documents = Metrics.counter("preprocess", "documents")
+        self._rejected = Metrics.counter("preprocess", "documents_rejected")
+
+    def process(self, element):
+        if isinstance(element, RawDocument):
+            element = text.to_document(element, self._cfg)
+        if not isinstance(element, Rejected):
+            encoded = [ids for ids in self.tokenizer.encode_batch(list(element.sentences)) if ids]
+            if len(encoded) < self._cfg.min_document_sentences:
+                element = Rejected(element.source, element.doc_id, "skipped", "too_short", "after tokenization")
+        bucket = docstore.bucket_of(document_hash(element.doc_id), self._bucket_bits)
+        if isinstance(element, Rejected):
+            self._rejected.inc()
+            yield bucket, ("rejected", _rejected_tuple(element))
+            return
+        self._documents.inc()
+        dtype = schema.token_numpy_dtype(self.tokenizer.vocab_size)
+        lengths = np.fromiter(map(len, encoded), np.uint32, len(encoded))
+        tokens = np.fromiter(itertools.chain.from_iterable(encoded), dtype, int(lengths.sum()))
+        yield bucket, ("doc", (document_hash(element.doc_id), element.doc_id, element.source,
+                               tokens.tobytes(), lengths.tobytes()))
+
+
+class WriteDocumentBucket(beam.DoFn):
+    """(bucket, [records]) -> docs/bNNNNNN/pPPPP.arrow, the bucket's documents from this part (none: no file); emits
+    the bucket's counts (``docstore.no_counts``' keys), which ``WritePartCounts`` adds up. The records are
+    ``CleanAndTokenize``'s: ("doc", row) or ("rejected", (source, doc_id, outcome, reason, detail))."""
+
+    def __init__(self, work: str, part: int, vocab_size: int):
+        self._work, self._part, self._vocab_size = work, part, vocab_size
+
+    def process(self, element):
+        bucket, records = element
+        docs = [payload for tag, payload in records if tag == "doc"]
+        counts = docstore.no_counts()
+        for source, doc_id, outcome, reason, detail in (payload for tag, payload in records if tag == "rejected"):
+            counts[outcome][reason] = counts[outcome].get(reason, 0) + 1
+            if outcome == "failed":
+                counts["dead_letters"].append({"source": source, "doc_id": doc_id, "reason": reason, "detail": detail})
+        if docs:
+            counts["documents"] = len(docs)
+            counts["sentences"] = sum(len(d[4]) // 4 for d in docs)
+            token_bytes = np.dtype(schema.token_numpy_dtype(self._vocab_size)).itemsize
+            counts["tokens"] = sum(len(d[3]) for d in docs) // token_bytes
+            docstore.write_table(storage.join(docstore.bucket_dir(self._work, bucket), f"p{self._part:04d}.arrow"),
+                                 docstore.documents_table(docs, self._vocab_size))
+        yield counts
+
+
+class WritePartCounts(beam.DoFn):
+    """(any key, [each bucket's counts]) -> doc_counts/pPPPP.json, this part's documents counted (``docstore``'s
+    ``add_counts``): one file per part for the index and the manifest to read, not one per bucket and part."""
+
+    def __init__(self, work: str, part: int):
+        self._work, self._part = work, part
+
+    def process(self, element):
+        storage.write_json(docstore.counts_uri(self._work, self._part), docstore.add_counts(list(element[1])))
+        yield self._part

@@ -1,0 +1,89 @@
+"""The index stage, after the document store is complete: every bucket counted (duplicate ids removed,
+``preprocess.docstore``), and the corpus index written (``layout.INDEX_NAME``): each bucket's first global document
+index, the corpus's counts, the key-range group layout and the instance stage's units.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+
+from common import storage
+from common.errors import InputError
+from common.preprocess_config import InstanceConfig
+from preprocess import docstore, sentence_rows
+from preprocess.layout import INDEX_NAME, bits_for, unit_shift
+from preprocess.stages.barrier import Barrier, read_metas, spread
+
+ROWS_PER_GROUP = 16384  # instances per key-range group (bounds what one shard writer sorts)
+ROWS_PER_UNIT = 65536   # instances per unit of the instance stage (bounds what one of its DoFns holds at once)
+
+
+class IndexCorpus(beam.PTransform):
+    """After the document store is complete: count every bucket, write the index, emit non-empty buckets."""
+
+    def __init__(self, work: str, num_buckets: int, cfg: InstanceConfig, spread: bool = True):
+        super().__init__()
+        self._work, self._num_buckets, self._cfg, self._spread = work, num_buckets, cfg, spread
+
+    def expand(self, trigger):
+        work, num_buckets, cfg = self._work, self._num_buckets, self._cfg
+        buckets = trigger | "AfterDocuments" >> Barrier() | "Buckets" >> beam.FlatMap(lambda _: range(num_buckets))
+        return (spread(buckets, "SpreadBuckets", self._spread)
+                | "Count" >> beam.ParDo(CountBucket(work))
+                | "AllCounts" >> beam.Map(lambda row: (0, row)) | "Collect" >> beam.GroupByKey()
+                | "WriteIndex" >> beam.FlatMap(lambda kv: write_index(kv[1], work, num_buckets, cfg)))
+
+
+class CountBucket(beam.DoFn):
+    """bucket -> (bucket, documents after removing duplicate ids, duplicates)."""
+
+    def __init__(self, work: str):
+        self._work = work
+
+    def process(self, bucket):
+        yield docstore.bucket_count(self._work, bucket)
+
+
+def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[int]:
+    """Bucket offsets (global document indices), corpus counts and the group layout -> index.json."""
+    counts = {bucket: (count, duplicates) for bucket, count, duplicates in rows}
+    offsets = [0]
+    for bucket in range(num_buckets):
+        offsets.append(offsets[-1] + counts.get(bucket, (0, []))[0])
+    documents = docstore.add_counts(list(read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
+    corpus = {"sentences": documents["sentences"], "tokens": documents["tokens"]}
+    needed = 2 if cfg.sentence_objective == "nsp" else 1  # a random next segment comes from another document
+    if offsets[-1] < needed:
+        raise InputError(f"only {offsets[-1]} usable document(s) in the input; "
+                         f"{'next-sentence prediction needs at least 2' if needed == 2 else 'nothing to build'} "
+                         "(check the inputs and the sources.min_document_* settings)")
+    estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
+    index = {"bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),
+             "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())}
+    if cfg.kind == "full_sentences":
+        index["stream_bits"] = sentence_rows.stream_bits_for(corpus["tokens"])  # the corpus's size alone chooses it
+    else:  # units: runs of buckets, so that the stage's elements grow with the input alone
+        index["unit_bits"] = min(num_buckets.bit_length() - 1, bits_for(estimated_rows / ROWS_PER_UNIT))
+    storage.write_json(storage.join(work, INDEX_NAME), index)
+    return instance_units(index, cfg)
+
+
+def instance_units(index: dict, cfg: InstanceConfig) -> list[int]:
+    """What the instance stage works on, from the corpus index: the units (runs of document buckets,
+    ``layout.unit_buckets``) that hold documents, or for ``full_sentences`` the packing streams that have
+    documents (``preprocess.sentence_rows``)."""
+    offsets = index["bucket_offsets"]
+    non_empty = [bucket for bucket in range(len(offsets) - 1) if offsets[bucket + 1] > offsets[bucket]]
+    if cfg.kind != "full_sentences":
+        return sorted({bucket >> unit_shift(index) for bucket in non_empty})
+    bucket_bits = (len(offsets) - 1).bit_length() - 1
+    stream_bits = index["stream_bits"]
+    return [stream for stream in range(1 << stream_bits)
+            if any(offsets[b + 1] > offsets[b] for b in sentence_rows.stream_buckets(stream, stream_bits, bucket_bits))]
+
+
+def first_bucket(unit: int, index: dict, cfg: InstanceConfig) -> int:
+    """The document bucket an instance-stage unit starts at: the slice of buckets that holds it runs it."""
+    if cfg.kind != "full_sentences":
+        return unit << unit_shift(index)
+    bucket_bits = (len(index["bucket_offsets"]) - 1).bit_length() - 1
+    return sentence_rows.stream_buckets(unit, index["stream_bits"], bucket_bits)[0]

@@ -1,0 +1,222 @@
+"""Streaming reader for MediaWiki XML dumps (the input I/O it shares with the other readers is ``preprocess.inputs``).
+
+Readers never hold a whole file in memory: dumps are parsed incrementally with ``iterparse``.
+File-level problems (unreadable URI, truncated or corrupt compression, malformed XML) raise ``InputError``;
+page-level problems are yielded as ``Rejected`` records so the run can go on and count them.
+"""
+from __future__ import annotations
+
+import itertools
+import xml.etree.ElementTree as ET
+from typing import IO, Iterator
+
+from common.errors import InputError
+from common.preprocess_config import SourceConfig
+from preprocess import dumpsplit
+from preprocess.inputs import Utf8Check, open_uri, read_error, source_name
+from preprocess.records import RawDocument, Rejected
+
+# Expat error codes (xml.parsers.expat.errors) that mean "the input stopped in the middle".
+_XML_ENDED_EARLY = {3, 5, 6}  # no element found, unclosed token, partial character
+_XML_INVALID_TOKEN = 4
+
+
+class _CheckedReader:
+    """A byte stream wrapper that remembers what the XML parser was fed.
+
+    It counts bytes, notes whether anything but whitespace was seen and finds the first byte
+    that is not valid UTF-8, so a parser error can be explained ("empty file", "not UTF-8 at
+    byte N") instead of only "not well-formed".
+    """
+
+    def __init__(self, raw: IO[bytes]):
+        self._raw = raw
+        self.utf8 = Utf8Check()
+        self.eof = self.nonblank = self.root_seen = False
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self.eof = self.eof or not data
+        self.nonblank = self.nonblank or bool(data.strip())
+        self.utf8.feed(data)
+        return data
+
+    def probe(self, limit: int = 8 << 20) -> Exception | None:
+        """Read on a little after a parse error; return the decompression error found, if any.
+
+        A bz2 block's CRC is checked only at the end of the block, after its (corrupt) bytes were
+        handed out, so the XML parser may fail first. The real cause is the compression error.
+        """
+        try:
+            while limit > 0 and self._raw.read(min(limit, 1 << 20)):
+                limit -= 1 << 20
+        except Exception as exc:  # the decompressor's verdict on the bytes already parsed
+            return exc
+        return None
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _child_text(elem: ET.Element, name: str) -> str | None:
+    for child in elem:
+        if _local(child.tag) == name:
+            return child.text
+    return None
+
+
+def _parse_error(uri: str, exc: ET.ParseError, reader: _CheckedReader) -> InputError:
+    line, column = getattr(exc, "position", (0, 0))
+    code = getattr(exc, "code", None)
+    if reader.utf8.seen == 0:
+        return InputError(f"{uri}: empty file (0 bytes after decompression); "
+                          "re-download it or remove it from the inputs")
+    if not reader.nonblank:
+        return InputError(f"{uri}: empty file (only whitespace); "
+                          "re-download it or remove it from the inputs")
+    if reader.utf8.bad_offset is not None and code == _XML_INVALID_TOKEN:
+        return InputError(
+            f"{uri}: not valid UTF-8 XML at line {line}, column {column} (first invalid UTF-8 "
+            f"byte at offset {reader.utf8.bad_offset} after decompression); MediaWiki dumps are "
+            "UTF-8, so the file is corrupt or was re-encoded — re-download it")
+    if not reader.root_seen:
+        return InputError(f"{uri}: not a MediaWiki XML dump: not XML at all ({exc}); "
+                          "pass a pages-articles .xml or .xml.bz2 file")
+    if code in _XML_ENDED_EARLY and reader.eof:
+        return InputError(
+            f"{uri}: the XML ends before the dump is complete (line {line}, column {column}: "
+            f"{exc}); the file was cut short (truncated download, or a multistream .bz2 cut "
+            "at a stream boundary) — re-download it and check its size and checksum")
+    return InputError(f"{uri}: malformed XML at line {line}, column {column}: {exc}; "
+                      "the file is corrupt — re-download it or check how it was produced")
+
+
+def iter_wikipedia(uri: str, cfg: SourceConfig,
+                   byte_range: tuple[int, int] | None = None,
+                   headers: dict[str, bytes] | None = None) -> Iterator[RawDocument | Rejected]:
+    """Stream the pages of a MediaWiki ``pages-articles`` XML dump.
+
+    Args:
+        uri: A .xml, .xml.bz2 (single or multistream) or otherwise compressed dump.
+        cfg: Size limits.
+        byte_range: For a .bz2 dump, only the pages of the compressed bytes ``[lo, hi)`` (see
+            ``preprocess.dumpsplit``): the ranges of a file together give each page exactly once.
+        headers: A cache of dump headers by URI that the caller keeps, so that several ranges of one file
+            decompress its first block once.
+
+    Yields:
+        A ``RawDocument`` (kind "wiki", wikitext) per main-namespace article, and a ``Rejected``
+        per other page: skipped "non_article_namespace", "redirect" or "empty", or failed
+        "too_large" (its text is not yielded).
+
+    Raises:
+        InputError: The file cannot be read, its compression is truncated or corrupt, it is not
+            well-formed UTF-8 XML, it is empty, or it is not a MediaWiki dump.
+    """
+    source = source_name(uri)
+    if byte_range is not None:
+        yield from _iter_range(uri, source, cfg, *byte_range, headers if headers is not None else {})
+        return
+    with open_uri(uri) as raw:
+        reader = _CheckedReader(raw)
+        try:
+            yield from _iter_pages(uri, source, cfg, reader)
+        except InputError:
+            raise
+        except ET.ParseError as exc:
+            cause = reader.probe()
+            if cause is not None:
+                raise read_error(uri, cause, reader.utf8.seen) from exc
+            raise _parse_error(uri, exc, reader) from exc
+        except Exception as exc:  # decompression and transport errors surface from read()
+            raise read_error(uri, exc, reader.utf8.seen) from exc
+
+
+def _iter_range(uri: str, source: str, cfg: SourceConfig, lo: int, hi: int,
+                headers: dict[str, bytes]) -> Iterator[RawDocument | Rejected]:
+    with open_uri(uri, decompress=False) as raw:
+        reader = None
+        try:
+            if lo and uri not in headers:
+                headers[uri] = dumpsplit.dump_header(raw)
+            header = headers[uri] if lo else b""
+            chunks = dumpsplit.range_xml(raw, lo, hi, header)
+            first = next(chunks, None)
+            if first is None:
+                return  # no page starts in this range
+            reader = _CheckedReader(dumpsplit.IterReader(itertools.chain([first], chunks)))
+            yield from _iter_pages(uri, source, cfg, reader, whole_file=False)
+        except InputError:
+            raise
+        except dumpsplit.SplitError as exc:
+            raise InputError(f"{uri}: {exc}; the file is damaged — re-download it and check its checksum") from exc
+        except ET.ParseError as exc:
+            raise _parse_error(f"{uri} (the pages in compressed bytes {lo}-{hi})", exc, reader) from exc
+        except Exception as exc:  # transport errors
+            raise read_error(uri, exc) from exc
+
+
+def _iter_pages(uri: str, source: str, cfg: SourceConfig, reader: _CheckedReader,
+                whole_file: bool = True) -> Iterator[RawDocument | Rejected]:
+    dbname = "wiki"
+    root: ET.Element | None = None
+    pages = 0
+    for event, elem in ET.iterparse(reader, events=("start", "end")):
+        if root is None:
+            root, reader.root_seen = elem, True
+            if _local(elem.tag) != "mediawiki":
+                raise InputError(
+                    f"{uri}: not a MediaWiki XML dump: the root element is <{_local(elem.tag)}>, "
+                    "expected <mediawiki>; pass a pages-articles XML dump")
+            continue
+        if event != "end":
+            continue
+        name = _local(elem.tag)
+        if name == "siteinfo":
+            dbname = (_child_text(elem, "dbname") or "").strip() or dbname
+        elif name == "page":
+            pages += 1
+            yield _page_record(elem, source, dbname, cfg)
+        else:
+            continue
+        # Free the finished subtree and unlink it from the root, or the tree grows per page.
+        elem.clear()
+        try:
+            root.remove(elem)
+        except ValueError:
+            pass  # not a direct child of <mediawiki>; clearing it is enough
+    if pages == 0 and whole_file:  # a byte range may own no page
+        raise InputError(f"{uri}: not a MediaWiki XML dump: <mediawiki> holds no <page> "
+                         "elements; pass a pages-articles XML dump")
+
+
+def _page_record(page: ET.Element, source: str, dbname: str,
+                 cfg: SourceConfig) -> RawDocument | Rejected:
+    title = ns = page_id = text = None
+    redirect = False
+    for child in page:
+        name = _local(child.tag)
+        if name == "title":
+            title = child.text or ""
+        elif name == "ns":
+            ns = (child.text or "").strip()
+        elif name == "id":
+            page_id = (child.text or "").strip()
+        elif name == "redirect":
+            redirect = True
+        elif name == "revision":
+            # pages-articles has one revision; with full history the last one is current.
+            text = _child_text(child, "text")
+    doc_id = f"wiki:{dbname}:{page_id or 'unknown'}"
+    if ns != "0":
+        outcome, reason, detail = "skipped", "non_article_namespace", f"ns={ns} title={title!r}"
+    elif redirect:
+        outcome, reason, detail = "skipped", "redirect", f"title={title!r}"
+    elif text is None or not text.strip():
+        outcome, reason, detail = "skipped", "empty", f"title={title!r}"
+    elif len(text) > cfg.max_document_chars:
+        outcome, reason, detail = "failed", "too_large", f"{len(text)} characters > max_document_chars"
+    else:
+        return RawDocument(doc_id=doc_id, source=source, kind="wiki", text=text)
+    return Rejected(source=source, doc_id=doc_id, outcome=outcome, reason=reason, detail=detail)

@@ -1,6 +1,6 @@
 """Benchmarks of every stage, each a module run from the repository root (``bench/results/`` holds their figures):
 
-    python -m bench.preprocess                        the Beam job at scale: CPU against the irreducible work, 1 -> 2
+    python -m bench.preprocess.scale                  the Beam job at scale: CPU against the irreducible work, 1 -> 2
                                                       workers, memory, Dask
     python -m bench.pretrain.loader                   the pretraining loader on 10 M and 100 M rows: memory per row,
                                                       first step, throughput
@@ -17,14 +17,14 @@
     python -m bench.cpu_kinds                         the demo's and the test suite's wall time on this kind of CPU
     python -m bench.fingerprints                      what the pipeline makes, to compare before and after a move
 
-The benchmarks of a stage live in its folder (``bench/pretrain/``, ``bench/finetune/``), as the packages they measure.
-Each takes ``--help``; most have a ``--quick`` mode. What they share, here at the top: ``record`` (paths, the machine, the versions,
-the results file), ``cpu`` (what other processes use meanwhile), ``processes`` (a child process measured whole:
-``os.wait4`` CPU of its tree, peak RSS), ``shards`` (pretraining shards built once from the real data) and
-``stage_imports`` (a stage's start-up imports, measured as a process of their own). ``bench.preprocess`` is split
-into ``preprocess_inputs`` (the 8x input), ``preprocess_runs``, ``preprocess_budget``, ``preprocess_floor``,
-``preprocess_dask``, ``preprocess_compare`` and ``preprocess_report``.
+The benchmarks of a stage live in its folder, as the packages they measure: ``bench/preprocess/``
+(``bench.preprocess.scale`` with its sections, ``calibrate``, ``layout``, ``irreducible``, ``docstore_load``),
+``bench/pretrain/`` and ``bench/finetune/``. Each takes ``--help``; most have a ``--quick`` mode. What they share,
+here at the top: ``record`` (paths, the machine, the versions, the results file), ``cpu`` (what other processes use
+meanwhile), ``processes`` (a child process measured whole: ``os.wait4`` CPU of its tree, peak RSS), ``shards``
+(pretraining shards built once from the real data) and ``stage_imports`` (a stage's start-up imports, measured as a
+process of their own).
 
-This file imports nothing: ``bench.irreducible``, ``bench.preprocess_floor`` and ``bench.stage_imports`` are measured
-as whole processes.
+This file imports nothing: ``bench.preprocess.irreducible``, ``bench.preprocess.floor`` and ``bench.stage_imports``
+are measured as whole processes.
 """

@@ -3,7 +3,7 @@
     python -m bench.stage_imports preprocess|pretrain
 
 Benchmarks start it as a child and measure the whole process (the interpreter's start-up included) as they
-measure a run: ``bench.preprocess`` to put the driver's start-up beside a pipeline run's CPU, ``bench.pretrain.bert_large``
+measure a run: ``bench.preprocess.scale`` to put the driver's start-up beside a pipeline run's CPU, ``bench.pretrain.bert_large``
 for the memory a training rank holds before it builds a model. Prints one JSON line: the CPU and wall time of
 the imports themselves and the process's peak RSS (VmHWM) once they are done.
 """

@@ -6,7 +6,7 @@ compressed (its text is about 3.6 times larger), and wikitext yields fewer token
 is what a part needs whatever its size: the interpreter, Apache Beam's runner and the tokenizer, and the buffers
 of the instance and shard stages, which hold a bucket and a key-range group at a time.
 
-The constants come from ``python -m bench.preprocess_calibrate`` (``memory_calibration`` in the benchmark's
+The constants come from ``python -m bench.preprocess.calibrate`` (``memory_calibration`` in the benchmark's
 results): slopes fitted by least squares to one-part runs of each kind at 1, 8 and 32 copies of the benchmark
 corpus and rounded up, then the smallest base under which the estimate is at or above the peak of every run,
 split runs of 8 and 32 copies included, plus 10 MiB for the spread of a peak between runs. A part's instance stage
@@ -66,7 +66,7 @@ def estimated_peak(files: list[tuple[str, str, int]], parts: int,
     share of the whole input (the instances stage splits the documents evenly), whichever is larger.
 
     Args:
-        slopes, base: the constants (``bench.preprocess_calibrate`` fits others with them).
+        slopes, base: the constants (``bench.preprocess.calibrate`` fits others with them).
     """
     weight = {uri: weighted_bytes(kind, uri, size, slopes) for kind, uri, size in files}
     heaviest = max(sum(weight[uri] for _, uri in part) for part in split_parts(files, min(parts, len(files))))

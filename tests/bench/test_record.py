@@ -63,7 +63,7 @@ def test_results_are_written_whole_with_paths_as_text(tmp_path):
 
 
 def test_the_package_imports_nothing():
-    """``bench.stage_imports``, ``bench.irreducible`` and ``bench.preprocess_floor`` are measured as whole processes
+    """``bench.stage_imports``, ``bench.preprocess.irreducible`` and ``bench.preprocess.floor`` are measured as whole processes
     (``python -m``): ``import bench`` must add nothing to them."""
     code = "import sys; before = set(sys.modules); import bench; print(sorted(set(sys.modules) - before))"
     out = processes.run([sys.executable, "-c", code], cwd=record.REPO, capture_output=True, text=True,

@@ -1,8 +1,10 @@
-"""bench.preprocess_budget: the memory floor, measured as a process of its own, and how a budget is described."""
+"""bench.preprocess.budget: the memory floor, measured as a process of its own, and how a budget is described."""
 import json
 import sys
 
-from bench import preprocess_budget, preprocess_runs, record
+from bench import record
+from bench.preprocess import budget as preprocess_budget
+from bench.preprocess import runs as preprocess_runs
 from common import processes
 
 
@@ -13,19 +15,19 @@ def test_the_floor_holds_more_than_the_imports_alone(tmp_path, bert_vocab):
                                        capture_output=True, text=True, check=True, timeout=120).stdout)
     # The tokenizer and a pipeline's run come on top of the same imports.
     assert floor["one_trivial_pipeline_peak_bytes"] > imports["peak_rss_bytes"]
-    assert "python -m bench.preprocess_floor" in floor["method"] and "(1 runs)" in floor["method"]
+    assert "python -m bench.preprocess.floor" in floor["method"] and "(1 runs)" in floor["method"]
     # pymongo is one of Beam's own dependencies, so at least it is there to hide.
     assert floor["optional_clients_hidden_peak_bytes"] < floor["one_trivial_pipeline_peak_bytes"]
 
 
 def test_a_hidden_package_fails_to_import_in_the_floor_probe(tmp_path, bert_vocab):
-    result = processes.run([sys.executable, "-m", "bench.preprocess_floor", str(bert_vocab), "--hide", "apache_beam"],
+    result = processes.run([sys.executable, "-m", "bench.preprocess.floor", str(bert_vocab), "--hide", "apache_beam"],
                            cwd=record.REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "apache_beam is hidden by bench.preprocess_floor --hide" in result.stderr
+    assert result.returncode != 0 and "apache_beam is hidden by bench.preprocess.floor --hide" in result.stderr
 
 
 def test_a_missing_tokenizer_fails_the_floor_probe(tmp_path):
-    result = processes.run([sys.executable, "-m", "bench.preprocess_floor", str(tmp_path / "none")], cwd=record.REPO,
+    result = processes.run([sys.executable, "-m", "bench.preprocess.floor", str(tmp_path / "none")], cwd=record.REPO,
                            capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and str(tmp_path / "none") in result.stderr
 
@@ -41,7 +43,7 @@ def test_a_budget_is_described_as_refused_or_kept():
 
 
 def test_the_budget_at_scale_is_a_quarter_of_the_unbudgeted_peak_and_checks_the_shards(tmp_path, monkeypatch):
-    from bench import preprocess_report
+    from bench.preprocess import report as preprocess_report
 
     (tmp_path / "in.txt").write_bytes(b"x" * 1000)
     (tmp_path / "logs").mkdir()

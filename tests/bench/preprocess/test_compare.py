@@ -1,8 +1,9 @@
-"""bench.preprocess_compare: the reference tree a comparison runs (a directory as given, or a commit exported)."""
+"""bench.preprocess.compare: the reference tree a comparison runs (a directory as given, or a commit exported)."""
 import re
 import sys
 
-from bench import preprocess_compare, processes, record
+from bench import processes, record
+from bench.preprocess import compare as preprocess_compare
 from common import processes as sessions
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from bench.preprocess_budget import describe_budget
-from bench.preprocess_runs import MODES, median, mib
+from bench.preprocess.budget import describe_budget
+from bench.preprocess.runs import MODES, median, mib
 from bench.processes import SAMPLE_INTERVAL
 from bench.record import shown
 
@@ -19,7 +19,7 @@ IRREDUCIBLE_FIGURES = ("cpu_s", "wall_s", "work_cpu_s", "startup_cpu_s", "read_c
 BUDGETS = ("quarter", "smallest_accepted")
 
 METHOD = {
-    "irreducible": "python -m bench.irreducible as a child process, measured like the pipeline (os.wait4 rusage): "
+    "irreducible": "python -m bench.preprocess.irreducible as a child process, measured like the pipeline (os.wait4 rusage): "
                    "interpreter, the imports the work needs, tokenizer load, read + clean + split + tokenize",
     "pipeline_cpu": "os.wait4 rusage of the `python -m preprocess run` child and every descendant it reaped",
     "peak_rss": f"max over psutil samples every {SAMPLE_INTERVAL} s of the summed RSS of the process tree "

@@ -1,8 +1,8 @@
-"""bench.preprocess_dask: the cluster's own CPU, which the run would otherwise count as contention."""
+"""bench.preprocess.dask_runner: the cluster's own CPU, which the run would otherwise count as contention."""
 import sys
 import time
 
-from bench import preprocess_dask
+from bench.preprocess import dask_runner as preprocess_dask
 from common import processes
 
 BURN_S = 0.3   # CPU seconds each of the two processes below burns

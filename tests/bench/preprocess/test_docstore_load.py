@@ -1,8 +1,9 @@
-"""bench.docstore_load: a synthetic store in the real format, loaded by this tree and by a reference commit."""
+"""bench.preprocess.docstore_load: a synthetic store in the real format, loaded by this tree and by a reference commit."""
 import json
 
-from bench import docstore_load, record
-from bench.preprocess_compare import reference_tree
+from bench import record
+from bench.preprocess import docstore_load
+from bench.preprocess.compare import reference_tree
 from preprocess import docstore
 
 

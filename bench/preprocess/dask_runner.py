@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from bench.cpu import CONTENDED_LOAD
-from bench.preprocess_runs import Setting, run_pipeline
+from bench.preprocess.runs import Setting, run_pipeline
 from bench.processes import child_env, free_port, stop_and_reap
 from bench.record import REPO
 

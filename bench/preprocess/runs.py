@@ -99,10 +99,10 @@ def startup_cost(log: Path, runs: int = 3) -> dict:
 
 
 def irreducible(setting: Setting, log: Path) -> dict:
-    """The irreducible work done standalone: ``python -m bench.irreducible`` as a child process, measured like the
+    """The irreducible work done standalone: ``python -m bench.preprocess.irreducible`` as a child process, measured like the
     pipeline's process tree. Its own report splits off the CPU of the work itself and its phases."""
     inputs = setting.inputs
-    cmd = [sys.executable, "-m", "bench.irreducible", "--config", str(REPO / CONFIG),
+    cmd = [sys.executable, "-m", "bench.preprocess.irreducible", "--config", str(REPO / CONFIG),
            "--tokenizer", str(setting.tokenizer), "--wiki", *inputs["wiki"], "--books", *inputs["books"]]
     load_before = wait_for_quiet(setting.quiet_wait)
     run = run_measured(cmd, log)

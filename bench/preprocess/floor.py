@@ -1,10 +1,10 @@
 """The memory floor under any ``--max-memory`` budget, in a process of its own.
 
-    python -m bench.preprocess_floor TOKENIZER [--hide PACKAGE ...]
+    python -m bench.preprocess.floor TOKENIZER [--hide PACKAGE ...]
 
 Imports the pipeline's modules as the CLI loads them, loads the tokenizer and runs one trivial in-memory Beam
 pipeline (Create | Map | GroupByKey): what every part of a budgeted run holds before it holds any data.
-``bench.preprocess_budget`` starts it as a child; it prints its peak RSS as one JSON line, the high-water mark of
+``bench.preprocess.budget`` starts it as a child; it prints its peak RSS as one JSON line, the high-water mark of
 this program's own memory (``VmHWM``): Linux's rusage of a process also counts, from before it started this
 program, the memory of the process that started it, which in a large parent (a test run) hides the figure.
 
@@ -30,7 +30,7 @@ class _Hidden(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in self._packages:
-            raise ImportError(f"{name} is hidden by bench.preprocess_floor --hide")
+            raise ImportError(f"{name} is hidden by bench.preprocess.floor --hide")
         return None
 
 
@@ -61,7 +61,7 @@ def own_peak_rss() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.preprocess_floor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.preprocess.floor", description=__doc__.split("\n\n")[0])
     parser.add_argument("tokenizer", help="the tokenizer a run would load (a directory or a vocab.txt)")
     parser.add_argument("--hide", nargs="*", default=[], metavar="PACKAGE",
                         help=f"top-level packages made to fail to import (e.g. {' '.join(OPTIONAL_CLIENTS)})")

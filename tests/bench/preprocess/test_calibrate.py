@@ -1,7 +1,8 @@
-"""bench.preprocess_calibrate: the fit of the --max-memory estimate to measured peaks."""
+"""bench.preprocess.calibrate: the fit of the --max-memory estimate to measured peaks."""
 import json
 
-from bench import preprocess_calibrate, record
+from bench import record
+from bench.preprocess import calibrate as preprocess_calibrate
 from preprocess.executors import part_budget
 
 MIB = 1 << 20
@@ -60,7 +61,7 @@ def test_the_estimate_in_use_is_the_recorded_fit():
     recorded = [json.loads(path.read_text())["memory_calibration"]
                 for path in sorted(record.RESULTS.glob("preprocess-*.json"))
                 if "memory_calibration" in json.loads(path.read_text())]
-    assert recorded, "no memory_calibration in bench/results: run python -m bench.preprocess_calibrate"
+    assert recorded, "no memory_calibration in bench/results: run python -m bench.preprocess.calibrate"
     fit = recorded[0]["fit"]
     # At or above the fit, never below: the base in use keeps 10 MiB for the spread of a peak between runs.
     assert fit["base_bytes"] <= part_budget.BASE_PEAK_BYTES <= fit["base_bytes"] + (10 << 20)

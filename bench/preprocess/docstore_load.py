@@ -1,11 +1,11 @@
 """Loading document-store buckets, as the instance stage does, against another version of ``preprocess/docstore.py``.
 
-    python -m bench.docstore_load --against REF [--buckets 256] [--parts 1 2] [--rounds 9]
+    python -m bench.preprocess.docstore_load --against REF [--buckets 256] [--parts 1 2] [--rounds 9]
 
 The store is synthetic in the real format (``docstore.documents_table`` files, one per part and bucket): the
 benchmark corpus's shape, about 12 documents of some 5,000 tokens in about 15 sentences per bucket. Every bucket is
 loaded once per round with this tree's ``load_bucket`` and with REF's (a git commit, exported as
-``bench.preprocess_compare`` exports it), alternating, each pass in a child process on its tree's modules; measured
+``bench.preprocess.compare`` exports it), alternating, each pass in a child process on its tree's modules; measured
 are the CPU time (``time.process_time``) and minor page faults of each pass, medians over the rounds. With several
 parts a bucket merges several files, as after a run on several workers. Adds ``docstore_load`` to
 ``comparisons`` in ``bench/results/preprocess-<machine>.json``.
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import record
-from bench.preprocess_compare import reference_tree
+from bench.preprocess.compare import reference_tree
 from bench.processes import child_env
 from common.hashing import document_hash
 from preprocess import docstore
@@ -67,7 +67,7 @@ def pass_in(tree: Path, work: str, buckets: int) -> dict:
 
     env = child_env(tree)
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(record.REPO)])
-    out = processes.run([sys.executable, "-m", "bench.docstore_load", "--one-pass", work, str(buckets)], cwd=tree,
+    out = processes.run([sys.executable, "-m", "bench.preprocess.docstore_load", "--one-pass", work, str(buckets)], cwd=tree,
                         env=env, check=True, capture_output=True, text=True, timeout=1800).stdout
     result = json.loads(out)
     if not Path(result["module"]).resolve().is_relative_to(tree.resolve()):
@@ -76,7 +76,7 @@ def pass_in(tree: Path, work: str, buckets: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.docstore_load", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.preprocess.docstore_load", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", help="git commit of the reference docstore.py")
     parser.add_argument("--buckets", type=int, default=256)

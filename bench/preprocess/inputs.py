@@ -1,7 +1,7 @@
 """The preprocessing benchmark's input: the shared data, copies of it with distinct document ids, and a tokenizer.
 
 The shared data is small enough that the interpreter's start-up and imports would be a large share of a run, so
-``bench.preprocess`` measures on several copies of it. A copy must hold new documents, not duplicates the pipeline
+``bench.preprocess.scale`` measures on several copies of it. A copy must hold new documents, not duplicates the pipeline
 could recognise: books are copied under new file names, dumps are recompressed with a new ``<dbname>`` (a
 document's id includes both).
 """

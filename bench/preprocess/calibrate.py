@@ -1,6 +1,6 @@
 """Calibration of the ``--max-memory`` estimate (``preprocess.executors.part_budget``): peaks of in-memory runs, and a fit.
 
-    python -m bench.preprocess_calibrate [--copies 1 8 32] [--work DIR] [--data DIR] [--results DIR]
+    python -m bench.preprocess.calibrate [--copies 1 8 32] [--work DIR] [--data DIR] [--results DIR]
 
 Runs ``python -m preprocess run`` in memory (``--direct_num_workers 1``, the benchmark's config and tokenizer) on
 each kind of input alone (the dumps, the books) at each number of copies, both kinds at the largest, and both
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from bench import record
-from bench.preprocess_inputs import make_copies, prepare_tokenizer, real_inputs, sized_files
-from bench.preprocess_runs import MODES, Setting, mib, run_pipeline
+from bench.preprocess.inputs import make_copies, prepare_tokenizer, real_inputs, sized_files
+from bench.preprocess.runs import MODES, Setting, mib, run_pipeline
 
 BASE_STEP = 10 << 20   # the base is rounded up to this
 SLOPE_STEP = 0.5       # and the slopes to this
@@ -78,7 +78,7 @@ def fit(measured: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.preprocess_calibrate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.preprocess.calibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--copies", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--work", type=Path, default=record.WORK / "preprocess")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": record.utc_now(), "command": record.command_line(),
         "versions": record.versions(record.DISTRIBUTIONS["preprocess"], ("preprocess", "configs")),
         "method": "peak_tree_rss_bytes of one in-memory run each (python -m preprocess run --direct_num_workers 1 "
-                  "--parts N, the phase-1 config), measured as bench.preprocess measures its runs",
+                  "--parts N, the phase-1 config), measured as bench.preprocess.scale measures its runs",
         "constants_in_use": {"peak_bytes_per_input_byte": dict(part_budget.PEAK_BYTES_PER_INPUT_BYTE),
                              "base_bytes": part_budget.BASE_PEAK_BYTES},
         "runs": [{key: value for key, value in run.items() if key != "files"}

@@ -1,13 +1,13 @@
 """The instance stage at the full corpus's number of key-range groups, emulated on the 8× input.
 
-    python -m bench.preprocess_layout --against REF [--copies 8] [--pairs 2] [--full-rows 200000000]
+    python -m bench.preprocess.layout --against REF [--copies 8] [--pairs 2] [--full-rows 200000000]
 
 A run's key-range groups hold about ``preprocess.stages.index.ROWS_PER_GROUP`` rows each, so their number follows
 from its rows: some 64 on the 8× input (795 k rows), 16 k on full Wikipedia + BooksCorpus (~200 M rows). A cost
 that grows with a part's rows times the number of groups stays hidden on the benchmark's inputs. This benchmark
 divides the rows per group by (full rows ÷ the input's rows), so a run on the 8× input has the full corpus's group
 count, and runs it in one part with one worker, in this tree and in REF's (a git commit, exported as
-``bench.preprocess_compare`` exports it), alternating, plus one run of this tree at the real size. Recorded: each
+``bench.preprocess.compare`` exports it), alternating, plus one run of this tree at the real size. Recorded: each
 run's CPU, wall time, peak RSS, group bits and shard checksums.
 
 Units (``ROWS_PER_UNIT`` instances each) are left at their size: what a unit holds and sends per element does not
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from bench import record
-from bench.preprocess_compare import pair_order, reference_tree
-from bench.preprocess_inputs import describe_inputs, make_copies, prepare_tokenizer, real_inputs
-from bench.preprocess_runs import QUIET_WAIT, Setting, mib, run_pipeline
+from bench.preprocess.compare import pair_order, reference_tree
+from bench.preprocess.inputs import describe_inputs, make_copies, prepare_tokenizer, real_inputs
+from bench.preprocess.runs import QUIET_WAIT, Setting, mib, run_pipeline
 
 FULL_ROWS = 200_000_000  # phase-1 rows of full Wikipedia + BooksCorpus (docs/benchmarks.md, the estimate)
 # Run in the measured child, in the tree under test: the rows per group divided by argv[1], then the CLI.
@@ -46,7 +46,7 @@ def emulated_launcher(scale: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.preprocess_layout", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.preprocess.layout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, help="git commit (or directory) of the reference tree")
     parser.add_argument("--copies", type=int, default=8)

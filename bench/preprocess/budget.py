@@ -3,7 +3,7 @@
 A budget a quarter of the in-memory run's peak must be kept (peak under it, shards byte-identical). When the CLI
 refuses it (its estimate for one input file per part is above it), the smallest budget the estimate accepts is
 run too, and the floor no budget can go under is measured: the peak of a process that imports the pipeline,
-loads the tokenizer and runs one trivial pipeline (``python -m bench.preprocess_floor``).
+loads the tokenizer and runs one trivial pipeline (``python -m bench.preprocess.floor``).
 
 ``budget_at_scale`` does the same on a larger input (32 copies by default), where a quarter of the unbudgeted peak
 is well above that floor: the unbudgeted in-memory run and the run under a quarter of its peak.
@@ -16,9 +16,9 @@ import re
 import sys
 from pathlib import Path
 
-from bench.preprocess_floor import OPTIONAL_CLIENTS
-from bench.preprocess_inputs import sized_files
-from bench.preprocess_runs import MODES, Setting, mib, run_pipeline
+from bench.preprocess.floor import OPTIONAL_CLIENTS
+from bench.preprocess.inputs import sized_files
+from bench.preprocess.runs import MODES, Setting, mib, run_pipeline
 from bench.processes import run_measured
 
 
@@ -80,10 +80,10 @@ def budget_at_scale(setting: Setting, copies: int) -> dict:
 
 
 def memory_floor(setting: Setting, log: Path, runs: int = 3) -> dict:
-    """Peak RSS of ``python -m bench.preprocess_floor``: a process that imports the pipeline, loads the tokenizer and
+    """Peak RSS of ``python -m bench.preprocess.floor``: a process that imports the pipeline, loads the tokenizer and
     runs one trivial in-memory Beam pipeline, what every part of a budgeted run needs before it holds any data; and
     the same with the optional clients that Beam imports when present hidden, what is left without them."""
-    cmd = [sys.executable, "-m", "bench.preprocess_floor", str(setting.tokenizer)]
+    cmd = [sys.executable, "-m", "bench.preprocess.floor", str(setting.tokenizer)]
 
     def peak(args: list[str]) -> int:
         run_measured([*cmd, *args], log)
@@ -93,7 +93,7 @@ def memory_floor(setting: Setting, log: Path, runs: int = 3) -> dict:
     return {"one_trivial_pipeline_peak_bytes": max(peak([]) for _ in range(runs)),
             "optional_clients_hidden_peak_bytes": max(peak(["--hide", *OPTIONAL_CLIENTS]) for _ in range(runs)),
             "optional_clients": list(OPTIONAL_CLIENTS),
-            "method": "max of the VmHWM that python -m bench.preprocess_floor reports: load_pipeline_modules(), "
+            "method": "max of the VmHWM that python -m bench.preprocess.floor reports: load_pipeline_modules(), "
                       f"load_tokenizer, one Create | Map | GroupByKey pipeline on the in-memory runner ({runs} runs); "
                       "then with --hide and the optional clients (imports of them fail, as if not installed)"}
 

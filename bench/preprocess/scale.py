@@ -1,14 +1,14 @@
 """Benchmark of the preprocessing stage (the Apache Beam job) on the real shared data, at scale.
 
-    python -m bench.preprocess [--quick] [--copies 8] [--reps 5] [--work DIR] [--data DIR] [--results DIR]
-    python -m bench.preprocess --against REF [--label NAME] [--pairs 3] [--extra='--parts 16']
+    python -m bench.preprocess.scale [--quick] [--copies 8] [--reps 5] [--work DIR] [--data DIR] [--results DIR]
+    python -m bench.preprocess.scale --against REF [--label NAME] [--pairs 3] [--extra='--parts 16']
 
 By default the input is the shared data (the Wikipedia dump slice and the books) copied 8 times with distinct
-document ids (``bench.preprocess_inputs``): about 56 MiB, where the interpreter's start-up and imports are a few
-percent of a run. ``--quick``: the shared data once (about 2 minutes). Measured (``bench.preprocess_runs``):
+document ids (``bench.preprocess.inputs``): about 56 MiB, where the interpreter's start-up and imports are a few
+percent of a run. ``--quick``: the shared data once (about 2 minutes). Measured (``bench.preprocess.runs``):
 
 1. Irreducible work: decompress + XML parse + wikitext/book cleaning + sentence split + tokenize, done standalone
-   by ``python -m bench.irreducible`` (no Beam) in a child process whose whole CPU is counted, as the pipeline's is.
+   by ``python -m bench.preprocess.irreducible`` (no Beam) in a child process whose whole CPU is counted, as the pipeline's is.
 2. End to end: ``python -m preprocess run`` with the phase-1 config in-memory (``--direct_num_workers 1``) and with
    two worker processes (``--direct_num_workers 2 --direct_running_mode multi_processing``): wall time, CPU of
    the whole process tree (``os.wait4``), peak RSS summed over the tree, shard checksums. Each repetition runs
@@ -16,22 +16,22 @@ percent of a run. ``--quick``: the shared data once (about 2 minutes). Measured 
    VM's speed drifts by up to 30 % within minutes). Also: corpus tokens per CPU-second, peak RSS per input
    byte, and the share of the run that is interpreter start-up and imports (``python -m bench.stage_imports
    preprocess``).
-3. Memory budget (not with --quick; ``bench.preprocess_budget``): ``--max-memory`` a quarter of the in-memory
+3. Memory budget (not with --quick; ``bench.preprocess.budget``): ``--max-memory`` a quarter of the in-memory
    run's peak; the peak must stay under it and the shards must be byte-identical. When the CLI refuses it, also
    the smallest budget it accepts, and the floor under any budget: the peak of a process that imports the
-   pipeline, loads the tokenizer and runs one trivial in-memory Beam pipeline (``python -m bench.preprocess_floor``).
+   pipeline, loads the tokenizer and runs one trivial in-memory Beam pipeline (``python -m bench.preprocess.floor``).
    Then the same at scale (``--scale-copies``, default 32 copies, about 230 MiB): the in-memory run without a budget
    and under a quarter of its peak.
-4. Beam's DaskRunner (not with --quick; ``bench.preprocess_dask``): a scheduler and 2 single-threaded workers on
+4. Beam's DaskRunner (not with --quick; ``bench.preprocess.dask_runner``): a scheduler and 2 single-threaded workers on
    127.0.0.1, started for the run; CPU summed over scheduler, workers and driver; the shards must be byte-identical.
 
 ``--against REF`` measures instead paired runs (1 and 2 workers, alternating) of this tree and of REF (a git
 commit or a directory holding ``preprocess/``, ``common/`` and ``configs/``), each with the ``--extra`` pipeline
 arguments too, and adds them to the results file under ``comparisons.NAME``: how a change measured at scale
-(``bench.preprocess_compare``).
+(``bench.preprocess.compare``).
 
 Writes ``bench/results/preprocess-<machine>.json`` (``--results`` another directory) and prints a summary
-(``bench.preprocess_report``). Run it alone on the machine (other processes' CPU during each run is recorded, and
+(``bench.preprocess.report``). Run it alone on the machine (other processes' CPU during each run is recorded, and
 contended runs are flagged).
 """
 from __future__ import annotations
@@ -44,11 +44,11 @@ import time
 from pathlib import Path
 
 from bench import record
-from bench.preprocess_budget import budget_at_scale, budget_run, describe_budget
-from bench.preprocess_compare import compare
-from bench.preprocess_dask import dask_run
-from bench.preprocess_inputs import VOCAB_SIZE, describe_inputs, make_copies, prepare_tokenizer, real_inputs
-from bench.preprocess_report import (
+from bench.preprocess.budget import budget_at_scale, budget_run, describe_budget
+from bench.preprocess.compare import compare
+from bench.preprocess.dask_runner import dask_run
+from bench.preprocess.inputs import VOCAB_SIZE, describe_inputs, make_copies, prepare_tokenizer, real_inputs
+from bench.preprocess.report import (
     BUDGETS,
     METHOD,
     all_pass,
@@ -60,14 +60,14 @@ from bench.preprocess_report import (
     print_summary,
     targets,
 )
-from bench.preprocess_runs import CONFIG, MODES, QUIET_WAIT, Setting, irreducible, mib, run_pipeline, startup_cost
+from bench.preprocess.runs import CONFIG, MODES, QUIET_WAIT, Setting, irreducible, mib, run_pipeline, startup_cost
 
 MEASURED_CODE = ("preprocess/**/*.py", "configs/preprocess/*.yaml")   # a change mid-run is flagged
 SEPARATE_SECTIONS = ("memory_calibration", "memory_stages", "profile_8x_workers_1")  # results not written here
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.preprocess", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.preprocess.scale", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the shared data once; no budget or Dask run")
     parser.add_argument("--copies", type=int, help="copies of the shared data (default 8; 1 with --quick)")

@@ -1,9 +1,10 @@
-"""bench.preprocess_layout: a pipeline run with the rows per key-range group scaled down, on the bundled samples."""
+"""bench.preprocess.layout: a pipeline run with the rows per key-range group scaled down, on the bundled samples."""
 import pathlib
 
-from bench import preprocess_layout, preprocess_runs
+from bench.preprocess import layout as preprocess_layout
+from bench.preprocess import runs as preprocess_runs
 
-SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
+SAMPLES = pathlib.Path(__file__).resolve().parents[3] / "samples"
 
 
 def test_the_emulated_run_has_more_groups_and_the_same_rows(tmp_path, bert_vocab):

@@ -1,6 +1,6 @@
 """The preprocessing benchmark's comparison with another tree: how a change measured at scale.
 
-``python -m bench.preprocess --against REF`` runs this tree's pipeline and REF's (a git commit, exported with
+``python -m bench.preprocess.scale --against REF`` runs this tree's pipeline and REF's (a git commit, exported with
 ``git archive``, or a directory holding ``preprocess/``, ``common/`` and ``configs/``) in alternating pairs, for
 each mode, and records the median of the pairs' relative differences in CPU, wall time and peak memory.
 """
@@ -12,8 +12,8 @@ import statistics
 import tarfile
 from pathlib import Path
 
-from bench.preprocess_inputs import describe_inputs
-from bench.preprocess_runs import MODES, Setting, run_pipeline
+from bench.preprocess.inputs import describe_inputs
+from bench.preprocess.runs import MODES, Setting, run_pipeline
 from bench.record import REPO
 
 # What a run of the pipeline imports from a tree (``common/`` holds the contracts it shares with the other stages).

@@ -1,5 +1,5 @@
-"""bench.preprocess_report: the figures made from the runs (medians over quiet runs, paired ratios, checks)."""
-from bench import preprocess_report
+"""bench.preprocess.report: the figures made from the runs (medians over quiet runs, paired ratios, checks)."""
+from bench.preprocess import report as preprocess_report
 
 SHA = ["a" * 64]
 

@@ -1,9 +1,9 @@
-"""bench.preprocess_runs: a measured pipeline run and the irreducible work, on the bundled samples."""
+"""bench.preprocess.runs: a measured pipeline run and the irreducible work, on the bundled samples."""
 import pathlib
 
-from bench import preprocess_runs
+from bench.preprocess import runs as preprocess_runs
 
-SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
+SAMPLES = pathlib.Path(__file__).resolve().parents[3] / "samples"
 
 
 def _setting(tmp_path, bert_vocab) -> preprocess_runs.Setting:

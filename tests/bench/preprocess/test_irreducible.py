@@ -1,17 +1,18 @@
-"""bench.irreducible: the pipeline's reading, cleaning, splitting and tokenizing alone, as a process of its own."""
+"""bench.preprocess.irreducible: the pipeline's reading, cleaning, splitting and tokenizing alone, as a process of its own."""
 import json
 import pathlib
 import sys
 
-from bench import irreducible, record
+from bench import record
+from bench.preprocess import irreducible
 from common import processes
 
-SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
+SAMPLES = pathlib.Path(__file__).resolve().parents[3] / "samples"
 CONFIG = "configs/preprocess/phase1_seq128.yaml"
 
 
 def test_runs_as_a_module_and_reports_one_json_line(bert_vocab):
-    out = processes.run([sys.executable, "-m", "bench.irreducible", "--config", CONFIG, "--tokenizer", str(bert_vocab),
+    out = processes.run([sys.executable, "-m", "bench.preprocess.irreducible", "--config", CONFIG, "--tokenizer", str(bert_vocab),
                          "--books", *map(str, sorted((SAMPLES / "books").glob("*.txt")))], cwd=record.REPO,
                         capture_output=True, text=True, check=True, timeout=120).stdout
     found = json.loads(out)

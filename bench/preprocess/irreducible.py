@@ -1,12 +1,12 @@
 """The irreducible work of preprocessing, done standalone: read + clean + split + tokenize, nothing else.
 
-    python -m bench.irreducible --config CONFIG --tokenizer DIR --wiki DUMP... --books BOOK...
+    python -m bench.preprocess.irreducible --config CONFIG --tokenizer DIR --wiki DUMP... --books BOOK...
 
 Decompresses and parses the dumps, reads the books, cleans the wikitext, splits sentences and tokenizes, with
 the pipeline's own functions (``wikipedia.iter_wikipedia``, ``books.iter_book``, ``text.to_document``,
 ``encode_batch``) and nothing more: no Apache Beam, no instances, no output. It imports only what that work
 needs, so the CPU of this whole process (interpreter, imports, tokenizer load, work) is what a standalone
-program doing the work costs; ``bench.preprocess`` runs it as a child and compares the pipeline's whole
+program doing the work costs; ``bench.preprocess.scale`` runs it as a child and compares the pipeline's whole
 process tree with it. Prints one JSON line: counts and the CPU of the work itself, by phase.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.irreducible", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.preprocess.irreducible", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--wiki", nargs="*", default=[])

@@ -1,10 +1,10 @@
-"""bench.preprocess_inputs: copies of the benchmark's input hold new documents (distinct ids), made once."""
+"""bench.preprocess.inputs: copies of the benchmark's input hold new documents (distinct ids), made once."""
 import bz2
 import os
 
 import pytest
 
-from bench import preprocess_inputs
+from bench.preprocess import inputs as preprocess_inputs
 
 DUMP = b"<mediawiki><siteinfo><dbname>enwiki</dbname></siteinfo><page><title>A</title></page></mediawiki>"
 

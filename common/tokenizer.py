@@ -20,11 +20,6 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 from common import storage
 from common.errors import InputError, storage_failure
 
-# Batch encoding runs in Beam workers that already use one process per core, which Hugging Face's Rust
-# thread pool would oversubscribe. The library reads this variable on every call (so importing it
-# first is fine); an explicit setting by the user wins.
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 META_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "spm.model"
@@ -138,6 +133,14 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
                 f"source={self._source!r})")
+
+
+def keep_batches_on_this_thread() -> None:
+    """Batch encoding on the calling thread from now on, in this process and the ones it starts: for the
+    preprocessing job, whose workers already run one process per core, which Hugging Face's Rust thread pool would
+    oversubscribe. The library reads the variable on every call; a user's own setting wins. Other stages keep the
+    library's default."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _single_text_encoder(sp: spm.SentencePieceProcessor):
@@ -263,7 +266,7 @@ class WordPieceTokenizer(Tokenizer):
         return self._hf.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # Runs on the calling thread: TOKENIZERS_PARALLELISM is false (set at import of this module).
+        # On the calling thread in the preprocessing job's workers (keep_batches_on_this_thread).
         return [encoding.ids for encoding in self._hf_encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids) -> str:

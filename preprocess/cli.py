@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "run":
+            from common.tokenizer import keep_batches_on_this_thread
+
+            keep_batches_on_this_thread()  # before any worker starts: they inherit it
             load_pipeline_modules()
             return _command_run(args, rest)
         if args.command == "verify":

@@ -21,11 +21,12 @@ import time
 def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str) -> dict:
     """Read + clean + split + tokenize every file in this process, timed per phase (``time.process_time``)."""
     from common import preprocess_config as config
-    from common.tokenizer import load_tokenizer
+    from common.tokenizer import keep_batches_on_this_thread, load_tokenizer
     from preprocess import books, text, wikipedia
     from preprocess.records import Rejected
 
     cfg = config.load(config_path).sources
+    keep_batches_on_this_thread()  # as the pipeline's workers encode
     tok = load_tokenizer(tokenizer)
     clock = time.process_time
     read_s = clean_s = tok_s = 0.0

@@ -84,9 +84,14 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
     cuda_graphs = mode.endswith("+cudagraphs")
     total_steps = args.warmup + args.steps + args.profile_steps
     torch_adam = args.torch_adam or not torch.cuda.is_available()
+    # bf16 keeps fp32 master weights only under ZeRO >= 1: LAMB at ZeRO 0 trains in fp16 with loss scaling, as the
+    # shipped phase configs resolve on a GPU (fp32 on CPU, which has no fp16 path: a smoke run only).
+    precision = "bf16" if args.optimizer != "lamb" else "fp16" if torch.cuda.is_available() else "fp32"
     overrides = [f"model.preset={args.preset}", "model.max_position_embeddings=512", f"train.micro_batch_size={micro}",
-                 f"train.global_batch_size={micro * args.accumulation}", "train.precision=bf16", "zero.stage=1",
-                 "optimizer.name=adamw", f"optimizer.torch_adam={str(torch_adam).lower()}",
+                 f"train.global_batch_size={micro * args.accumulation}", f"train.precision={precision}",
+                 # LAMB is a client optimizer of per-tensor trust ratios: ZeRO 0, as the shipped phase configs run it
+                 f"zero.stage={0 if args.optimizer == 'lamb' else 1}",
+                 f"optimizer.name={args.optimizer}", f"optimizer.torch_adam={str(torch_adam).lower()}",
                  f"train.max_steps={total_steps}", f"schedule.total_steps={total_steps}",
                  "logging.tensorboard=false", f"model.activation_checkpointing={str(args.checkpointing).lower()}",
                  f"model.padding_free={str(padding_free).lower()}", f"model.compile={str(compiled).lower()}",
@@ -107,6 +112,9 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
         compile_module(objective, regional=regional, cuda_graphs=cuda_graphs)
     ds_config = deepspeed_config(plan, record.WORK, train=cfg.train, optimizer=cfg.optimizer, zero=cfg.zero,
                                  logging=cfg.logging)
+    if args.mixed == "torch-autocast":  # fp32 weights and gradients, the forward under torch.autocast (bf16)
+        ds_config.pop("bf16", None), ds_config.pop("data_types", None)
+        ds_config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     engine = ds.build(objective, ds_config, optimizer=cfg.optimizer, schedule=cfg.schedule)
     kernel = attention.configure(model, engine.device)[0] if padding_free else None
     if data is not None:
@@ -147,7 +155,9 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
               "micro_batch": micro, "accumulation": args.accumulation, "steps": args.steps,
               "pad_multiple": args.pad_multiple if data is not None else None,
               "data": data_dir or "synthetic full-length rows", "dataset_rows": len(data) if data is not None else None,
-              "optimizer": "torch AdamW" if torch_adam else "DeepSpeed FusedAdam",
+              "optimizer": ("LAMB (foreach)" if args.optimizer == "lamb" else
+                            "torch AdamW" if torch_adam else "DeepSpeed FusedAdam"),
+              "mixed_precision": args.mixed, "precision": precision,
               "sequences_per_s": sequences / elapsed, "tokens_per_s": tokens_per_s, "mfu": mfu,
               "widths_in_warmup": len(widths_warmup),
               "widths_first_met_in_timed_steps": len(widths_timed - widths_warmup),
@@ -232,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-adam", action="store_true",
                         help="torch's AdamW instead of DeepSpeed's FusedAdam (JIT-compiled with nvcc on first use)")
     parser.add_argument("--phases", default="128,512", help="sequence lengths to run, of 128 and 512")
+    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "lamb"),
+                        help="lamb: our foreach LAMB at ZeRO 0 in fp16 (the shipped phase configs' optimizer)")
+    parser.add_argument("--mixed", default="deepspeed-bf16", choices=("deepspeed-bf16", "torch-autocast"),
+                        help="DeepSpeed's bf16 optimizer (bf16 weights, fp32 master and accumulation) or its "
+                             "torch_autocast mode (fp32 weights, bf16 autocast forward)")
     parser.add_argument("--sdpa", default="default", choices=sorted(SDPA),
                         help="limit F.scaled_dot_product_attention to one kernel (default: torch's choice)")
     parser.add_argument("--results", type=Path, default=record.RESULTS)

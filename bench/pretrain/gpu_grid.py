@@ -40,6 +40,8 @@ VARIANTS = {
     "regional+checkpointing": ["--modes", "padded+compile", "--checkpointing"],
     "regional+cudagraphs": ["--modes", "padded+compile+cudagraphs"],
     "padding-free+regional": ["--modes", "padding-free+compile"],
+    "torch-autocast": ["--modes", "padded", "--mixed", "torch-autocast"],
+    "lamb": ["--modes", "padded", "--optimizer", "lamb"],
 }
 PHASES = (128, 512)
 

@@ -23,6 +23,8 @@ class UsesTokenizer(beam.DoFn):
         self.tokenizer = None
 
     def setup(self):
-        from common.tokenizer import load_tokenizer
+        from common.tokenizer import keep_batches_on_this_thread, load_tokenizer
+
+        keep_batches_on_this_thread()  # a worker on any runner: one process per core already
 
         self.tokenizer = _TOKENIZERS.acquire(lambda: load_tokenizer(self._tokenizer_uri), tag=self._tokenizer_uri)

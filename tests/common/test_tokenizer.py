@@ -341,3 +341,21 @@ def test_offsets_point_at_the_text_of_each_token(kind, sp, bert_vocab):
     assert all(not text[start:end].startswith(" ") for start, end in spans)
     if kind == "wordpiece":  # uncased: "Beyoncé" -> "beyonce", and its span is the original word
         assert text[slice(*spans[ids.index(tokenizer.token_to_id("beyonce"))])] == "Beyoncé"
+
+
+def test_only_the_preprocessing_job_keeps_batch_encoding_on_one_thread():
+    """Importing the tokenizer module changes nothing for the other stages; the preprocessing job's workers (one
+    process per core already) encode batches on their own thread, unless the user set the variable."""
+    import sys
+
+    from common import processes
+
+    code = ("import os, common.tokenizer as t; before = os.environ.get('TOKENIZERS_PARALLELISM'); "
+            "t.keep_batches_on_this_thread(); print(before, os.environ['TOKENIZERS_PARALLELISM'])")
+    env = {k: v for k, v in os.environ.items() if k != "TOKENIZERS_PARALLELISM"}
+    out = processes.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                        timeout=120).stdout.split()
+    assert out == ["None", "false"]
+    chosen = processes.run([sys.executable, "-c", code], env={**env, "TOKENIZERS_PARALLELISM": "true"},
+                           capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    assert chosen == ["true", "true"]  # the user's own setting wins

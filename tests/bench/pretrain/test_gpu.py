@@ -25,6 +25,24 @@ def test_the_gpu_benchmark_runs_both_phases_and_records_every_figure(tmp_path):
         assert phase["sequences_per_s"] > 0 and phase["tokens_per_s"] > 0 and phase["step_s"] > 0
 
 
+def test_the_mixed_precision_paths_and_lamb_run_and_are_recorded(tmp_path):
+    """DeepSpeed's torch_autocast mode (fp32 weights, bf16 autocast forward) and our foreach LAMB at ZeRO 0: the
+    GPU grid's item-5 variants, which a GPU session compares against DeepSpeed's bf16 optimizer."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO)}
+    found = {}
+    for name, options in (("autocast", ["--mixed", "torch-autocast"]), ("lamb", ["--optimizer", "lamb"])):
+        command = [sys.executable, "-m", "bench.pretrain.gpu", "--preset", "tiny", "--micro128", "2", "--accumulation",
+                   "2", "--steps", "1", "--warmup", "1", "--phases", "128", "--modes", "padded", *options,
+                   "--results", str(tmp_path / name)]
+        result = processes.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        (found[name],) = json.loads(next((tmp_path / name).glob("pretrain-gpu-*.json")).read_text())["phases"]
+        assert found[name]["sequences_per_s"] > 0
+    assert (found["autocast"]["mixed_precision"], found["autocast"]["precision"]) == ("torch-autocast", "bf16")
+    assert (found["lamb"]["optimizer"], found["lamb"]["precision"]) == ("LAMB (foreach)", "fp32")  # fp16 on a GPU
+
+
 def _grid(tmp_path, *options: str) -> dict:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "bench.pretrain.gpu_grid", "--preset", "tiny", "--micro128", "2", "--micro512",

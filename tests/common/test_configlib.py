@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from common import configlib
+from common import configlib, processes
 from common.configlib import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -26,8 +26,8 @@ def _run_bounded(code: str, seconds: float = 30) -> subprocess.CompletedProcess:
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
     try:
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
-                              timeout=seconds, preexec_fn=limit_memory)
+        return processes.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=seconds, preexec_fn=limit_memory)
     except subprocess.TimeoutExpired:
         pytest.fail(f"still running after {seconds} s: the aliases were expanded")
 

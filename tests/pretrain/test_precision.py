@@ -4,12 +4,12 @@ precision where that is safe."""
 import json
 import logging
 import os
-import subprocess
 import sys
 
 import pytest
 from safetensors.torch import load_file
 
+from common import processes
 from common.configlib import ConfigError
 from pretrain import config, precision, resume, train
 from tests.pretrain.launching import REPO, TINY, settings
@@ -43,8 +43,8 @@ def test_the_emulated_avx2_cpu_resolves_to_fp32_on_this_machine():
     them at start-up, and the detection reads them from the environment)."""
     code = ("from pretrain import precision; h = precision.cpu_hardware(); "
             "print(h.bf16, precision.choose('auto', h).precision)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, **EMULATION}, text=True,
-                         capture_output=True, timeout=120, check=True).stdout.split()
+    out = processes.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, **EMULATION}, text=True,
+                        capture_output=True, timeout=120, check=True).stdout.split()
     assert out == ["False", "fp32"]
 
 

@@ -1,4 +1,5 @@
-"""Every shipped config loads into its dataclass; unknown keys and bad values are refused by name."""
+"""Every shipped config loads into its dataclass with its paper's recipe; unknown keys and bad values are refused by
+name."""
 import pathlib
 
 import pytest
@@ -15,10 +16,40 @@ def test_there_are_configs():
     assert {"phase1_seq128.yaml", "phase2_seq512.yaml", "tiny.yaml"} <= names
 
 
+# Each shipped preprocessing config's recipe, as its paper (or reference code) builds the rows: (length, row kind,
+# sentence objective, masking time, mask unit, mask rate, masks per row at most).
+RECIPES = {
+    # BERT (Devlin et al. 2019; NVIDIA's phase 1 and 2): sentence pairs with NSP, masks fixed at preprocessing.
+    "phase1_seq128.yaml": (128, "pairs", "nsp", "static", "token", 0.15, 20),
+    "phase2_seq512.yaml": (512, "pairs", "nsp", "static", "token", 0.15, 80),
+    "tiny.yaml": (128, "pairs", "nsp", "static", "token", 0.15, 20),
+    # ALBERT (Lan et al. 2020): sentence-order prediction instead of NSP; n-gram masks at full length.
+    "albert_sop_seq128.yaml": (128, "pairs", "sop", "static", "token", 0.15, 20),
+    "albert_sop_seq512.yaml": (512, "pairs", "sop", "static", "ngram", 0.15, 80),
+    # RoBERTa (Liu et al. 2019): FULL-SENTENCES rows, no NSP, masked anew each epoch.
+    "roberta_seq512.yaml": (512, "full_sentences", "none", "dynamic", "token", 0.15, 80),
+    # SpanBERT (Joshi et al. 2020): single-segment rows, no NSP, geometric spans.
+    "spanbert_seq512.yaml": (512, "doc_sentences", "none", "dynamic", "span", 0.15, 80),
+    # ELECTRA (Clark et al. 2020): one document per row, no NSP; int((0.15 + 0.005) x length) masks, as its code.
+    "electra_seq128.yaml": (128, "doc_sentences", "none", "dynamic", "token", 0.15, 19),
+    "electra_seq512.yaml": (512, "doc_sentences", "none", "dynamic", "token", 0.15, 79),
+    # ModernBERT-style (Warner et al. 2024): packed rows, no NSP, 30 % masked.
+    "modern_seq512.yaml": (512, "full_sentences", "none", "dynamic", "token", 0.3, 160),
+}
+
+
+def test_every_shipped_preprocess_config_has_its_recipe_checked():
+    assert {p.name for p in PREPROCESS_CONFIGS} == set(RECIPES)
+
+
 @pytest.mark.parametrize("path", PREPROCESS_CONFIGS, ids=lambda p: p.name)
-def test_preprocess_config_loads(path):
-    cfg = preprocess_config.load(path)
-    assert cfg.instances.max_seq_length in (128, 512)
+def test_preprocess_config_loads_with_its_papers_recipe(path):
+    i = preprocess_config.load(path).instances
+    found = (i.max_seq_length, i.kind, i.sentence_objective, i.masking, i.mask_unit, i.masked_lm_prob,
+             i.max_predictions_per_seq)
+    assert found == RECIPES[path.name]
+    if i.sentence_objective == "none":
+        assert i.short_seq_prob == 0.0 and i.dupe_factor == 1  # no pairs to shorten; dynamic masks need no copies
 
 
 def test_phase_configs_follow_the_published_recipe():

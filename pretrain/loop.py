@@ -125,6 +125,13 @@ def train(state: LoopState, engine: LoopEngine, loader, monitor: Monitor, *, set
         return DIVERGED
 
 
+def to_device(micro_batch: dict, device: torch.device) -> dict:
+    """A loader micro-batch on ``device``: its arrays copied there, the sizes it sends as Python ints (the
+    padding-free path's) kept on the host."""
+    return {k: v if isinstance(v, int) else torch.as_tensor(v).to(device, non_blocking=True)
+            for k, v in micro_batch.items()}
+
+
 @dataclass
 class _Finished:
     """One optimizer step as queued: its statistics (summed over ranks, the stop flag last), still on the device."""
@@ -203,9 +210,7 @@ def _steps(state, engine, loader, monitor, *, settings, plan, family, model, ran
         lr = engine.lr()  # the rate this step uses
         width = 0
         for index, micro in enumerate(loader.next_step()):
-            # Arrays go to the device; sizes the loader sends as Python ints (the padding-free path's) stay here.
-            batch = {k: v if isinstance(v, int) else torch.as_tensor(v).to(device, non_blocking=True)
-                     for k, v in micro.items()}
+            batch = to_device(micro, device)
             batch.update(family.micro_batch_inputs(step=state.step, micro=index, rank=rank))
             stats += engine.train_micro_batch(batch).double()
             width += micro["input_ids"].shape[1]

@@ -40,6 +40,7 @@ from pretrain.data import PretrainingLoader, ShardedInstances, host_packing
 from pretrain.ds_config import deepspeed_config
 from pretrain.dynamic_masking import DynamicMasking
 from pretrain.launch import Rendezvous
+from pretrain.loop import to_device
 from pretrain.monitor import peak_tflops
 from pretrain.recipe import resolve
 
@@ -70,12 +71,6 @@ def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: i
                 batches[-1].update(host_packing(np.arange(micro * seq), np.full(micro, seq),
                                                 batches[-1]["masked_positions"]))
         yield batches
-
-
-def to_device(micro_batch: dict, device: torch.device) -> dict:
-    """A loader micro-batch on ``device``, as the training loop moves it (sizes sent as ints stay on the host)."""
-    return {k: v if isinstance(v, int) else torch.as_tensor(v).to(device, non_blocking=True)
-            for k, v in micro_batch.items()}
 
 
 def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict:

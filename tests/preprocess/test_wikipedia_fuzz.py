@@ -115,8 +115,8 @@ def test_mangled_articles_are_cleaned_in_linear_time(tmp_path):
 @pytest.mark.parametrize("unit", ["<!--", "<ref name=", "[http://", "<math ", "<table ", "<pre></ref>",
                                   "<nowiki>x</ref>"])
 def test_unclosed_comments_tags_and_links_are_cleaned_in_linear_time(unit):
-    # Each of these took from 7 s to minutes on 20,000 repeats (a regex or the parser rescanning the rest of the
-    # page from each one); a page may hold up to max_document_chars (4 million) characters.
+    # Each of these once made a regex or the parser rescan the rest of the page from every occurrence: quadratic in a
+    # page, which may hold up to max_document_chars (4 million) characters.
     start = time.process_time()
     cleaned = clean_wikitext("Prose before the markup. " + unit * 20_000 + " prose after.")
     assert time.process_time() - start < 2.0

@@ -2,10 +2,10 @@
 ``electra``, ``classifier``, ``qa_outputs``), so a finetuned model's state dict loads into ``transformers``' task
 model of its family.
 
-The heads run the encoder in its packed mode (``models.attention.Packing``) by default: every dense layer sees only
-the batch's real tokens, as batches padded to their longest row are largely padding. Dropout draws its masks over
-the padded shape, so from the same random state training takes the steps the padded encoder (and
-``transformers``) would take. ``packed=False`` runs the padded mode, for comparison.
+The heads run the encoder in its padding-free mode (``models.attention.Unpadding``) by default: every dense layer
+sees only the batch's real tokens, as batches padded to their longest row are largely padding. Dropout draws its
+masks over the padded shape, so from the same random state training takes the steps the padded encoder (and
+``transformers``) would take. ``padding_free=False`` runs the padded mode, for comparison.
 
 Token and span heads are the same for every family. The sequence head is each family's own, as in
 ``transformers``: BERT and ALBERT classify the pooled [CLS] (tanh dense) with one linear layer; ELECTRA has no
@@ -22,7 +22,7 @@ from torch import nn
 
 from finetune.pretrained import Encoder, load_encoder
 from models import registry
-from models.attention import Packing
+from models.attention import Unpadding
 
 
 def _family(encoder: nn.Module) -> tuple[str, bool]:
@@ -33,13 +33,13 @@ def _family(encoder: nn.Module) -> tuple[str, bool]:
 
 
 class _Head(nn.Module):
-    """Holds the encoder under its family's name and runs it, packed or padded."""
+    """Holds the encoder under its family's name and runs it, padding-free or padded."""
 
-    def __init__(self, encoder: Encoder, packed: bool):
+    def __init__(self, encoder: Encoder, padding_free: bool):
         super().__init__()
         self._encoder_name, self._pooled = _family(encoder)
         self.add_module(self._encoder_name, encoder)
-        self.packed = packed
+        self.padding_free = padding_free
 
     @property
     def encoder(self) -> Encoder:
@@ -51,24 +51,24 @@ class _Head(nn.Module):
         return linear
 
     def _encode(self, input_ids, token_type_ids, attention_mask) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                                          Packing | None]:
-        """(hidden: packed (N, H) or padded (B, T, H), pooled (B, H) or None, the packing or None)."""
-        if not self.packed:
+                                                                          Unpadding | None]:
+        """(hidden: unpadded (N, H) or padded (B, T, H), pooled (B, H) or None, the unpadding or None)."""
+        if not self.padding_free:
             hidden, pooled = self.encoder(input_ids, token_type_ids, attention_mask=attention_mask)
             return hidden, pooled, None
-        packing = Packing.from_attention_mask(attention_mask)
-        hidden, pooled = self.encoder(packing.pack(input_ids), packing.pack(token_type_ids), packing=packing)
-        return hidden, pooled, packing
+        unpadding = Unpadding.from_attention_mask(attention_mask)
+        hidden, pooled = self.encoder(unpadding.unpad(input_ids), unpadding.unpad(token_type_ids), unpadding=unpadding)
+        return hidden, pooled, unpadding
 
     @staticmethod
-    def _padded(hidden: torch.Tensor, packing: Packing | None) -> torch.Tensor:
-        """(B, T, H); in packed mode zeros at padding."""
-        return hidden if packing is None else packing.unpack(hidden)
+    def _padded(hidden: torch.Tensor, unpadding: Unpadding | None) -> torch.Tensor:
+        """(B, T, H); in padding-free mode zeros at padding."""
+        return hidden if unpadding is None else unpadding.pad(hidden)
 
     @staticmethod
-    def _first(hidden: torch.Tensor, packing: Packing | None) -> torch.Tensor:
+    def _first(hidden: torch.Tensor, unpadding: Unpadding | None) -> torch.Tensor:
         """(B, H): the [CLS] position of every row."""
-        return hidden[:, 0] if packing is None else hidden.index_select(0, packing.cu_seqlens[:-1].long())
+        return hidden[:, 0] if unpadding is None else hidden.index_select(0, unpadding.cu_seqlens[:-1].long())
 
 
 class ElectraClassificationHead(nn.Module):
@@ -89,8 +89,8 @@ class SequenceClassifier(_Head):
     """GLUE: the family's head on [CLS] (see the module's docstring); one output is regression (STS-B, mean
     squared error)."""
 
-    def __init__(self, encoder: Encoder, num_labels: int, dropout: float = 0.1, packed: bool = True):
-        super().__init__(encoder, packed)
+    def __init__(self, encoder: Encoder, num_labels: int, dropout: float = 0.1, padding_free: bool = True):
+        super().__init__(encoder, padding_free)
         self.num_labels = num_labels
         hidden_size = encoder.config.hidden_size
         if self._pooled:
@@ -102,11 +102,11 @@ class SequenceClassifier(_Head):
             self._init(self.classifier.out_proj)
 
     def forward(self, input_ids, token_type_ids, attention_mask, labels=None):
-        hidden, pooled, packing = self._encode(input_ids, token_type_ids, attention_mask)
+        hidden, pooled, unpadding = self._encode(input_ids, token_type_ids, attention_mask)
         if self._pooled:
             logits = self.classifier(self.dropout(pooled)).float()
         else:
-            logits = self.classifier(self._first(hidden, packing)).float()
+            logits = self.classifier(self._first(hidden, unpadding)).float()
         if labels is None:
             return logits
         if self.num_labels == 1:
@@ -117,13 +117,13 @@ class SequenceClassifier(_Head):
 class SpanExtractor(_Head):
     """SQuAD: start and end logits per token."""
 
-    def __init__(self, encoder: Encoder, packed: bool = True):
-        super().__init__(encoder, packed)
+    def __init__(self, encoder: Encoder, padding_free: bool = True):
+        super().__init__(encoder, padding_free)
         self.qa_outputs = self._init(nn.Linear(encoder.config.hidden_size, 2))
 
     def forward(self, input_ids, token_type_ids, attention_mask, start_positions=None, end_positions=None):
-        hidden, _, packing = self._encode(input_ids, token_type_ids, attention_mask)
-        start, end = self.qa_outputs(self._padded(hidden, packing)).float().unbind(-1)
+        hidden, _, unpadding = self._encode(input_ids, token_type_ids, attention_mask)
+        start, end = self.qa_outputs(self._padded(hidden, unpadding)).float().unbind(-1)
         # Padding can never be an answer.
         start = start.masked_fill(attention_mask == 0, -1e4)
         end = end.masked_fill(attention_mask == 0, -1e4)
@@ -136,14 +136,14 @@ class SpanExtractor(_Head):
 class TokenClassifier(_Head):
     """CoNLL-2003: a label per token; only first sub-tokens carry labels (-100 elsewhere)."""
 
-    def __init__(self, encoder: Encoder, num_labels: int, dropout: float = 0.1, packed: bool = True):
-        super().__init__(encoder, packed)
+    def __init__(self, encoder: Encoder, num_labels: int, dropout: float = 0.1, padding_free: bool = True):
+        super().__init__(encoder, padding_free)
         self.dropout = nn.Dropout(dropout)
         self.classifier = self._init(nn.Linear(encoder.config.hidden_size, num_labels))
 
     def forward(self, input_ids, token_type_ids, attention_mask, labels=None):
-        hidden, _, packing = self._encode(input_ids, token_type_ids, attention_mask)
-        logits = self.classifier(self.dropout(self._padded(hidden, packing))).float()
+        hidden, _, unpadding = self._encode(input_ids, token_type_ids, attention_mask)
+        logits = self.classifier(self.dropout(self._padded(hidden, unpadding))).float()
         if labels is None:
             return logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100), logits

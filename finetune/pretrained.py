@@ -13,7 +13,7 @@ code, is refused here with one line naming the file; so is a file this user may 
 finds no space.
 
 Every family comes out the same way: ``load_encoder`` gives the encoder (``BertModel``, ``AlbertModel`` or
-``ElectraModel``: the same padded/packed forward, ``config.hidden_size`` its output width) and
+``ElectraModel``: the same padded/padding-free forward, ``config.hidden_size`` its output width) and
 ``load_tokenizer_for`` its tokenizer, checked against ``load_model_config``.
 """
 from __future__ import annotations

@@ -22,9 +22,10 @@ another graph, and after ``torch._dynamo.config.recompile_limit`` of them the re
 ``dynamic=True`` every size but the parameters' is symbolic from the first call, so one graph per region serves
 every batch (one more where a size of 1 specialises, e.g. a last batch of one row); tests/pretrain/test_compiling.py
 counts the graphs over many widths. ``RecompileLimitWatch`` counts them during a run, and says so in the log when
-TorchDynamo gave up on a region (its recompile limit) and left it eager. The packed encoder (``models.attention.Packing``:
-finetuning's heads by default, pretraining's ``model.padding_free``) reads data-dependent sizes (the number of real
-tokens, the longest row) in the eager glue, so the compiled blocks see only tensors.
+TorchDynamo gave up on a region (its recompile limit) and left it eager. The padding-free encoder
+(``models.attention.Unpadding``: finetuning's heads by default, pretraining's ``model.padding_free``) reads
+data-dependent sizes (the number of real tokens, the longest row) in the eager glue, so the compiled blocks see only
+tensors.
 """
 from __future__ import annotations
 

@@ -199,11 +199,11 @@ def padded_width(longest: int, multiple: int = PAD_MULTIPLE, limit: int | None =
 
 
 def pad(block: RowBlock, pad_id: int, first: int = 0, stop: int | None = None, *, documents: bool = False,
-        multiple: int = PAD_MULTIPLE, limit: int | None = None, packing: bool = False) -> dict[str, np.ndarray]:
+        multiple: int = PAD_MULTIPLE, limit: int | None = None, padding_free: bool = False) -> dict[str, np.ndarray]:
     """Rows ``[first, stop)`` of ``block`` as a padded micro-batch (its width: ``padded_width``): ids, token types,
     attention mask, flat masked positions (into the flattened batch) and labels, sentence-pair labels; with
     ``documents`` (packed rows) also ``document_ids`` (each token's block, from 0) and ``position_ids`` (restarting
-    at each block); with ``packing`` also what the padding-free encoder needs (``host_packing``)."""
+    at each block); with ``padding_free`` also what the padding-free encoder needs (``host_unpadding``)."""
     stop = len(block) if stop is None else stop
     token_ends, mask_ends = np.cumsum(block.lengths), np.cumsum(block.counts)
     lengths, counts = block.lengths[first:stop], block.counts[first:stop]
@@ -226,31 +226,31 @@ def pad(block: RowBlock, pad_id: int, first: int = 0, stop: int | None = None, *
            "next_sentence_labels": block.next_sentence_label[first:stop]}
     if documents:
         out.update(_documents(block, first, stop, width))
-    if packing:
-        out.update(host_packing(row_of * width + col_of, lengths, flat_positions, out.get("document_ids")))
+    if padding_free:
+        out.update(host_unpadding(row_of * width + col_of, lengths, flat_positions, out.get("document_ids")))
     return out
 
 
-def host_packing(real_index: np.ndarray, lengths: np.ndarray, masked_positions: np.ndarray,
-                 document_ids: np.ndarray | None = None) -> dict:
-    """The sizes of a right-padded micro-batch's packed layout (``models.attention.Packing.from_loader``),
+def host_unpadding(real_index: np.ndarray, lengths: np.ndarray, masked_positions: np.ndarray,
+                   document_ids: np.ndarray | None = None) -> dict:
+    """The sizes of a right-padded micro-batch's unpadded layout (``models.attention.Unpadding.from_loader``),
     computed here on the host, where the rows are known, so that the padding-free step reads nothing back from the
-    device: ``packed_index`` (the real tokens' flat positions, row by row), ``cu_seqlens`` and ``max_seqlen`` (the
-    rows), ``packed_masked_positions`` (each masked position's row in the packed layout) and, with ``document_ids``
+    device: ``unpadded_index`` (the real tokens' flat positions, row by row), ``cu_seqlens`` and ``max_seqlen`` (the
+    rows), ``unpadded_masked_positions`` (each masked position's row in the unpadded layout) and, with ``document_ids``
     (batch, width), ``segment_starts`` and ``longest_segment`` (the documents within rows, where attention stays)."""
     cu_seqlens = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu_seqlens[1:])
-    packed_masked = np.searchsorted(real_index, masked_positions)
-    if len(masked_positions) and (packed_masked.max() >= len(real_index)
-                                  or (real_index[packed_masked] != masked_positions).any()):
+    unpadded_masked = np.searchsorted(real_index, masked_positions)
+    if len(masked_positions) and (unpadded_masked.max() >= len(real_index)
+                                    or (real_index[unpadded_masked] != masked_positions).any()):
         raise ValueError("a masked position falls on padding, which the padding-free path drops")
-    out = {"packed_index": real_index.astype(np.int64), "cu_seqlens": cu_seqlens, "max_seqlen": int(lengths.max()),
-           "packed_masked_positions": packed_masked.astype(np.int64)}
+    out = {"unpadded_index": real_index.astype(np.int64), "cu_seqlens": cu_seqlens, "max_seqlen": int(lengths.max()),
+           "unpadded_masked_positions": unpadded_masked.astype(np.int64)}
     if document_ids is not None:
-        packed_documents = document_ids.reshape(-1)[real_index]
+        real_documents = document_ids.reshape(-1)[real_index]
         starts = np.zeros(len(real_index), dtype=bool)
         starts[cu_seqlens[:-1]] = True
-        starts[1:] |= packed_documents[1:] != packed_documents[:-1]
+        starts[1:] |= real_documents[1:] != real_documents[:-1]
         bounds = np.append(np.flatnonzero(starts), len(real_index)).astype(np.int32)
         out.update(segment_starts=bounds, longest_segment=int(np.diff(bounds).max()))
     return out
@@ -326,7 +326,7 @@ class PretrainingLoader:
         self.micro_batch, self.accumulation, self.world_size, self.rank = micro_batch, accumulation, world_size, rank
         self.masking, self.global_sum, self.document_attention = masking, global_sum, document_attention
         self.pad_multiple, self.width_limit = pad_multiple, data.manifest.max_seq_length
-        self.padding_free = padding_free  # send the packed layout's sizes (``host_packing``) with each micro-batch
+        self.padding_free = padding_free  # send the unpadded layout's sizes (``host_unpadding``) with each micro-batch
         self.epoch, self.batch_index = 0, 0
         self._order: EpochOrder | None = None
 
@@ -377,10 +377,10 @@ class PretrainingLoader:
         token_scale = shares / max(1, int(self.data.lengths_of(rows).sum()))
         micro = self.micro_batch
         return [{**pad(block, self.data.pad_id, a * micro, (a + 1) * micro, documents=self.document_attention,
-                       multiple=self.pad_multiple, limit=self.width_limit, packing=self.padding_free),
+                       multiple=self.pad_multiple, limit=self.width_limit, padding_free=self.padding_free),
                  "mlm_loss_scale": np.float32(scale), "token_loss_scale": np.float32(token_scale)}
                 for a in range(self.accumulation)]
 
 
-__all__ = ["PretrainingLoader", "RowBlock", "ShardedInstances", "collate",
-           "epoch_batches", "host_packing", "mask_dynamically", "pad", "padded_width", "read_rows", "split_global_batch"]
+__all__ = ["PretrainingLoader", "RowBlock", "ShardedInstances", "collate", "epoch_batches",
+           "host_unpadding", "mask_dynamically", "pad", "padded_width", "read_rows", "split_global_batch"]

@@ -36,7 +36,7 @@ from pretrain import compiling, families
 from pretrain import config as config_module
 from pretrain import engine as ds
 from pretrain.compiling import compile_module
-from pretrain.data import PretrainingLoader, ShardedInstances, host_packing
+from pretrain.data import PretrainingLoader, ShardedInstances, host_unpadding
 from pretrain.ds_config import deepspeed_config
 from pretrain.dynamic_masking import DynamicMasking
 from pretrain.launch import Rendezvous
@@ -51,9 +51,9 @@ MODES = ("padded", "padding-free", "padded+compile", "padding-free+compile", "pa
          "padded+compile+cudagraphs", "padding-free+compile+cudagraphs")
 
 
-def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: int = 0, packing: bool = False):
+def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: int = 0, unpadding: bool = False):
     """Full-length rows with 15% of positions masked: the worst case for padding, the best for MFU; with
-    ``packing`` the sizes the padding-free path takes from the loader (``pretrain.data.host_packing``)."""
+    ``unpadding`` the sizes the padding-free path takes from the loader (``pretrain.data.host_unpadding``)."""
     rng = np.random.default_rng(seed)
     per_row = max(1, int(0.15 * seq))
     while True:
@@ -67,8 +67,8 @@ def synthetic_steps(micro: int, seq: int, vocab: int, accumulation: int, seed: i
                             "masked_labels": rng.integers(1000, vocab, size=micro * per_row),
                             "next_sentence_labels": rng.integers(0, 2, size=micro),
                             "mlm_loss_scale": np.float32(1.0 / (micro * per_row))})
-            if packing:
-                batches[-1].update(host_packing(np.arange(micro * seq), np.full(micro, seq),
+            if unpadding:
+                batches[-1].update(host_unpadding(np.arange(micro * seq), np.full(micro, seq),
                                                 batches[-1]["masked_positions"]))
         yield batches
 
@@ -120,7 +120,7 @@ def measure(args, seq: int, micro: int, data_dir: str | None, mode: str) -> dict
                                    pad_multiple=args.pad_multiple, padding_free=padding_free)
         steps = iter(loader.next_step, None)
     else:
-        steps = synthetic_steps(micro, seq, 30528, args.accumulation, packing=padding_free)
+        steps = synthetic_steps(micro, seq, 30528, args.accumulation, unpadding=padding_free)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     tokens = sequences = 0
     graphs_before, warmup_started = compiling.graphs_compiled(), time.perf_counter()

@@ -216,9 +216,9 @@ def padding_free_equivalence(modes: dict[str, PretrainingLoss], batch: dict) -> 
         out[name] = (loss.item(), {n: p.grad.clone() for n, p in objective.model.named_parameters() if p.grad is not None})
         objective.zero_grad(set_to_none=True)
         objective.train()
-    (loss, grads), (packed_loss, packed_grads) = out["padded"], out["padding_free"]
-    return {"loss_abs_diff": abs(loss - packed_loss),
-            "grad_max_abs_diff": max(float((grads[n] - packed_grads[n]).abs().max()) for n in grads)}
+    (loss, grads), (free_loss, free_grads) = out["padded"], out["padding_free"]
+    return {"loss_abs_diff": abs(loss - free_loss),
+            "grad_max_abs_diff": max(float((grads[n] - free_grads[n]).abs().max()) for n in grads)}
 
 
 def measure_padding_free(dataset: Path, seq: int, rounds: int, steps: int, quiet_budget: float) -> dict:

@@ -9,8 +9,8 @@ ALBERT is BERT with two parameter reductions and a different sentence objective:
   is applied every time). Shared weights still cost their FLOPs at every application (``flops_per_token``);
 - sentence-order prediction on the pooled [CLS] (``sop_classifier``), in place of next-sentence prediction.
 
-The attention is our BERT's (``models.bert.model.BertSelfAttention``: SDPA, the packed mode of
-``models.attention.Packing`` and its kernels, packed documents kept apart by ``document_ids``/``position_ids``),
+The attention is our BERT's (``models.bert.model.BertSelfAttention``: SDPA, the padding-free mode of
+``models.attention.Unpadding`` and its kernels, packed documents kept apart by ``document_ids``/``position_ids``),
 and so are the embeddings, at width E; the forward takes BERT's arguments, so ``pretrain.families.bert_loss`` trains it
 unchanged. One deliberate difference from ``transformers``: the FFN output gets its dropout before the residual,
 as in google-research/albert's ``attention_ffn_block`` (Hugging Face defines that dropout but never applies it).
@@ -24,7 +24,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from models.attention import Packing
+from models.attention import Unpadding
 from models.bert.model import (
     _ACTIVATIONS,
     BertConfig,
@@ -104,8 +104,8 @@ def preset(name: str, **overrides) -> AlbertConfig:
     return replace(PRESETS[name], **overrides)
 
 
-def _dropout(x: torch.Tensor, module: nn.Dropout, packing: Packing | None) -> torch.Tensor:
-    return module(x) if packing is None else packing.dropout(x, module)
+def _dropout(x: torch.Tensor, module: nn.Dropout, unpadding: Unpadding | None) -> torch.Tensor:
+    return module(x) if unpadding is None else unpadding.dropout(x, module)
 
 
 class AlbertAttention(BertSelfAttention):
@@ -118,9 +118,10 @@ class AlbertAttention(BertSelfAttention):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.output_dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
-        out = self.dense(super().forward(x, attn_mask, packing))
-        return self.LayerNorm(x + _dropout(out, self.output_dropout, packing))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                unpadding: Unpadding | None = None) -> torch.Tensor:
+        out = self.dense(super().forward(x, attn_mask, unpadding))
+        return self.LayerNorm(x + _dropout(out, self.output_dropout, unpadding))
 
 
 class AlbertLayer(nn.Module):
@@ -133,10 +134,11 @@ class AlbertLayer(nn.Module):
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
-        x = self.attention(x, attn_mask, packing)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                unpadding: Unpadding | None = None) -> torch.Tensor:
+        x = self.attention(x, attn_mask, unpadding)
         out = self.ffn_output(self.act(self.ffn(x)))
-        return self.full_layer_layer_norm(_dropout(out, self.dropout, packing) + x)  # post-LN
+        return self.full_layer_layer_norm(_dropout(out, self.dropout, unpadding) + x)  # post-LN
 
 
 class AlbertLayerGroup(nn.Module):
@@ -146,9 +148,10 @@ class AlbertLayerGroup(nn.Module):
         super().__init__()
         self.albert_layers = nn.ModuleList(AlbertLayer(cfg) for _ in range(cfg.inner_group_num))
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                unpadding: Unpadding | None = None) -> torch.Tensor:
         for layer in self.albert_layers:
-            x = layer(x, attn_mask, packing)
+            x = layer(x, attn_mask, unpadding)
         return x
 
 
@@ -166,22 +169,23 @@ class AlbertTransformer(nn.Module):
         """The group applied at step ``application`` (0-based): consecutive equal shares, as transformers does."""
         return application // (self.config.num_hidden_layers // self.config.num_hidden_groups)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                unpadding: Unpadding | None = None) -> torch.Tensor:
         x = self.embedding_hidden_mapping_in(x)
         for application in range(self.config.num_hidden_layers):
             group = self.albert_layer_groups[self.group_of(application)]
             if self.gradient_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(group, x, attn_mask, packing, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(group, x, attn_mask, unpadding, use_reentrant=False)
             else:
-                x = group(x, attn_mask, packing)
+                x = group(x, attn_mask, unpadding)
         return x
 
 
 class AlbertModel(nn.Module):
-    """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``, or in packed mode ``((N, H), (B, H))``.
+    """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``, or padding-free ``((N, H), (B, H))``.
 
     The same two modes as ``models.bert.model.BertModel``: padded, ``input_ids`` (B, T) with ``attention_mask``
-    (B, T) or None; packed, ``input_ids`` (N,) with their ``packing``. In packed mode the E -> H projection and
+    (B, T) or None; padding-free, ``input_ids`` (N,) with their ``unpadding``. Padding-free, the E -> H projection and
     every later GEMM see only the real tokens.
     """
 
@@ -193,17 +197,17 @@ class AlbertModel(nn.Module):
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if add_pooling_layer else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, packing: Packing | None = None, *,
+                attention_mask: torch.Tensor | None = None, unpadding: Unpadding | None = None, *,
                 position_ids: torch.Tensor | None = None,
                 document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The modes and the ``position_ids``/``document_ids`` (packed documents kept apart) of
         ``models.bert.model.BertModel.forward``, each shaped like ``input_ids``."""
-        x, attn_mask, packing = embed(self.embeddings, input_ids, token_type_ids, attention_mask, packing,
+        x, attn_mask, unpadding = embed(self.embeddings, input_ids, token_type_ids, attention_mask, unpadding,
                                       position_ids=position_ids, document_ids=document_ids)
-        hidden = self.encoder(x, attn_mask, packing)
+        hidden = self.encoder(x, attn_mask, unpadding)
         if self.pooler is None:
             return hidden, None
-        first = hidden[:, 0] if packing is None else hidden.index_select(0, packing.cu_seqlens[:-1])
+        first = hidden[:, 0] if unpadding is None else hidden.index_select(0, unpadding.cu_seqlens[:-1])
         return hidden, torch.tanh(self.pooler(first))  # the [CLS] position
 
 
@@ -252,18 +256,18 @@ class AlbertForPreTraining(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None, *,
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
-                packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                unpadding: Unpadding | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MLM logits and sentence-order logits (B, 2); the arguments of ``models.bert.model.BertForPreTraining``'s
         forward, so that ``pretrain.families.bert_loss.PretrainingLoss`` trains either model.
 
         Args:
-            masked_positions: flat indices into the (B*T) tokens, or with ``packing`` into the packed (N) tokens
-                (``Packing.positions``); the MLM head then runs on those rows only and returns (M, V). Without
-                it, logits for every position are returned as (B, T, V), or (N, V) with ``packing``.
+            masked_positions: flat indices into the (B*T) tokens, or with ``unpadding`` into the unpadded (N) tokens
+                (``Unpadding.positions``); the MLM head then runs on those rows only and returns (M, V). Without
+                it, logits for every position are returned as (B, T, V), or (N, V) with ``unpadding``.
             position_ids, document_ids: packed documents kept apart (``AlbertModel.forward``).
-            packing: packed mode: every input shaped (N,), no ``attention_mask``.
+            unpadding: padding-free mode: every input shaped (N,), no ``attention_mask``.
         """
-        hidden, pooled = self.albert(input_ids, token_type_ids, attention_mask, packing, position_ids=position_ids,
+        hidden, pooled = self.albert(input_ids, token_type_ids, attention_mask, unpadding, position_ids=position_ids,
                                      document_ids=document_ids)
         if masked_positions is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_positions)

@@ -5,10 +5,10 @@ GPU); the MLM head runs only on the masked positions when they are given; the de
 embeddings. Nothing here imports DeepSpeed or torch.distributed: parallelism is applied from outside.
 
 The encoder runs in two modes with the same modules and weights: padded, ``(B, T)`` tokens and an attention
-mask, or packed, the real tokens of every row back to back as ``(N,)`` with a ``Packing`` that says where
-each row's tokens are. In packed mode every GEMM sees only the real tokens; the embeddings (lookups and a
-LayerNorm) run on the padded grid (``Packing.unpack``), and attention, which mixes positions, through the kernel
-``models.attention`` chose: on the padded grid under a mask, or on the packed tokens (variable-length flash
+mask, or padding-free, the real tokens of every row back to back as ``(N,)`` with a ``Unpadding`` that says where
+each row's tokens are. In padding-free mode every GEMM sees only the real tokens; the embeddings (lookups and a
+LayerNorm) run on the padded grid (``Unpadding.pad``), and attention, which mixes positions, through the kernel
+``models.attention`` chose: on the padded grid under a mask, or on the unpadded tokens (variable-length flash
 attention on CUDA).
 
 Packed documents (rows ``[CLS] d1 [SEP] d2 [SEP] …``) may be kept apart: with ``document_ids`` a token attends
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from models.attention import SDPA_PADDED_GRID, VARLEN, Packing, document_mask, varlen_attention
+from models.attention import SDPA_PADDED_GRID, VARLEN, Unpadding, document_mask, varlen_attention
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -101,42 +101,43 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
-        self.packed_kernel = SDPA_PADDED_GRID  # packed mode's kernel (``models.attention.use``)
+        self.unpadded_kernel = SDPA_PADDED_GRID  # padding-free mode's kernel (``models.attention.use``)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
-        """x: (B, T, H), or packed (N, H): then the projections see the real tokens, and attention the padded grid
-        (``sdpa-padded-grid``) or the packed tokens within each segment (``varlen``)."""
-        if packing is not None and self.packed_kernel == VARLEN:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                unpadding: Unpadding | None = None) -> torch.Tensor:
+        """x: (B, T, H), or unpadded (N, H): then the projections see the real tokens, and attention the padded grid
+        (``sdpa-padded-grid``) or the unpadded tokens within each segment (``varlen``)."""
+        if unpadding is not None and self.unpadded_kernel == VARLEN:
             if self.training and self.dropout_p > 0:
                 raise ValueError("the varlen attention kernel has no dropout; models.attention.choose gives it "
                                  "only to models without attention dropout")
-            qkv = self._packed_projections(x).view(x.shape[0], 3, self.num_heads, -1)
-            out = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], packing.segment_starts, packing.longest_segment)
+            qkv = self._unpadded_projections(x).view(x.shape[0], 3, self.num_heads, -1)
+            out = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], unpadding.segment_starts, unpadding.longest_segment)
             return out.reshape(x.shape)
-        if packing is None:
+        if unpadding is None:
             batch, length, hidden = x.shape
             heads = lambda t: t.view(batch, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)  # noqa: E731
             q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))  # (B, nh, T, hs)
         else:
-            batch, length, hidden = packing.batch, packing.length, x.shape[-1]
-            q, k, v = self._packed_heads(x, packing)
+            batch, length, hidden = unpadding.batch, unpadding.length, x.shape[-1]
+            q, k, v = self._unpadded_heads(x, unpadding)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                              dropout_p=self.dropout_p if self.training else 0.0)
         out = out.transpose(1, 2).reshape(batch, length, hidden)
-        return out if packing is None else packing.pack(out)
+        return out if unpadding is None else unpadding.unpad(out)
 
-    def _packed_heads(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """Query, key and value of packed rows (N, H), each (B, nh, T, hs) on the padded grid, from one GEMM.
+    def _unpadded_heads(self, x: torch.Tensor, unpadding: Unpadding) -> torch.Tensor:
+        """Query, key and value of unpadded rows (N, H), each (B, nh, T, hs) on the padded grid, from one GEMM.
 
         One GEMM for the three projections is how finetuning has always computed them: its backward sums the three
         input gradients inside the GEMM, where three GEMMs would add three sums, and that last-bit difference grows
         over training into different scores. The parameters stay three (the checkpoints' names, and the operation
         order of the padded mode that pretraining's losses come from), so their weights are joined for the GEMM.
         """
-        qkv = packing.unpack(self._packed_projections(x))  # (B, T, 3H)
-        return qkv.view(packing.batch, packing.length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        qkv = unpadding.pad(self._unpadded_projections(x))  # (B, T, 3H)
+        return qkv.view(unpadding.batch, unpadding.length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
 
-    def _packed_projections(self, x: torch.Tensor) -> torch.Tensor:
+    def _unpadded_projections(self, x: torch.Tensor) -> torch.Tensor:
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
         return F.linear(x, weight, bias)  # (N, 3H)
@@ -149,9 +150,9 @@ class BertSelfOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, unpadding: Unpadding | None = None) -> torch.Tensor:
         x = self.dense(x)
-        x = self.dropout(x) if packing is None else packing.dropout(x, self.dropout)
+        x = self.dropout(x) if unpadding is None else unpadding.dropout(x, self.dropout)
         return self.LayerNorm(x + residual)  # post-LN
 
 
@@ -161,8 +162,9 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
-        return self.output(self.self(x, attn_mask, packing), x, packing)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                unpadding: Unpadding | None = None) -> torch.Tensor:
+        return self.output(self.self(x, attn_mask, unpadding), x, unpadding)
 
 
 class BertIntermediate(nn.Module):
@@ -188,9 +190,10 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
-        x = self.attention(x, attn_mask, packing)
-        return self.output(self.intermediate(x), x, packing)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                unpadding: Unpadding | None = None) -> torch.Tensor:
+        x = self.attention(x, attn_mask, unpadding)
+        return self.output(self.intermediate(x), x, unpadding)
 
 
 class BertEncoder(nn.Module):
@@ -199,12 +202,13 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.gradient_checkpointing = False  # recompute each layer's activations in backward to save memory
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                unpadding: Unpadding | None = None) -> torch.Tensor:
         for layer in self.layer:
             if self.gradient_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(layer, x, attn_mask, packing, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(layer, x, attn_mask, unpadding, use_reentrant=False)
             else:
-                x = layer(x, attn_mask, packing)
+                x = layer(x, attn_mask, unpadding)
         return x
 
 
@@ -213,20 +217,20 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, hidden: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
-        first = hidden[:, 0] if packing is None else hidden.index_select(0, packing.cu_seqlens[:-1])
+    def forward(self, hidden: torch.Tensor, unpadding: Unpadding | None = None) -> torch.Tensor:
+        first = hidden[:, 0] if unpadding is None else hidden.index_select(0, unpadding.cu_seqlens[:-1])
         return torch.tanh(self.dense(first))  # the [CLS] position
 
 
 def embed(embeddings: BertEmbeddings, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-          attention_mask: torch.Tensor | None, packing: Packing | None, *, position_ids: torch.Tensor | None = None,
-          document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Packing | None]:
+          attention_mask: torch.Tensor | None, unpadding: Unpadding | None, *, position_ids: torch.Tensor | None = None,
+          document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Unpadding | None]:
     """An encoder's input in either mode (``BertModel.forward``'s arguments): the embedded tokens, (B, T, E) or
-    packed (N, E), the attention mask, and the packing (cut into documents for the varlen kernel when
+    unpadded (N, E), the attention mask, and the unpadding (cut into documents for the varlen kernel when
     ``document_ids`` keep packed documents apart). BERT's, ALBERT's and ELECTRA's encoders all start here."""
     if token_type_ids is None:
         token_type_ids = torch.zeros_like(input_ids)
-    if packing is None:
+    if unpadding is None:
         if document_ids is not None:
             real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
             attn_mask = document_mask(document_ids, real)
@@ -234,21 +238,21 @@ def embed(embeddings: BertEmbeddings, input_ids: torch.Tensor, token_type_ids: t
             attn_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         return embeddings(input_ids, token_type_ids, position_ids), attn_mask, None
     if attention_mask is not None:
-        raise ValueError("give attention_mask (padded mode) or packing (packed mode), not both")
-    attn_mask = packing.key_mask
+        raise ValueError("give attention_mask (padded mode) or unpadding (padding-free mode), not both")
+    attn_mask = unpadding.key_mask
     if document_ids is not None:
-        attn_mask = document_mask(packing.unpack(document_ids), packing.key_mask[:, 0, 0])
-        packing = packing.within_documents(document_ids)
+        attn_mask = document_mask(unpadding.pad(document_ids), unpadding.key_mask[:, 0, 0])
+        unpadding = unpadding.within_documents(document_ids)
     if position_ids is not None:
-        position_ids = packing.unpack(position_ids)
+        position_ids = unpadding.pad(position_ids)
     # The embeddings (lookups and a LayerNorm, no GEMM) run on the padded grid: their gradients are sums over its
     # rows, in the order every finetuning result so far was trained with.
-    return (packing.pack(embeddings(packing.unpack(input_ids), packing.unpack(token_type_ids), position_ids)),
-            attn_mask, packing)
+    return (unpadding.unpad(embeddings(unpadding.pad(input_ids), unpadding.pad(token_type_ids), position_ids)),
+            attn_mask, unpadding)
 
 
 class BertModel(nn.Module):
-    """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``, or in packed mode ``((N, H), (B, H))``."""
+    """The encoder: ``(sequence output (B, T, H), pooled [CLS] (B, H))``, or padding-free ``((N, H), (B, H))``."""
 
     def __init__(self, cfg: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
@@ -258,17 +262,17 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(cfg) if add_pooling_layer else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, packing: Packing | None = None, *,
+                attention_mask: torch.Tensor | None = None, unpadding: Unpadding | None = None, *,
                 position_ids: torch.Tensor | None = None,
                 document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Padded: ``input_ids`` (B, T) with ``attention_mask`` (B, T) or None for no padding.
-        Packed: ``input_ids`` (N,), every row's real tokens back to back, with their ``packing`` (no mask).
+        Padding-free: ``input_ids`` (N,), every row's real tokens back to back, with their ``unpadding`` (no mask).
         ``position_ids`` (default 0, 1, … along the row) and ``document_ids`` (default: one document per row; a
         token attends to its own document only) are shaped like ``input_ids``."""
-        x, attn_mask, packing = embed(self.embeddings, input_ids, token_type_ids, attention_mask, packing,
+        x, attn_mask, unpadding = embed(self.embeddings, input_ids, token_type_ids, attention_mask, unpadding,
                                       position_ids=position_ids, document_ids=document_ids)
-        hidden = self.encoder(x, attn_mask, packing)
-        return hidden, (self.pooler(hidden, packing) if self.pooler is not None else None)
+        hidden = self.encoder(x, attn_mask, unpadding)
+        return hidden, (self.pooler(hidden, unpadding) if self.pooler is not None else None)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -328,17 +332,17 @@ class BertForPreTraining(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None, *,
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
-                packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                unpadding: Unpadding | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MLM logits and NSP logits.
 
         Args:
-            masked_positions: flat indices into the (B*T) tokens, or with ``packing`` into the packed (N) tokens
-                (``Packing.positions``); the MLM head then runs on those rows only and returns (M, V). Without
-                it, logits for every position are returned as (B, T, V), or (N, V) with ``packing``.
+            masked_positions: flat indices into the (B*T) tokens, or with ``unpadding`` into the unpadded (N) tokens
+                (``Unpadding.positions``); the MLM head then runs on those rows only and returns (M, V). Without
+                it, logits for every position are returned as (B, T, V), or (N, V) with ``unpadding``.
             position_ids, document_ids: packed documents kept apart (``BertModel.forward``).
-            packing: packed mode (``BertModel.forward``): every input shaped (N,), no ``attention_mask``.
+            unpadding: padding-free mode (``BertModel.forward``): every input shaped (N,), no ``attention_mask``.
         """
-        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask, packing, position_ids=position_ids,
+        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask, unpadding, position_ids=position_ids,
                                    document_ids=document_ids)
         if masked_positions is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_positions)
@@ -361,5 +365,5 @@ def flops_per_token(cfg: BertConfig, seq_len: int, masked_fraction: float = 0.15
     return 3.0 * (layers * per_layer + head)
 
 
-__all__ = ["BertConfig", "BertForPreTraining", "BertModel", "PRESETS", "Packing", "document_mask", "embed",
+__all__ = ["BertConfig", "BertForPreTraining", "BertModel", "PRESETS", "Unpadding", "document_mask", "embed",
            "flops_per_token", "preset"]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.bert.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertEncoder, Packing, embed
+from models.bert.model import _ACTIVATIONS, BertConfig, BertEmbeddings, BertEncoder, Unpadding, embed
 from models.bert.model import flops_per_token as bert_flops_per_token
 
 
@@ -135,7 +135,7 @@ def _init_weights(root: nn.Module, std: float, keep: nn.Module | None = None) ->
 class ElectraModel(nn.Module):
     """Embeddings (``embeddings``, shared when given), ``embeddings_project`` when the embedding size is not the
     hidden size, and the encoder. Returns ``(hidden, None)``: the contract of ``BertModel(add_pooling_layer=False)``
-    (ELECTRA has no pooler), padded ``(B, T, H)`` or packed ``(N, H)``, so finetuning's heads take either."""
+    (ELECTRA has no pooler), padded ``(B, T, H)`` or unpadded ``(N, H)``, so finetuning's heads take either."""
 
     def __init__(self, cfg: ElectraConfig, embeddings: BertEmbeddings | None = None):
         super().__init__()
@@ -149,17 +149,17 @@ class ElectraModel(nn.Module):
         self.encoder = BertEncoder(cfg.encoder_config())
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, packing: Packing | None = None, *,
+                attention_mask: torch.Tensor | None = None, unpadding: Unpadding | None = None, *,
                 position_ids: torch.Tensor | None = None,
                 document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
-        """Padded: ``input_ids`` (B, T) with ``attention_mask`` (B, T) or None. Packed: ``input_ids`` (N,), the real
-        tokens back to back, with their ``packing``. ``position_ids`` and ``document_ids`` (shaped like
+        """Padded: ``input_ids`` (B, T) with ``attention_mask`` (B, T) or None. Padding-free: ``input_ids`` (N,), the
+        real tokens back to back, with their ``unpadding``. ``position_ids`` and ``document_ids`` (shaped like
         ``input_ids``) keep packed documents apart, as in ``models.bert.model.BertModel``."""
-        x, attn_mask, packing = embed(self.embeddings, input_ids, token_type_ids, attention_mask, packing,
+        x, attn_mask, unpadding = embed(self.embeddings, input_ids, token_type_ids, attention_mask, unpadding,
                                       position_ids=position_ids, document_ids=document_ids)  # (B, T, E) or (N, E)
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)  # (..., H)
-        return self.encoder(x, attn_mask, packing), None
+        return self.encoder(x, attn_mask, unpadding), None
 
 
 class ElectraDiscriminatorPredictions(nn.Module):

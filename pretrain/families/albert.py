@@ -2,7 +2,7 @@
 (``models.albert.model``), trained with BERT's objective module on any dataset of the objectives menu (sentence-order
 prediction, ``objective.sentence_objective: sop``, is ALBERT's), exported as ``AlbertForPreTraining``.
 
-ALBERT's forward takes BERT's arguments (packing, ``position_ids``, ``document_ids``), so
+ALBERT's forward takes BERT's arguments (unpadding, ``position_ids``, ``document_ids``), so
 ``pretrain.families.bert_loss.PretrainingLoss`` trains it as it trains BERT: padding-free and document attention
 included, with the same statistics and logged metrics. Its MFU counts every application of the shared layers.
 """

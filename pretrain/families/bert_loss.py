@@ -5,13 +5,13 @@ Kept apart from the model so that the model stays a plain ``BertForPreTraining``
 module. Besides the loss it returns the sums that logging needs, so that metrics over many steps and
 ranks are exact ratios of sums rather than means of means.
 
-With ``padding_free`` the micro-batch, padded by the loader, is packed (``models.attention.pack_batch``, from sizes
+With ``padding_free`` the micro-batch, padded by the loader, is unpadded (``models.attention.unpad_batch``, from sizes
 the loader computed on the host) before the encoder, so that every GEMM sees the real tokens only: the masked
-positions are mapped into the packed
-layout, the pair head reads each row's [CLS] (its first packed token), and ``document_ids``/``position_ids``
-travel packed too (the model puts them back on the padded grid for the embeddings and the attention mask).
+positions are mapped into the
+unpadded layout, the pair head reads each row's [CLS] (its first unpadded token), and ``document_ids``/``position_ids``
+travel unpadded too (the model puts them back on the padded grid for the embeddings and the attention mask).
 The losses and gradients equal the padded mode's to rounding (tests/pretrain/test_padding_free.py), not to the
-bit: the packed GEMMs have other shapes, and the query/key/value projections are one GEMM there.
+bit: the unpadded GEMMs have other shapes, and the query/key/value projections are one GEMM there.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import pack_batch
+from models.attention import unpad_batch
 from models.bert.model import BertForPreTraining
 
 # Order of the entries of the statistics vector returned with the loss. ``pair_*`` are the sentence-pair
@@ -46,22 +46,22 @@ class PretrainingLoss(nn.Module):
                 masked_positions: torch.Tensor, masked_labels: torch.Tensor, next_sentence_labels: torch.Tensor,
                 mlm_loss_scale: torch.Tensor, position_ids: torch.Tensor | None = None,
                 document_ids: torch.Tensor | None = None, token_loss_scale: torch.Tensor | None = None,
-                **loader_packing) -> tuple[torch.Tensor, torch.Tensor]:
+                **loader_unpadding) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to back-propagate, detached statistics in the order of ``STAT_NAMES``).
 
         ``mlm_loss_scale`` turns this micro-batch's summed token losses into its share of the mean over
         the whole global batch (see ``PretrainingLoader``); ``position_ids`` and ``document_ids`` keep packed
         documents apart (document attention). ``token_loss_scale`` (the loader's, for losses over every token)
-        is not used: BERT's losses are on masked tokens and sequences only. ``loader_packing``: the padding-free
+        is not used: BERT's losses are on masked tokens and sequences only. ``loader_unpadding``: the padding-free
         path's sizes as the loader computed them (``models.attention.LOADER_FIELDS``).
         """
         del token_loss_scale
         if self.padding_free:
-            packing, packed_positions = pack_batch(attention_mask, masked_positions, loader_packing)
-            packed = lambda t: None if t is None else packing.pack(t)  # noqa: E731
+            unpadding, unpadded_positions = unpad_batch(attention_mask, masked_positions, loader_unpadding)
+            unpadded = lambda t: None if t is None else unpadding.unpad(t)  # noqa: E731
             mlm_logits, pair_logits = self.model(
-                packing.pack(input_ids), packing.pack(token_type_ids), None, packed_positions,
-                position_ids=packed(position_ids), document_ids=packed(document_ids), packing=packing)
+                unpadding.unpad(input_ids), unpadding.unpad(token_type_ids), None, unpadded_positions,
+                position_ids=unpadded(position_ids), document_ids=unpadded(document_ids), unpadding=unpadding)
         else:
             mlm_logits, pair_logits = self.model(input_ids, token_type_ids, attention_mask, masked_positions,
                                                  position_ids=position_ids, document_ids=document_ids)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import pack_batch
+from models.attention import unpad_batch
 from models.bert.model import BertForPreTraining
 
 # Order of the entries of the statistics vector returned with the loss. kl_loss_sum is T^2 x KL summed over the
@@ -57,14 +57,14 @@ class Encoded:
 def encode(model: BertForPreTraining, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
            attention_mask: torch.Tensor, masked_positions: torch.Tensor, *, padding_free: bool,
            position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
-           loader_packing: dict | None = None) -> Encoded:
+           loader_unpadding: dict | None = None) -> Encoded:
     """``model``'s forward on a loader micro-batch, keeping the hidden states that ``BertForPreTraining`` drops."""
     if padding_free:
-        packing, packed_positions = pack_batch(attention_mask, masked_positions, loader_packing or {})
-        packed = lambda t: None if t is None else packing.pack(t)  # noqa: E731
-        hidden, pooled = model.bert(packing.pack(input_ids), packing.pack(token_type_ids), None, packing,
-                                    position_ids=packed(position_ids), document_ids=packed(document_ids))
-        real, masked = hidden, hidden.index_select(0, packed_positions)
+        unpadding, unpadded_positions = unpad_batch(attention_mask, masked_positions, loader_unpadding or {})
+        unpadded = lambda t: None if t is None else unpadding.unpad(t)  # noqa: E731
+        hidden, pooled = model.bert(unpadding.unpad(input_ids), unpadding.unpad(token_type_ids), None, unpadding,
+                                    position_ids=unpadded(position_ids), document_ids=unpadded(document_ids))
+        real, masked = hidden, hidden.index_select(0, unpadded_positions)
     else:
         hidden, pooled = model.bert(input_ids, token_type_ids, attention_mask, position_ids=position_ids,
                                     document_ids=document_ids)
@@ -111,14 +111,14 @@ class DistillationLoss(nn.Module):
                 masked_positions: torch.Tensor, masked_labels: torch.Tensor, next_sentence_labels: torch.Tensor,
                 mlm_loss_scale: torch.Tensor, token_loss_scale: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
-                **loader_packing) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss to back-propagate, detached statistics in the order of ``STAT_NAMES``); ``loader_packing`` as
+                **loader_unpadding) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss to back-propagate, detached statistics in the order of ``STAT_NAMES``); ``loader_unpadding`` as
         ``pretrain.families.bert_loss.PretrainingLoss``'s."""
         if token_loss_scale is None:
             raise ValueError("distillation's cosine loss needs the loader's token_loss_scale")
         inputs = dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                       masked_positions=masked_positions, padding_free=self.padding_free, position_ids=position_ids,
-                      document_ids=document_ids, loader_packing=loader_packing)
+                      document_ids=document_ids, loader_unpadding=loader_unpadding)
         with torch.no_grad():
             teacher = encode(self._teacher_on(input_ids.device), **inputs)
         student = encode(self.model, **inputs)

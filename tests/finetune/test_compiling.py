@@ -43,9 +43,9 @@ def test_a_compiled_model_takes_the_eager_steps(tmp_path, stage, caplog):
 
 
 def test_batches_of_new_widths_compile_no_new_graphs():
-    """The packed encoder (the heads' default) breaks the graph where ``Packing`` reads its data-dependent sizes, so
-    one forward is a few graphs; with dynamic shapes they are compiled for the first batches and serve every later
-    width and batch size."""
+    """The padding-free encoder (the heads' default) breaks the graph where ``Unpadding`` reads its data-dependent
+    sizes, so one forward is a few graphs; with dynamic shapes they are compiled for the first batches and serve every
+    later width and batch size."""
     torch.manual_seed(0)
     model = compiling.compile_module(SequenceClassifier(BertModel(preset("tiny", vocab_size=64)), 2, dropout=0.0))
     rng = np.random.default_rng(0)

@@ -81,11 +81,11 @@ def test_the_family_comes_from_config_json(family_dir):
     assert encoder.config.hidden_size == 32 == pretrained.load_model_config(directory).hidden_size
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
-def test_the_encoder_gives_transformers_automodel_outputs(family_dir, packed):
+@pytest.mark.parametrize("padding_free", [True, False], ids=["padding-free", "padded"])
+def test_the_encoder_gives_transformers_automodel_outputs(family_dir, padding_free):
     import transformers  # a dev dependency: a missing install fails here, it is never skipped
 
-    from models.bert.model import Packing
+    from models.bert.model import Unpadding
 
     family, directory = family_dir
     ours = pretrained.load_encoder(directory).eval()
@@ -95,11 +95,11 @@ def test_the_encoder_gives_transformers_automodel_outputs(family_dir, packed):
     real = batch["attention_mask"].bool()
     with torch.no_grad():
         expected = theirs(**batch)
-        if packed:
-            packing = Packing.from_attention_mask(batch["attention_mask"])
-            hidden, pooled = ours(packing.pack(batch["input_ids"]), packing.pack(batch["token_type_ids"]),
-                                  packing=packing)
-            hidden = packing.unpack(hidden)
+        if padding_free:
+            unpadding = Unpadding.from_attention_mask(batch["attention_mask"])
+            hidden, pooled = ours(unpadding.unpad(batch["input_ids"]), unpadding.unpad(batch["token_type_ids"]),
+                                  unpadding=unpadding)
+            hidden = unpadding.pad(hidden)
         else:
             hidden, pooled = ours(batch["input_ids"], batch["token_type_ids"], attention_mask=batch["attention_mask"])
     torch.testing.assert_close(hidden[real], expected.last_hidden_state[real], rtol=1e-5, atol=1e-5)
@@ -141,25 +141,25 @@ def test_heads_give_the_outputs_of_transformers_task_models(family_dir, head):
 
 
 @pytest.mark.parametrize("head", ["sequence", "token", "span"])
-def test_packed_and_padded_heads_agree(family_dir, head):
+def test_padding_free_and_padded_heads_agree(family_dir, head):
     _, directory = family_dir
     batch = _batch()
     outputs = []
-    for packed in (True, False):
+    for padding_free in (True, False):
         torch.manual_seed(3)  # the same head weights both times
         encoder = pretrained.load_encoder(directory)
-        model = {"sequence": lambda: SequenceClassifier(encoder, 2, packed=packed),
-                 "token": lambda: TokenClassifier(encoder, 4, packed=packed),
-                 "span": lambda: SpanExtractor(encoder, packed=packed)}[head]().eval()
+        model = {"sequence": lambda: SequenceClassifier(encoder, 2, padding_free=padding_free),
+                 "token": lambda: TokenClassifier(encoder, 4, padding_free=padding_free),
+                 "span": lambda: SpanExtractor(encoder, padding_free=padding_free)}[head]().eval()
         with torch.no_grad():
             result = model(**batch)
         outputs.append(result if isinstance(result, tuple) else (result,))
     real = batch["attention_mask"].bool()
-    for packed, padded in zip(*outputs):
+    for free, padded in zip(*outputs):
         if head == "sequence":
-            torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(free, padded, rtol=1e-5, atol=1e-5)
         else:
-            torch.testing.assert_close(packed[real], padded[real], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(free[real], padded[real], rtol=1e-5, atol=1e-5)
 
 
 def test_glue_finetunes_the_family_and_writes_a_report(family_dir, tmp_path):

@@ -1,4 +1,4 @@
-"""The task heads (on the encoder's packed mode) against transformers' BERT task models."""
+"""The task heads (on the encoder's padding-free mode) against transformers' BERT task models."""
 import pytest
 import torch
 

@@ -12,7 +12,7 @@ import transformers
 from common.errors import CheckpointError
 from models.albert import hf as albert_hf
 from models.albert.model import AlbertConfig, AlbertForPreTraining, flops_per_token, preset
-from models.attention import Packing
+from models.attention import Unpadding
 from models.bert.model import BertConfig
 from models.bert.model import flops_per_token as bert_flops_per_token
 
@@ -139,22 +139,22 @@ def test_groups_are_applied_in_consecutive_equal_shares():
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["eval", "dropout"])
-def test_packed_mode_matches_padded_mode_on_the_real_tokens(dropout):
-    """With dropout too: the packed mode draws the padded mode's masks (models.bert.model.Packing.dropout)."""
+def test_padding_free_mode_matches_padded_mode_on_the_real_tokens(dropout):
+    """With dropout too: the padding-free mode draws the padded mode's masks (models.bert.model.Unpadding.dropout)."""
     cfg = replace(CONFIG, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     encoder = _ours(cfg).albert.train(dropout > 0)
     ids, types, mask = _inputs()
-    packing = Packing.from_attention_mask(mask)
+    unpadding = Unpadding.from_attention_mask(mask)
     with torch.no_grad():
         torch.manual_seed(5)
         hidden, pooled = encoder(ids, types, mask)
         torch.manual_seed(5)
-        packed, packed_pooled = encoder(packing.pack(ids), packing.pack(types), packing=packing)
-    _close(packed, packing.pack(hidden))
-    _close(packed_pooled, pooled)
+        free, free_pooled = encoder(unpadding.unpad(ids), unpadding.unpad(types), unpadding=unpadding)
+    _close(free, unpadding.unpad(hidden))
+    _close(free_pooled, pooled)
 
 
-def test_packed_documents_are_encoded_as_if_each_were_alone_in_padded_and_packed_mode():
+def test_packed_documents_are_encoded_as_if_each_were_alone_in_padded_and_padding_free_mode():
     """document_ids and position_ids as BERT takes them (the loader's document attention): a document's tokens
     attend to their own document, at positions counted from its start."""
     encoder = _ours().albert
@@ -169,12 +169,12 @@ def test_packed_documents_are_encoded_as_if_each_were_alone_in_padded_and_packed
         hidden, _ = encoder(ids, types, mask, position_ids=positions, document_ids=documents)
         alone, _ = encoder(ids[:1, cut:], types[:1, cut:])
         whole, _ = encoder(ids, types, mask)
-        packing = Packing.from_attention_mask(mask)
-        packed, _ = encoder(packing.pack(ids), packing.pack(types), packing=packing,
-                            position_ids=packing.pack(positions), document_ids=packing.pack(documents))
+        unpadding = Unpadding.from_attention_mask(mask)
+        free, _ = encoder(unpadding.unpad(ids), unpadding.unpad(types), unpadding=unpadding,
+                            position_ids=unpadding.unpad(positions), document_ids=unpadding.unpad(documents))
     _close(hidden[0, cut:], alone[0])
     _close(hidden[1:], whole[1:])  # one document a row: as without the ids
-    _close(packed, packing.pack(hidden))
+    _close(free, unpadding.unpad(hidden))
     model = _ours()
     with torch.no_grad():  # the pretraining model passes them through (pretrain.families.bert_loss gives them so)
         mlm, _ = model(ids, types, mask, position_ids=positions, document_ids=documents)

@@ -1,7 +1,7 @@
-"""models.attention: the packed kernel's choice, its segments, and the variable-length path's plumbing.
+"""models.attention: the padding-free kernel's choice, its segments, and the variable-length path's plumbing.
 
 The variable-length kernel itself (``torch.nn.attention.varlen.varlen_attn``, flash attention) runs on CUDA only,
-so here it is replaced by SDPA run on each segment alone: what is tested is everything around it (the packed
+so here it is replaced by SDPA run on each segment alone: what is tested is everything around it (the unpadded
 query/key/value layout, one segment per row or per document, the output's layout and gradients), against the
 padded step, at test_padding_free.py's tolerance.
 """
@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from models import attention
-from models.attention import Packing
+from models.attention import Unpadding
 from models.bert import model as model_module
 from models.bert.model import BertConfig, BertForPreTraining
 from tests.pretrain.test_padding_free import SEQ, _assert_same_step, _micro_batches, _objectives
 
 
 def _segment_by_segment(q, k, v, starts, longest):
-    """The kernel's contract on CPU: each segment of the packed (N, heads, size) tensors attends to itself only."""
+    """The kernel's contract on CPU: each segment of the unpadded (N, heads, size) tensors attends to itself only."""
     assert starts.dtype == torch.int32 and int((starts[1:] - starts[:-1]).max()) == longest
     out = []
     for first, stop in zip(starts[:-1].tolist(), starts[1:].tolist()):
@@ -43,27 +43,27 @@ def test_the_kernel_is_chosen_by_device_dropout_and_torch():
                                           intermediate_size=32, attention_probs_dropout_prob=0.0))
     assert attention.use(model, "varlen") == 3
     assert attention.configure(model, torch.device("cpu"))[0] == "sdpa-padded-grid"
-    assert {m.packed_kernel for m in model.modules() if hasattr(m, "packed_kernel")} == {"sdpa-padded-grid"}
+    assert {m.unpadded_kernel for m in model.modules() if hasattr(m, "unpadded_kernel")} == {"sdpa-padded-grid"}
     with pytest.raises(ValueError, match="choose one of"):
         attention.use(model, "flash")
 
 
 def test_segments_are_rows_or_the_documents_within_them():
-    packing = Packing.from_lengths(torch.tensor([5, 3]), 6)
-    assert packing.segment_starts.tolist() == [0, 5, 8] and packing.longest_segment == 5
-    documents = packing.within_documents(torch.tensor([0, 0, 1, 1, 1, 0, 1, 1]))
+    unpadding = Unpadding.from_lengths(torch.tensor([5, 3]), 6)
+    assert unpadding.segment_starts.tolist() == [0, 5, 8] and unpadding.longest_segment == 5
+    documents = unpadding.within_documents(torch.tensor([0, 0, 1, 1, 1, 0, 1, 1]))
     assert documents.segment_starts.tolist() == [0, 2, 5, 6, 8] and documents.longest_segment == 3
     # A document id repeated by the next row is still another segment: rows never attend to each other.
-    assert packing.within_documents(torch.zeros(8, dtype=torch.long)).segment_starts.tolist() == [0, 5, 8]
+    assert unpadding.within_documents(torch.zeros(8, dtype=torch.long)).segment_starts.tolist() == [0, 5, 8]
 
 
 def test_the_varlen_path_gives_the_padded_losses_and_gradients(synthetic_dataset, varlen_on_cpu):
     dataset = synthetic_dataset(300, max_seq_length=SEQ, max_predictions=10)
     data, batches = _micro_batches(dataset)
-    padded, packed = _objectives(data, "nsp")
-    assert attention.use(packed.model, "varlen") == 2
+    padded, free = _objectives(data, "nsp")
+    assert attention.use(free.model, "varlen") == 2
     for batch in batches:
-        _assert_same_step(padded, packed, batch)
+        _assert_same_step(padded, free, batch)
 
 
 def test_the_varlen_path_keeps_packed_documents_apart(synthetic_dataset, varlen_on_cpu):
@@ -71,15 +71,15 @@ def test_the_varlen_path_keeps_packed_documents_apart(synthetic_dataset, varlen_
                                 document_tokens=20)
     data, batches = _micro_batches(dataset, documents=True)
     assert any(int(b["document_ids"].max()) > 0 for b in batches)
-    padded, packed = _objectives(data, "none")
-    attention.use(packed.model, "varlen")
+    padded, free = _objectives(data, "none")
+    attention.use(free.model, "varlen")
     for batch in batches:
-        _assert_same_step(padded, packed, batch)
+        _assert_same_step(padded, free, batch)
 
 
 def test_the_varlen_kernel_refuses_attention_dropout(synthetic_dataset, varlen_on_cpu):
     data, batches = _micro_batches(synthetic_dataset(100, max_seq_length=SEQ, max_predictions=10))
-    _, packed = _objectives(data, "nsp", dropout=0.1)
-    attention.use(packed.model, "varlen")
+    _, free = _objectives(data, "nsp", dropout=0.1)
+    attention.use(free.model, "varlen")
     with pytest.raises(ValueError, match="no dropout"):
-        packed(**batches[0])
+        free(**batches[0])

@@ -10,7 +10,7 @@ import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.errors import CheckpointError
-from models.bert.model import Packing
+from models.bert.model import Unpadding
 from models.electra import hf as electra_hf
 from models.electra.model import (
     ElectraConfig,
@@ -82,31 +82,31 @@ def test_discriminator_and_generator_match_transformers(embedding_size):
         _close(ours(ids, types, mask, masked_positions=flat), expected.reshape(-1, VOCAB)[flat])
 
 
-def test_packed_encoder_equals_padded():
+def test_padding_free_encoder_equals_padded():
     encoder = _pair().discriminator.electra.eval()
     ids, types, mask = _inputs()
-    packing = Packing.from_attention_mask(mask)
+    unpadding = Unpadding.from_attention_mask(mask)
     with torch.no_grad():
         padded, _ = encoder(ids, types, mask)
-        packed, _ = encoder(packing.pack(ids), packing.pack(types), packing=packing)
-    _close(packed, padded[mask.bool()])
+        free, _ = encoder(unpadding.unpad(ids), unpadding.unpad(types), unpadding=unpadding)
+    _close(free, padded[mask.bool()])
 
 
 def test_packed_documents_kept_apart_are_encoded_as_if_alone():
     """document_ids (attention within a document) and position_ids (restarting per document) reach both networks:
-    a row holding two documents gives each document's outputs alone, in padded and in packed mode."""
+    a row holding two documents gives each document's outputs alone, in padded and in padding-free mode."""
     pair = _pair().eval()
     first, second = torch.randint(5, VOCAB, (1, 7)), torch.randint(5, VOCAB, (1, 9))
     row = torch.cat([first, second], dim=1)
     documents = {"document_ids": torch.tensor([[0] * 7 + [1] * 9]),
                  "position_ids": torch.cat([torch.arange(7), torch.arange(9)])[None]}
     types, mask = torch.zeros_like(row), torch.ones_like(row)
-    packing = Packing.from_attention_mask(mask)
+    unpadding = Unpadding.from_attention_mask(mask)
     with torch.no_grad():
         alone = torch.cat([pair.discriminator(first), pair.discriminator(second)], dim=1)
         _close(pair.discriminator(row, types, mask, **documents), alone)
-        hidden, _ = pair.discriminator.electra(packing.pack(row), packing.pack(types), packing=packing,
-                                               **{k: packing.pack(v) for k, v in documents.items()})
+        hidden, _ = pair.discriminator.electra(unpadding.unpad(row), unpadding.unpad(types), unpadding=unpadding,
+                                               **{k: unpadding.unpad(v) for k, v in documents.items()})
         _close(pair.discriminator.discriminator_predictions(hidden), alone[0])
         alone = torch.cat([pair.generator(first), pair.generator(second)], dim=1)
         _close(pair.generator(row, types, mask, **documents), alone)

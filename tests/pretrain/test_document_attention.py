@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.bert.model import BertConfig, BertForPreTraining, Packing
+from models.bert.model import BertConfig, BertForPreTraining, Unpadding
 from pretrain.data import PretrainingLoader, ShardedInstances, pad, read_rows
 
 CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -48,9 +48,9 @@ def test_the_block_diagonal_forward_of_a_packed_row_equals_each_document_alone()
     with torch.no_grad():
         hidden, _ = model.bert(ids, types, mask, position_ids=positions, document_ids=documents)
         across, _ = model.bert(ids, types, mask)  # full attention: documents see each other
-        packing = Packing.from_attention_mask(mask)
-        packed, _ = model.bert(packing.pack(ids), packing.pack(types), packing=packing,
-                               position_ids=packing.pack(positions), document_ids=packing.pack(documents))
+        unpadding = Unpadding.from_attention_mask(mask)
+        free, _ = model.bert(unpadding.unpad(ids), unpadding.unpad(types), unpadding=unpadding,
+                               position_ids=unpadding.unpad(positions), document_ids=unpadding.unpad(documents))
         for r, blocks in enumerate(rows):
             start = 0
             for length in blocks:
@@ -58,7 +58,7 @@ def test_the_block_diagonal_forward_of_a_packed_row_equals_each_document_alone()
                 torch.testing.assert_close(hidden[r, start:start + length], alone[0], rtol=TOLERANCE, atol=TOLERANCE)
                 assert not torch.allclose(across[r, start:start + length], alone[0], atol=1e-3)
                 start += length
-    torch.testing.assert_close(packed, hidden[mask.bool()], rtol=TOLERANCE, atol=TOLERANCE)
+    torch.testing.assert_close(free, hidden[mask.bool()], rtol=TOLERANCE, atol=TOLERANCE)
     assert torch.isfinite(hidden).all()  # padded queries attend to their row's tokens, never to nothing
 
 

@@ -2,8 +2,8 @@
 step: the same losses, statistics and gradients, on the loader's real micro-batches of synthetic datasets.
 
 Tolerance (fp32, CPU): 1e-5 relative on the losses, and on each gradient 1e-5 of its largest entry. The two modes
-are not equal to the bit: the packed GEMMs have other shapes (other blockings) and the query/key/value projections
-are one GEMM there, so only summation order differs (tests/models/test_packed.py bounds the encoder alone).
+are not equal to the bit: the unpadded GEMMs have other shapes (other blockings) and the query/key/value projections
+are one GEMM there, so only summation order differs (tests/models/test_unpadding.py bounds the encoder alone).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.attention import LOADER_FIELDS, pack_batch
-from models.bert.model import BertConfig, BertForPreTraining, Packing
+from models.attention import LOADER_FIELDS, unpad_batch
+from models.bert.model import BertConfig, BertForPreTraining, Unpadding
 from pretrain.data import PretrainingLoader, ShardedInstances
 from pretrain.families.bert_loss import STAT_NAMES, PretrainingLoss
 
@@ -51,7 +51,7 @@ def _micro_batches(dataset, steps: int = 1, documents: bool = False, micro_batch
 
 
 def _step(objective: PretrainingLoss, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    torch.manual_seed(11)  # the same dropout masks in both modes (Packing.dropout draws the padded ones)
+    torch.manual_seed(11)  # the same dropout masks in both modes (Unpadding.dropout draws the padded ones)
     loss, stats = objective(**batch)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in objective.model.named_parameters() if p.grad is not None}
@@ -59,16 +59,16 @@ def _step(objective: PretrainingLoss, batch: dict) -> tuple[torch.Tensor, torch.
     return loss.detach(), stats, grads
 
 
-def _assert_same_step(padded: PretrainingLoss, packed: PretrainingLoss, batch: dict) -> dict:
+def _assert_same_step(padded: PretrainingLoss, free: PretrainingLoss, batch: dict) -> dict:
     loss, stats, grads = _step(padded, batch)
-    packed_loss, packed_stats, packed_grads = _step(packed, batch)
-    torch.testing.assert_close(packed_loss, loss, rtol=TOLERANCE, atol=0)
-    torch.testing.assert_close(packed_stats, stats, rtol=TOLERANCE, atol=TOLERANCE)
-    assert packed_grads.keys() == grads.keys()
+    free_loss, free_stats, free_grads = _step(free, batch)
+    torch.testing.assert_close(free_loss, loss, rtol=TOLERANCE, atol=0)
+    torch.testing.assert_close(free_stats, stats, rtol=TOLERANCE, atol=TOLERANCE)
+    assert free_grads.keys() == grads.keys()
     # The key biases' gradients are zero but for rounding: softmax ignores a constant added to a row's scores.
     for name in sorted(name for name in grads if not name.endswith("self.key.bias")):
         atol = TOLERANCE * grads[name].abs().max().item()
-        torch.testing.assert_close(packed_grads[name], grads[name], rtol=TOLERANCE, atol=atol, msg=name)
+        torch.testing.assert_close(free_grads[name], grads[name], rtol=TOLERANCE, atol=atol, msg=name)
     return grads
 
 
@@ -76,11 +76,11 @@ def _assert_same_step(padded: PretrainingLoss, packed: PretrainingLoss, batch: d
 def test_padding_free_step_gives_the_padded_losses_and_gradients_with_a_pair_head(synthetic_dataset, sentence):
     dataset = synthetic_dataset(400, max_seq_length=SEQ, max_predictions=10, sentence_objective=sentence)
     data, batches = _micro_batches(dataset)
-    padded, packed = _objectives(data, sentence)
+    padded, free = _objectives(data, sentence)
     for batch in batches:
-        grads = _assert_same_step(padded, packed, batch)
+        grads = _assert_same_step(padded, free, batch)
         assert grads["cls.seq_relationship.weight"].abs().max() > 0  # the pair head did train
-        assert _step(packed, batch)[1][STAT_NAMES.index("pair_sequences")] == len(batch["input_ids"])
+        assert _step(free, batch)[1][STAT_NAMES.index("pair_sequences")] == len(batch["input_ids"])
 
 
 def test_padding_free_step_with_no_sentence_objective_leaves_the_pair_head_untouched(synthetic_dataset):
@@ -88,8 +88,8 @@ def test_padding_free_step_with_no_sentence_objective_leaves_the_pair_head_untou
     dataset = synthetic_dataset(300, max_seq_length=SEQ, max_predictions=10, kind="full_sentences",
                                 document_tokens=20)
     data, batches = _micro_batches(dataset)
-    padded, packed = _objectives(data, "none")
-    grads = _assert_same_step(padded, packed, batches[0])
+    padded, free = _objectives(data, "none")
+    grads = _assert_same_step(padded, free, batches[0])
     assert not any(name.startswith(("cls.seq_relationship", "bert.pooler")) for name in grads)
 
 
@@ -98,13 +98,13 @@ def test_padding_free_step_keeps_packed_documents_apart(synthetic_dataset):
                                 document_tokens=20)
     data, batches = _micro_batches(dataset, documents=True)
     assert any(int(b["document_ids"].max()) > 0 for b in batches)  # rows of several documents
-    padded, packed = _objectives(data, "none")
+    padded, free = _objectives(data, "none")
     for batch in batches:
-        _assert_same_step(padded, packed, batch)
+        _assert_same_step(padded, free, batch)
     # Document attention is in force in both modes: without the document ids the loss is another.
     whole_rows = {k: v for k, v in batches[0].items() if k not in ("document_ids", "position_ids")}
     with torch.no_grad():
-        assert abs(packed(**whole_rows)[0] - packed(**batches[0])[0]) > 1e-4
+        assert abs(free(**whole_rows)[0] - free(**batches[0])[0]) > 1e-4
 
 
 def test_a_short_training_run_has_the_padded_loss_curve(synthetic_dataset):
@@ -112,7 +112,7 @@ def test_a_short_training_run_has_the_padded_loss_curve(synthetic_dataset):
     data, batches = _micro_batches(dataset, steps=2)
     batches = batches + batches  # four steps, each global batch seen twice: the loss must fall within a few steps
     curves = []
-    for objective in _objectives(data, "nsp", dropout=0.1):  # dropout on: the packed mode draws the same masks
+    for objective in _objectives(data, "nsp", dropout=0.1):  # dropout on: the padding-free mode draws the same masks
         optimizer = torch.optim.AdamW(objective.parameters(), lr=3e-3, weight_decay=0.01)
         torch.manual_seed(21)
         curve = []
@@ -123,17 +123,17 @@ def test_a_short_training_run_has_the_padded_loss_curve(synthetic_dataset):
             optimizer.zero_grad(set_to_none=True)
             curve.append(float(sum(losses).detach()))
         curves.append(curve)
-    padded, packed = curves
+    padded, free = curves
     assert len(padded) == 4 and padded[2] < padded[0] and padded[3] < padded[1]  # it trained
-    np.testing.assert_allclose(packed, padded, rtol=1e-4)  # rounding differences grow a little over the steps
+    np.testing.assert_allclose(free, padded, rtol=1e-4)  # rounding differences grow a little over the steps
 
 
-def test_masked_positions_map_into_the_packed_layout_and_padding_is_refused():
+def test_masked_positions_map_into_the_unpadded_layout_and_padding_is_refused():
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
-    packing = Packing.from_attention_mask(mask)
-    assert packing.positions(torch.tensor([1, 4, 5, 8, 11])).tolist() == [1, 3, 4, 5, 8]
+    unpadding = Unpadding.from_attention_mask(mask)
+    assert unpadding.positions(torch.tensor([1, 4, 5, 8, 11])).tolist() == [1, 3, 4, 5, 8]
     with pytest.raises(ValueError, match="masked position falls on padding"):
-        packing.positions(torch.tensor([3]))
+        unpadding.positions(torch.tensor([3]))
 
 
 def test_the_switch_trains_the_padded_curve_logs_its_kernel_and_may_change_on_resume(one_rank, sample_dataset,
@@ -181,21 +181,21 @@ def _loader_batches(dataset, documents: bool) -> list[dict]:
 
 
 @pytest.mark.parametrize("documents", [False, True], ids=["rows", "documents"])
-def test_the_loaders_packing_sizes_are_the_devices_and_the_step_reads_nothing_back(synthetic_dataset, documents):
-    """With the sizes the loader computed on the host (``host_packing``), the padding-free step equals the one that
+def test_the_loaders_unpadding_sizes_are_the_devices_and_the_step_reads_nothing_back(synthetic_dataset, documents):
+    """With the sizes the loader computed on the host (``host_unpadding``), the padding-free step equals the one that
     derives them from the attention mask, bit for bit, and neither it nor the padded step reads a tensor back."""
     dataset = synthetic_dataset(300, max_seq_length=SEQ, max_predictions=10, kind="full_sentences",
                                 document_tokens=20)
     batches = _loader_batches(dataset, documents)
-    padded, packed = _objectives(ShardedInstances(dataset), "none")
+    padded, free = _objectives(ShardedInstances(dataset), "none")
     for batch in batches:
         plain = {k: v for k, v in batch.items() if k not in LOADER_FIELDS}
         assert set(batch) - set(plain) == set(LOADER_FIELDS[:4]) | ({"segment_starts", "longest_segment"}
                                                                     if documents else set())
-        derived = Packing.from_attention_mask(plain["attention_mask"])
+        derived = Unpadding.from_attention_mask(plain["attention_mask"])
         if documents:
-            derived = derived.within_documents(derived.pack(plain["document_ids"]))
-        loaded, positions = pack_batch(plain["attention_mask"], plain["masked_positions"],
+            derived = derived.within_documents(derived.unpad(plain["document_ids"]))
+        loaded, positions = unpad_batch(plain["attention_mask"], plain["masked_positions"],
                                        {k: batch[k] for k in set(batch) - set(plain)})
         loaded = loaded.within_documents(derived.document_ids) if documents else loaded
         assert torch.equal(loaded.index, derived.index) and torch.equal(loaded.cu_seqlens, derived.cu_seqlens)
@@ -204,10 +204,10 @@ def test_the_loaders_packing_sizes_are_the_devices_and_the_step_reads_nothing_ba
         assert loaded.longest_segment == derived.longest_segment
         assert torch.equal(positions, derived.positions(plain["masked_positions"]))
         with HostReads() as reads:
-            loss, _, grads = _step(packed, batch)
+            loss, _, grads = _step(free, batch)
         assert reads.seen == [], reads.seen
         with HostReads() as reads:
-            loss_from_mask, _, grads_from_mask = _step(packed, plain)
+            loss_from_mask, _, grads_from_mask = _step(free, plain)
         assert {"aten::_local_scalar_dense", "aten::nonzero"} <= set(reads.seen)  # the counter sees them
         assert torch.equal(loss, loss_from_mask) and all(torch.equal(grads[k], grads_from_mask[k]) for k in grads)
         with HostReads() as reads:
@@ -215,11 +215,11 @@ def test_the_loaders_packing_sizes_are_the_devices_and_the_step_reads_nothing_ba
         assert reads.seen == [], reads.seen
 
 
-def test_host_packing_refuses_a_masked_position_on_padding():
-    from pretrain.data import host_packing
+def test_host_unpadding_refuses_a_masked_position_on_padding():
+    from pretrain.data import host_unpadding
 
     lengths = np.array([3, 2])
     real = np.array([0, 1, 2, 4, 5])  # rows of width 4: 1 1 1 0 / 1 1 0 0
-    assert host_packing(real, lengths, np.array([1, 4, 5]))["packed_masked_positions"].tolist() == [1, 3, 4]
+    assert host_unpadding(real, lengths, np.array([1, 4, 5]))["unpadded_masked_positions"].tolist() == [1, 3, 4]
     with pytest.raises(ValueError, match="masked position falls on padding"):
-        host_packing(real, lengths, np.array([3]))
+        host_unpadding(real, lengths, np.array([3]))

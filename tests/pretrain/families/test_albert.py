@@ -178,7 +178,7 @@ def _objectives(data: ShardedInstances, sentence: str, **more):
 
 
 def _step(objective, batch):
-    torch.manual_seed(11)  # the same dropout masks in both modes (Packing.dropout draws the padded ones)
+    torch.manual_seed(11)  # the same dropout masks in both modes (Unpadding.dropout draws the padded ones)
     loss, stats = objective(**batch)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in objective.model.named_parameters() if p.grad is not None}
@@ -203,18 +203,18 @@ def test_padding_free_albert_gives_the_padded_losses_and_gradients(synthetic_dat
                                document_attention=documents)
     batches = [{k: torch.from_numpy(np.asarray(v)) for k, v in b.items()} for b in loader.next_step()]
     assert any(bool((b["attention_mask"] == 0).any()) for b in batches)
-    padded, packed = _objectives(data, spec["sentence_objective"],
+    padded, free = _objectives(data, spec["sentence_objective"],
                                  **({"model.attention_probs_dropout_prob": 0.0} if kernel == attention.VARLEN else {}))
-    assert attention.use(packed.model, kernel) == 1  # the one shared group's attention, applied twice
+    assert attention.use(free.model, kernel) == 1  # the one shared group's attention, applied twice
     for batch in batches:
         loss, stats, grads = _step(padded, batch)
-        packed_loss, packed_stats, packed_grads = _step(packed, batch)
-        torch.testing.assert_close(packed_loss, loss, rtol=1e-5, atol=0)
-        torch.testing.assert_close(packed_stats, stats, rtol=1e-5, atol=1e-5)
-        assert packed_grads.keys() == grads.keys()
+        free_loss, free_stats, free_grads = _step(free, batch)
+        torch.testing.assert_close(free_loss, loss, rtol=1e-5, atol=0)
+        torch.testing.assert_close(free_stats, stats, rtol=1e-5, atol=1e-5)
+        assert free_grads.keys() == grads.keys()
         for name in sorted(n for n in grads if not n.endswith("attention.key.bias")):  # zero but for rounding
             atol = 1e-5 * grads[name].abs().max().item()
-            torch.testing.assert_close(packed_grads[name], grads[name], rtol=1e-5, atol=atol, msg=name)
+            torch.testing.assert_close(free_grads[name], grads[name], rtol=1e-5, atol=atol, msg=name)
         if not documents:
             assert grads["sop_classifier.classifier.weight"].abs().max() > 0
             assert stats[STAT_NAMES.index("pair_sequences")] == len(batch["input_ids"])
@@ -222,7 +222,7 @@ def test_padding_free_albert_gives_the_padded_losses_and_gradients(synthetic_dat
         assert any(int(b["document_ids"].max()) > 0 for b in batches)
         whole_rows = {k: v for k, v in batches[0].items() if k not in ("document_ids", "position_ids")}
         with torch.no_grad():  # document attention is in force: without the ids the loss is another
-            assert abs(packed(**whole_rows)[0] - packed(**batches[0])[0]) > 1e-4
+            assert abs(free(**whole_rows)[0] - free(**batches[0])[0]) > 1e-4
 
 
 def test_activation_checkpointing_recomputes_the_shared_applications_with_equal_gradients(synthetic_dataset):
@@ -277,7 +277,7 @@ def test_a_padding_free_run_has_the_padded_runs_loss_curve(albert_run, sop_datas
     cfg = _cfg(sop_dataset, free, **{"model.padding_free": "true", "checkpoint.export_hf": "false",
                                       "checkpoint.every_steps": 0})
     assert train.run(cfg, one_rank, resume=False) == 0
-    padded, packed = _records(out), _records(free)
-    assert [r["step"] for r in packed] == [r["step"] for r in padded]
+    padded, padding_free = _records(out), _records(free)
+    assert [r["step"] for r in padding_free] == [r["step"] for r in padded]
     for key in ("loss", "mlm_loss", "sop_loss"):
-        np.testing.assert_allclose([r[key] for r in packed], [r[key] for r in padded], rtol=1e-4, err_msg=key)
+        np.testing.assert_allclose([r[key] for r in padding_free], [r[key] for r in padded], rtol=1e-4, err_msg=key)

@@ -36,6 +36,21 @@ class TokenizerEntry:
 
 
 @dataclass(frozen=True)
+class LanguageEntry:
+    """One language of a multilingual dataset (``Manifest.languages``): its corpus, its share p of the corpus (of
+    tokens or sentences, as the run's ``multilingual.basis`` says), its smoothed share q = p^α / Σ p^α, the rate
+    q / p its documents were sampled at (per ``dupe_factor``), and the rows that start with its text."""
+
+    documents: int
+    sentences: int
+    tokens: int
+    share: float
+    sampled_share: float
+    rate: float
+    rows: int
+
+
+@dataclass(frozen=True)
 class ModelRequirements:
     """What a model requires of a dataset (``Manifest.check_fits``)."""
 
@@ -54,6 +69,7 @@ class Manifest:
     shards: tuple[ShardEntry, ...]
     objective: ObjectiveEntry
     document: dict[str, Any]  # the whole JSON: statistics, summary, parameters, inputs
+    languages: dict[str, LanguageEntry] | None = None  # multilingual datasets only (absent: one language)
 
     @property
     def directory(self) -> Path:
@@ -92,7 +108,7 @@ class Manifest:
                            for e in document["shards"])
             return cls(path=path, rows=int(document["rows"]), max_seq_length=int(document["max_seq_length"]),
                        tokenizer=tokenizer, shards=shards, objective=ObjectiveEntry.from_document(document),
-                       document=document)
+                       document=document, languages=_languages(document.get("languages")))
         except KeyError as missing:
             raise DatasetFormatError(f"{path}: no {missing.args[0]!r} field; the manifest was altered or written by "
                                      "another tool: re-run preprocessing") from None
@@ -164,8 +180,19 @@ def inside(directory: Path, name: str, what: str) -> Path:
     return path
 
 
+def _languages(value) -> dict[str, LanguageEntry] | None:
+    if value is None:
+        return None
+    return {str(name): LanguageEntry(documents=int(e["documents"]), sentences=int(e["sentences"]),
+                                     tokens=int(e["tokens"]), share=float(e["share"]),
+                                     sampled_share=float(e["sampled_share"]), rate=float(e["rate"]),
+                                     rows=int(e["rows"]))
+            for name, e in value.items()}
+
+
 def _optional_int(value) -> int | None:
     return None if value is None else int(value)
 
 
-__all__ = ["Manifest", "ModelRequirements", "ObjectiveEntry", "ShardEntry", "TokenizerEntry", "check_format", "inside"]
+__all__ = ["LanguageEntry", "Manifest", "ModelRequirements", "ObjectiveEntry", "ShardEntry", "TokenizerEntry",
+           "check_format", "inside"]

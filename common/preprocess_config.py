@@ -80,6 +80,28 @@ class TokenizerConfig:
 
 
 @dataclass(frozen=True)
+class MultilingualConfig:
+    """Several languages in one dataset (multilingual BERT; XLM's masked-LM data): each document's language, and the
+    exponentially smoothed mix of languages in the rows and in the vocabulary's training sample."""
+
+    enabled: bool = False                # false: one language, as before (nothing below is used)
+    alpha: float = 0.7                   # q_i ∝ p_i^alpha: 0.7 as mBERT, 0.5 as XLM; 1 keeps the corpus's own mix
+    basis: str = "tokens"                # p_i: each language's share of tokens (mBERT) or of sentences (XLM)
+    # Input file-name pattern (fnmatch, e.g. "bgwiki-*") -> language, first match wins; a Wikipedia dump that
+    # matches none takes its language from its siteinfo's dbname (bgwiki -> bg). Books need a pattern.
+    languages: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1] (0.7 as mBERT, 0.5 as XLM), got {self.alpha}")
+        if self.basis not in ("tokens", "sentences"):
+            raise ValueError(f"basis must be tokens or sentences, got {self.basis!r}")
+        for pattern, language in self.languages.items():
+            if not isinstance(pattern, str) or not isinstance(language, str) or not language.strip():
+                raise ValueError(f"languages maps file-name patterns to language codes, got {pattern!r}: {language!r}")
+
+
+@dataclass(frozen=True)
 class PreprocessConfig:
     seed: int = 12345
     parts: int = 1                       # process the corpus in this many parts to bound memory
@@ -88,6 +110,7 @@ class PreprocessConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     instances: InstanceConfig = field(default_factory=InstanceConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    multilingual: MultilingualConfig = field(default_factory=MultilingualConfig)
 
     def __post_init__(self):
         if self.parts < 1:

@@ -7,9 +7,9 @@ from typing import Iterable
 import sentencepiece as spm
 
 from common.hashing import rng_for
-from common.preprocess_config import SourceConfig
+from common.preprocess_config import MultilingualConfig, SourceConfig
 from common.tokenizer import SPECIAL_TOKENS, SentencePieceTokenizer
-from preprocess import books, text, wikipedia
+from preprocess import books, languages, text, wikipedia
 from preprocess.records import RawDocument
 
 _MIN_SENTENCEPIECE_VOCAB = len(SPECIAL_TOKENS) + 256 + 1  # specials + byte-fallback pieces + one more
@@ -35,6 +35,60 @@ def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_senten
                     if slot < max_sentences:
                         reservoir[slot] = sentence
     return reservoir
+
+
+def sample_sentences_by_language(files: list[tuple[str, str]], cfg: SourceConfig, multilingual: MultilingualConfig,
+                                 max_sentences: int, seed: int) -> tuple[list[str], dict[str, dict]]:
+    """A sample of cleaned sentences whose languages are mixed as the dataset's rows are: language i gets a share
+    q_i ∝ p_i^alpha of the sample (``languages.sample_quotas``), drawn from a uniform reservoir of its own sentences,
+    and repeated when it has fewer sentences than its share (mBERT's smoothing of its WordPiece training data).
+
+    p_i is each language's share of characters (``multilingual.basis: tokens``: there are no tokens before the
+    vocabulary) or of sentences. The sample has ``min(max_sentences, sentences read)`` sentences; memory holds up to
+    ``max_sentences`` sentences per language.
+
+    Returns:
+        The sentences (in a seeded order) and, per language, the sentences read, the size p was taken from and the
+        sentences sampled.
+    """
+    reservoirs: dict[str, list[str]] = {}
+    seen: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for kind, uri in files:
+        reader = wikipedia.iter_wikipedia if kind == "wiki" else books.iter_book
+        for item in reader(uri, cfg):
+            if not isinstance(item, RawDocument):
+                continue
+            document = text.to_document(item, cfg)
+            sentences = getattr(document, "sentences", ())
+            if not sentences:
+                continue
+            language = languages.language_for(item.doc_id, item.source, multilingual)
+            reservoir = reservoirs.setdefault(language, [])
+            rng = rng_for(seed, "vocab-sample", language, seen.get(language, 0))  # keyed: no shared state
+            for sentence in sentences:
+                seen[language] = seen.get(language, 0) + 1
+                sizes[language] = sizes.get(language, 0) + (len(sentence) if multilingual.basis == "tokens" else 1)
+                if len(reservoir) < max_sentences:
+                    reservoir.append(sentence)
+                else:
+                    slot = rng.randrange(seen[language])
+                    if slot < max_sentences:
+                        reservoir[slot] = sentence
+    quotas = languages.sample_quotas(sizes, multilingual.alpha, min(max_sentences, sum(seen.values())))
+    sample: list[str] = []
+    for language in sorted(quotas):
+        sample.extend(_take(reservoirs[language], quotas[language], rng_for(seed, "vocab-take", language)))
+    rng_for(seed, "vocab-order").shuffle(sample)
+    mix = {language: {"sentences": seen[language], "size": sizes[language], "sampled": quotas[language]}
+           for language in sorted(quotas)}
+    return sample, mix
+
+
+def _take(pool: list[str], count: int, rng) -> list[str]:
+    """``count`` items of ``pool``: a sample without repetition, or the whole pool repeated, then a sample."""
+    whole, rest = divmod(count, len(pool))
+    return pool * whole + rng.sample(pool, rest)
 
 
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int, output_dir: str, *, lowercase: bool = False,

@@ -23,6 +23,8 @@ RECIPES = {
     "phase1_seq128.yaml": (128, "pairs", "nsp", "static", "token", 0.15, 20),
     "phase2_seq512.yaml": (512, "pairs", "nsp", "static", "token", 0.15, 80),
     "tiny.yaml": (128, "pairs", "nsp", "static", "token", 0.15, 20),
+    # Multilingual BERT (Devlin et al., mBERT): BERT's phase-1 recipe over several languages' dumps, smoothed mix.
+    "mbert_seq128.yaml": (128, "pairs", "nsp", "static", "token", 0.15, 20),
     # ALBERT (Lan et al. 2020): sentence-order prediction instead of NSP; n-gram masks at full length.
     "albert_sop_seq128.yaml": (128, "pairs", "sop", "static", "token", 0.15, 20),
     "albert_sop_seq512.yaml": (512, "pairs", "sop", "static", "ngram", 0.15, 80),

@@ -18,8 +18,14 @@ import pyarrow as pa
 
 from common import schema, storage
 from common.errors import InputError
-from common.preprocess_config import InstanceConfig, OutputConfig, PreprocessConfig, SourceConfig
-from preprocess import docstore, handoff, inputs
+from common.preprocess_config import (
+    InstanceConfig,
+    MultilingualConfig,
+    OutputConfig,
+    PreprocessConfig,
+    SourceConfig,
+)
+from preprocess import docstore, handoff, inputs, languages
 from preprocess.executors.part_budget import split_parts
 from preprocess.layout import INDEX_NAME, bits_for, bucket_ranges
 from preprocess.stages import documents as documents_stage
@@ -87,6 +93,7 @@ class Plan:
     vocab_size: int
     mask_id: int
     output_schema: pa.Schema
+    multilingual: MultilingualConfig = MultilingualConfig()
 
     @classmethod
     def build(cls, cfg: PreprocessConfig, files, tok, staging: str, tokenizer_uri: str, slices: int) -> Plan:
@@ -95,10 +102,13 @@ class Plan:
         output_schema = schema.instance_schema(tok.vocab_size, cfg.output.provenance, {
             "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]},
             packed=cfg.instances.kind != "pairs")
+        if cfg.multilingual.enabled:
+            languages.check_inputs(files, cfg.multilingual)
         return cls(files=tuple(files), parts=cfg.parts, bucket_bits=bucket_bits_for(files, slices),
                    source_cfg=cfg.sources, instance_cfg=cfg.instances, output_cfg=cfg.output, seed=cfg.seed,
                    work=storage.join(staging, "_work"), staging=staging, tokenizer_uri=tokenizer_uri,
-                   vocab_size=tok.vocab_size, mask_id=tok.mask_id, output_schema=output_schema)
+                   vocab_size=tok.vocab_size, mask_id=tok.mask_id, output_schema=output_schema,
+                   multilingual=cfg.multilingual)
 
     @property
     def num_buckets(self) -> int:
@@ -122,12 +132,14 @@ class Plan:
     def documents(self, part: int, lot: handoff.Lot | None) -> documents_stage.BuildDocumentStore:
         """(kind, uri[, split]) input units -> part ``part``'s share of the document store."""
         return documents_stage.BuildDocumentStore(self.source_cfg, self.tokenizer_uri, self.bucket_bits, self.work,
-                                                  part, self.vocab_size, spread=lot is None)
+                                                  part, self.vocab_size, spread=lot is None,
+                                                  multilingual=self.multilingual)
 
     # Stage 2: index
     def index(self, lot: handoff.Lot | None) -> index_stage.IndexCorpus:
         """Anything -> after it, the corpus index; emits the non-empty buckets."""
-        return index_stage.IndexCorpus(self.work, self.num_buckets, self.instance_cfg, spread=lot is None)
+        return index_stage.IndexCorpus(self.work, self.num_buckets, self.instance_cfg, spread=lot is None,
+                                       multilingual=self.multilingual)
 
     def count_buckets(self, lo: int, hi: int) -> list[tuple]:
         """The index stage without Beam, first half: (bucket, documents, duplicate ids) of buckets ``[lo, hi)``."""
@@ -135,7 +147,7 @@ class Plan:
 
     def write_index(self, counts: list[tuple]) -> None:
         """The index stage without Beam, second half: every bucket's counts -> the corpus index."""
-        index_stage.write_index(counts, self.work, self.num_buckets, self.instance_cfg)
+        index_stage.write_index(counts, self.work, self.num_buckets, self.instance_cfg, self.multilingual)
 
     # Stage 3: instances (after the index)
     def instances(self, part: int, lot: handoff.Lot | None) -> beam.PTransform:

@@ -91,6 +91,8 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
     stats = {**stats, "sop_dropped_chunks": sum(meta.get("sop_dropped_chunks", 0) for meta in planned)}
     manifest = _manifest(cfg, tok, plan.files, documents, counts, num_docs, corpus, stats, shard_entries,
                          total_rows, plan.bucket_bits, group_bits)
+    if "languages" in index_data:  # a multilingual run: each language's corpus, mix and rows
+        manifest["languages"] = _languages(index_data["languages"], planned)
     storage.remove_tree(work)
     manifest["summary"]["wall_seconds"] = round(time.time() - started, 3)
     manifest["summary"]["corpus_tokens_per_second"] = round(corpus["tokens"] / max(1e-9, time.time() - started), 1)
@@ -99,6 +101,21 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
     if log.path:
         os.unlink(log.path)
     return manifest
+
+
+def _languages(mix: dict, planned) -> dict:
+    """The manifest's ``languages``: each language's corpus counts (documents, sentences, tokens), its share of the
+    corpus and its smoothed share (``preprocess.languages.language_mix``), its sampling rate, and the rows it starts
+    (with their tokens of the language, for packed rows) as planned by the instance stage."""
+    rows: dict = {}
+    for meta in planned:
+        rows = shards.merge_counts(rows, meta.get("languages", {}))
+    out = {}
+    for language, entry in mix.items():
+        made = rows.get(language, {})
+        out[language] = {**entry, "rows": made.get("rows", 0),
+                         **({"instance_tokens": made["tokens"]} if "tokens" in made else {})}
+    return out
 
 
 def _fraction(numerator: float, denominator: float) -> float:

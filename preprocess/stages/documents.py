@@ -18,8 +18,8 @@ from apache_beam.metrics import Metrics
 
 from common import schema, storage
 from common.hashing import document_hash
-from common.preprocess_config import SourceConfig
-from preprocess import books, docstore, dumpsplit, text, wikipedia
+from common.preprocess_config import MultilingualConfig, SourceConfig
+from preprocess import books, docstore, dumpsplit, languages, text, wikipedia
 from preprocess.records import RawDocument, Rejected
 from preprocess.stages.worker_tokenizer import UsesTokenizer
 
@@ -32,13 +32,15 @@ class BuildDocumentStore(beam.PTransform):
 
     With ``spread`` (the default) large dumps are cut into byte ranges and files and documents are spread over
     the runner's workers. Without it reading and cleaning are one fused step, for a caller that hands each
-    pipeline its own units (the local process pool).
+    pipeline its own units (the local process pool). With ``multilingual`` enabled, the counts are also by language.
     """
 
-    def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size, spread: bool = True):
+    def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size, spread: bool = True,
+                 multilingual: MultilingualConfig | None = None):
         super().__init__()
         self._cfg, self._tokenizer_uri, self._bucket_bits = cfg, tokenizer_uri, bucket_bits
         self._work, self._part, self._vocab_size, self._spread = work, part, vocab_size, spread
+        self._multilingual = multilingual
 
     def expand(self, files):
         if self._spread:
@@ -50,7 +52,8 @@ class BuildDocumentStore(beam.PTransform):
         return (documents
                 | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))
                 | "ByBucket" >> beam.GroupByKey()
-                | "WriteBuckets" >> beam.ParDo(WriteDocumentBucket(self._work, self._part, self._vocab_size))
+                | "WriteBuckets" >> beam.ParDo(WriteDocumentBucket(self._work, self._part, self._vocab_size,
+                                                                  self._multilingual))
                 | "OneKey" >> beam.Map(lambda counts: (0, counts)) | "AllBuckets" >> beam.GroupByKey()
                 | "WriteCounts" >> beam.ParDo(WritePartCounts(self._work, self._part)))
 
@@ -139,10 +142,12 @@ class CleanAndTokenize(UsesTokenizer):
 class WriteDocumentBucket(beam.DoFn):
     """(bucket, [records]) -> docs/bNNNNNN/pPPPP.arrow, the bucket's documents from this part (none: no file); emits
     the bucket's counts (``docstore.no_counts``' keys), which ``WritePartCounts`` adds up. The records are
-    ``CleanAndTokenize``'s: ("doc", row) or ("rejected", (source, doc_id, outcome, reason, detail))."""
+    ``CleanAndTokenize``'s: ("doc", row) or ("rejected", (source, doc_id, outcome, reason, detail)). With
+    ``multilingual`` enabled, the counts are also by language (``languages.language_counts``)."""
 
-    def __init__(self, work: str, part: int, vocab_size: int):
+    def __init__(self, work: str, part: int, vocab_size: int, multilingual: MultilingualConfig | None = None):
         self._work, self._part, self._vocab_size = work, part, vocab_size
+        self._multilingual = multilingual if multilingual is not None and multilingual.enabled else None
 
     def process(self, element):
         bucket, records = element
@@ -157,6 +162,8 @@ class WriteDocumentBucket(beam.DoFn):
             counts["sentences"] = sum(len(d[4]) // 4 for d in docs)
             token_bytes = np.dtype(schema.token_numpy_dtype(self._vocab_size)).itemsize
             counts["tokens"] = sum(len(d[3]) for d in docs) // token_bytes
+            if self._multilingual is not None:
+                counts.update(languages.language_counts(docs, self._multilingual, token_bytes))
             docstore.write_table(storage.join(docstore.bucket_dir(self._work, bucket), f"p{self._part:04d}.arrow"),
                                  docstore.documents_table(docs, self._vocab_size))
         yield counts

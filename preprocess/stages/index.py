@@ -8,8 +8,8 @@ import apache_beam as beam
 
 from common import storage
 from common.errors import InputError
-from common.preprocess_config import InstanceConfig
-from preprocess import docstore, sentence_rows
+from common.preprocess_config import InstanceConfig, MultilingualConfig
+from preprocess import docstore, languages, sentence_rows
 from preprocess.layout import INDEX_NAME, bits_for, unit_shift
 from preprocess.stages.barrier import Barrier, read_metas, spread
 
@@ -20,17 +20,19 @@ ROWS_PER_UNIT = 65536   # instances per unit of the instance stage (bounds what 
 class IndexCorpus(beam.PTransform):
     """After the document store is complete: count every bucket, write the index, emit non-empty buckets."""
 
-    def __init__(self, work: str, num_buckets: int, cfg: InstanceConfig, spread: bool = True):
+    def __init__(self, work: str, num_buckets: int, cfg: InstanceConfig, spread: bool = True,
+                 multilingual: MultilingualConfig | None = None):
         super().__init__()
         self._work, self._num_buckets, self._cfg, self._spread = work, num_buckets, cfg, spread
+        self._multilingual = multilingual
 
     def expand(self, trigger):
-        work, num_buckets, cfg = self._work, self._num_buckets, self._cfg
+        work, num_buckets, cfg, multilingual = self._work, self._num_buckets, self._cfg, self._multilingual
         buckets = trigger | "AfterDocuments" >> Barrier() | "Buckets" >> beam.FlatMap(lambda _: range(num_buckets))
         return (spread(buckets, "SpreadBuckets", self._spread)
                 | "Count" >> beam.ParDo(CountBucket(work))
                 | "AllCounts" >> beam.Map(lambda row: (0, row)) | "Collect" >> beam.GroupByKey()
-                | "WriteIndex" >> beam.FlatMap(lambda kv: write_index(kv[1], work, num_buckets, cfg)))
+                | "WriteIndex" >> beam.FlatMap(lambda kv: write_index(kv[1], work, num_buckets, cfg, multilingual)))
 
 
 class CountBucket(beam.DoFn):
@@ -43,8 +45,11 @@ class CountBucket(beam.DoFn):
         yield docstore.bucket_count(self._work, bucket)
 
 
-def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[int]:
-    """Bucket offsets (global document indices), corpus counts and the group layout -> index.json."""
+def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
+                multilingual: MultilingualConfig | None = None) -> list[int]:
+    """Bucket offsets (global document indices), corpus counts and the group layout -> index.json; for a multilingual
+    run also each language's counts and sampling rate (``languages.language_mix``) and each document group's
+    language."""
     counts = {bucket: (count, duplicates) for bucket, count, duplicates in rows}
     offsets = [0]
     for bucket in range(num_buckets):
@@ -63,6 +68,9 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig) -> list[
         index["stream_bits"] = sentence_rows.stream_bits_for(corpus["tokens"])  # the corpus's size alone chooses it
     else:  # units: runs of buckets, so that the stage's elements grow with the input alone
         index["unit_bits"] = min(num_buckets.bit_length() - 1, bits_for(estimated_rows / ROWS_PER_UNIT))
+    if multilingual is not None and multilingual.enabled:  # the rows' expected total is the corpus's: as before
+        index["languages"] = languages.language_mix(documents["languages"], multilingual)
+        index["language_groups"] = languages.group_languages(documents["language_groups"])
     storage.write_json(storage.join(work, INDEX_NAME), index)
     return instance_units(index, cfg)
 

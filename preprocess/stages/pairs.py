@@ -84,9 +84,10 @@ class PlanAndBuildInstances(BuildsInstances):
         plans, runs, counts = [], [], []  # runs: (document, duplicate), each with counts[i] plans in a row
         dropped = 0
         requests = []
+        copies = self._copies(loaded.doc_ids)  # dupe_factor each, or the smoothed mix's (multilingual runs)
         for rank, doc_id in enumerate(loaded.doc_ids):
             offsets = loaded.document(rank)[1]
-            for dupe in range(self._cfg.dupe_factor):
+            for dupe in range(int(copies[rank])):
                 planned, dropped_chunks = self._plan(offsets, first_index + rank, num_docs, doc_id, dupe)
                 plans.extend(planned)
                 runs.append((doc_id, dupe))
@@ -96,7 +97,7 @@ class PlanAndBuildInstances(BuildsInstances):
             # One row per instance: InstancePlan's fields as integers, and the document's rank in the bucket.
             table = np.fromiter(itertools.chain.from_iterable(plans), np.int64, len(plans) * len(plans[0]))
             table = table.reshape(len(plans), len(plans[0]))
-            ranks = np.repeat(np.arange(len(loaded.doc_ids)).repeat(self._cfg.dupe_factor), counts)
+            ranks = np.repeat(np.arange(len(loaded.doc_ids)).repeat(copies), counts)
             keys = instance_keys(self._seed, runs, counts, table[:, _INDEX])
             is_random = table[:, _IS_RANDOM].astype(bool)
             actual, random_next = np.flatnonzero(~is_random), np.flatnonzero(is_random)
@@ -106,6 +107,10 @@ class PlanAndBuildInstances(BuildsInstances):
                 requests.append(self._requests(loaded, table[random_next], ranks[random_next], keys.take(random_next)))
         # The driver checks that every planned instance reached a piece before it publishes anything.
         planned = {"instances": len(plans)}
+        by_language = self._by_language(loaded.doc_ids, np.repeat(np.arange(len(loaded.doc_ids)).repeat(copies),
+                                                                   counts))
+        if by_language is not None:
+            planned["languages"] = by_language
         if self._cfg.sentence_objective == "sop":
             planned["sop_dropped_chunks"] = dropped
             self._dropped.inc(dropped)

@@ -1,0 +1,145 @@
+"""Several languages in one dataset (multilingual BERT, XLM's masked-LM data), as pure functions.
+
+Each document's language is read from its Wikipedia dump (the siteinfo's ``dbname``, which the document id
+carries: ``wiki:bgwiki:558`` is Bulgarian) or set per input file in the config (``multilingual.languages``).
+
+The mix of languages is exponentially smoothed, as mBERT and XLM sample theirs (Conneau & Lample 2019, §3.1):
+with p_i a language's share of the corpus (of tokens, or of sentences as XLM counts), the rows are drawn with
+q_i = p_i^α / Σ_j p_j^α. Here that is a number of copies per document, in place of ``dupe_factor``'s fixed
+number: a document of language i is used ``dupe_factor · q_i / p_i`` times in expectation, rounded up or down by a
+draw keyed by (seed, document id) alone, so low-resource languages are repeated and high-resource ones thinned, the
+corpus's total is kept in expectation, and no choice depends on workers, parts or order.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from typing import Iterable
+
+import numpy as np
+
+from common.errors import InputError
+from common.hashing import stable_hash64
+from common.preprocess_config import MultilingualConfig
+from preprocess.inputs import source_name
+
+
+def document_group(doc_id: str) -> str:
+    """The part of a document id that names where it came from: ``wiki:<dbname>`` or ``book:<file name>``
+    (``wiki:bgwiki:558`` -> ``wiki:bgwiki``). Every document of a group has one language."""
+    return doc_id.rsplit(":", 1)[0]
+
+
+def dump_language(dbname: str) -> str:
+    """A Wikipedia's language from its database name: ``bgwiki`` -> ``bg``, ``zh_yuewiki`` -> ``zh_yue``; ""
+    for a dump that names none (our reader's placeholder ``wiki``)."""
+    return dbname[:-len("wiki")] if dbname.endswith("wiki") else dbname
+
+
+def configured_language(source: str, cfg: MultilingualConfig) -> str | None:
+    """The language ``multilingual.languages`` gives the input file named ``source`` (first matching pattern)."""
+    for pattern, language in cfg.languages.items():
+        if fnmatch.fnmatchcase(source, pattern):
+            return language.strip()
+    return None
+
+
+def language_for(doc_id: str, source: str, cfg: MultilingualConfig) -> str:
+    """A document's language: the config's for its input file, else its dump's; ``InputError`` if neither says."""
+    language = configured_language(source, cfg)
+    if language is None and doc_id.startswith("wiki:"):
+        language = dump_language(document_group(doc_id)[len("wiki:"):])
+    if not language:
+        raise InputError(f"{source}: no language for this input (a Wikipedia dump without <dbname> in its siteinfo, "
+                         f"or a book): set one in the config, e.g. multilingual.languages: {{'{source}': en}}")
+    return language
+
+
+def check_inputs(files: Iterable[tuple], cfg: MultilingualConfig) -> None:
+    """Before a run: every book input needs a language from the config (dumps may name their own)."""
+    for kind, uri, *_ in files:
+        if kind != "wiki" and configured_language(source_name(uri), cfg) is None:
+            raise InputError(f"{uri}: a book input of a multilingual run needs a language: add its file name to "
+                             f"multilingual.languages in the config, e.g. {{'{source_name(uri)}': en}}")
+
+
+def language_counts(docs: list[tuple], cfg: MultilingualConfig, token_bytes: int) -> dict:
+    """Per-language counts of a document-store bucket's rows (doc_hash, doc_id, source, token bytes, sentence-length
+    bytes): ``{"languages": {language: {documents, sentences, tokens}}, "language_groups": {group: {language:
+    documents}}}`` (``preprocess.docstore.add_counts`` adds them up over buckets and parts)."""
+    languages: dict[str, dict] = {}
+    groups: dict[str, dict] = {}
+    for _, doc_id, source, tokens, lengths in docs:
+        language = language_for(doc_id, source, cfg)
+        entry = languages.setdefault(language, {"documents": 0, "sentences": 0, "tokens": 0})
+        entry["documents"] += 1
+        entry["sentences"] += len(lengths) // 4
+        entry["tokens"] += len(tokens) // token_bytes
+        group = groups.setdefault(document_group(doc_id), {})
+        group[language] = group.get(language, 0) + 1
+    return {"languages": languages, "language_groups": groups}
+
+
+def smoothed_shares(sizes: dict[str, float], alpha: float) -> dict[str, float]:
+    """q_i = p_i^alpha / sum_j p_j^alpha for p_i = sizes[i] / sum(sizes) (languages of size 0 get 0)."""
+    total = sum(sizes.values())
+    if total <= 0:
+        return {language: 0.0 for language in sizes}
+    powered = {language: (size / total) ** alpha if size > 0 else 0.0 for language, size in sizes.items()}
+    norm = sum(powered.values())
+    return {language: value / norm for language, value in powered.items()}
+
+
+def language_mix(counts: dict[str, dict], cfg: MultilingualConfig) -> dict[str, dict]:
+    """Each language's counts with its share p (of ``cfg.basis``), its smoothed share q and its sampling rate
+    q / p (the expected copies of each of its documents, per ``dupe_factor``), in language order."""
+    sizes = {language: counts[language][cfg.basis] for language in sorted(counts)}
+    total = sum(sizes.values())
+    q = smoothed_shares(sizes, cfg.alpha)
+    mix = {}
+    for language, size in sizes.items():
+        p = size / total if total else 0.0
+        mix[language] = {**counts[language], "share": round(p, 9), "sampled_share": round(q[language], 9),
+                         "rate": round(q[language] / p, 9) if p else 0.0}
+    return mix
+
+
+def group_languages(groups: dict[str, dict]) -> dict[str, str]:
+    """{document group: its language} from ``language_counts``' summed groups; ``InputError`` for a group (one
+    dump's database, or one book) given two languages."""
+    out = {}
+    for group, languages in sorted(groups.items()):
+        if len(languages) > 1:
+            raise InputError(f"{group}: the files of one dump (or one book) got different languages "
+                             f"({', '.join(sorted(languages))}) from multilingual.languages: give them one language")
+        out[group] = next(iter(languages))
+    return out
+
+
+def document_copies(seed: int, doc_ids: list[str], languages: dict[str, str], mix: dict[str, dict],
+                    dupe_factor: int) -> np.ndarray:
+    """How many times each document is used: ``dupe_factor · rate`` of its language, rounded down or up with the
+    probability of the fraction, by a uniform draw keyed by (seed, document id).
+
+    Args:
+        languages: {document group: language} (``group_languages``).
+        mix: ``language_mix``' entries, each with its ``rate``.
+    """
+    copies = np.zeros(len(doc_ids), np.int64)
+    for i, doc_id in enumerate(doc_ids):
+        expected = dupe_factor * mix[languages[document_group(doc_id)]]["rate"]
+        whole = math.floor(expected)
+        draw = stable_hash64(seed, "language-copies", doc_id) / 2.0 ** 64
+        copies[i] = whole + (draw < expected - whole)
+    return copies
+
+
+def sample_quotas(sizes: dict[str, float], alpha: float, total: int) -> dict[str, int]:
+    """How many of ``total`` sampled items each language gets (its smoothed share, rounded; at least one for a
+    language with any text)."""
+    shares = smoothed_shares(sizes, alpha)
+    return {language: max(1 if sizes[language] else 0, round(share * total)) for language, share in shares.items()}
+
+
+__all__ = ["check_inputs", "document_copies", "document_group", "dump_language", "group_languages", "language_counts",
+           "language_for", "language_mix", "sample_quotas", "smoothed_shares"]

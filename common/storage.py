@@ -35,10 +35,25 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
 
 
-def _s3_client():
-    import boto3  # honours AWS_ENDPOINT_URL, so S3-compatible servers work without code changes
+# Object stores throttle (503 SlowDown), fail (500) and drop connections; botocore's "standard" retry mode retries
+# those with exponential backoff and jitter, each wait capped at 20 s. Its default of 3 attempts gives up within
+# seconds of a throttling burst; 10 ride one out, and a fault that outlasts them fails the request (and the run)
+# with the store's own error. AWS_RETRY_MODE and AWS_MAX_ATTEMPTS, when set, win (botocore's variables).
+S3_RETRY_MODE = "standard"
+S3_MAX_ATTEMPTS = 10
 
-    return boto3.client("s3")
+
+def s3_retries() -> dict:
+    """The retry settings every S3 client of ours uses (``s3_client``, and smart_open through it)."""
+    return {"mode": os.environ.get("AWS_RETRY_MODE", S3_RETRY_MODE),  # total_max_attempts counts the first try,
+            "total_max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", S3_MAX_ATTEMPTS))}  # as the variable does
+
+
+def s3_client():
+    import boto3  # honours AWS_ENDPOINT_URL, so S3-compatible servers work without code changes
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(retries=s3_retries()))
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
@@ -72,7 +87,9 @@ def open_file(uri: str, mode: str = "rb", decompress: bool = False) -> IO:
             return codec(path, mode if "b" in mode else mode.rstrip("t") + "t", **text)
     import smart_open
 
-    return smart_open.open(uri, mode, compression="infer_from_extension" if decompress else "disable", **text)
+    transport = {"client": s3_client()} if uri.startswith("s3://") else {}  # the same retries for every S3 call
+    return smart_open.open(uri, mode, compression="infer_from_extension" if decompress else "disable",
+                           transport_params=transport, **text)
 
 
 def _umask() -> int:
@@ -137,7 +154,7 @@ def exists(uri: str) -> bool:
         return os.path.exists(local_path(uri))
     if uri.startswith("s3://"):
         bucket, key = _split_s3(uri)
-        response = _s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        response = s3_client().list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
         return any(obj["Key"] == key or obj["Key"].startswith(key.rstrip("/") + "/")
                    for obj in response.get("Contents", []))
     fs, path = _fsspec(uri)
@@ -154,7 +171,7 @@ def list_files(prefix_uri: str) -> list[str]:
     if prefix_uri.startswith("s3://"):
         bucket, key = _split_s3(prefix_uri)
         key = key.rstrip("/") + "/" if key else ""
-        paginator = _s3_client().get_paginator("list_objects_v2")
+        paginator = s3_client().get_paginator("list_objects_v2")
         return sorted(f"s3://{bucket}/{obj['Key']}" for page in paginator.paginate(Bucket=bucket, Prefix=key)
                       for obj in page.get("Contents", []))
     fs, path = _fsspec(prefix_uri)
@@ -169,7 +186,7 @@ def remove_tree(uri: str) -> None:
         return
     if uri.startswith("s3://"):
         bucket, _ = _split_s3(uri)
-        client = _s3_client()
+        client = s3_client()
         keys = [_split_s3(u)[1] for u in list_files(uri)]
         for start in range(0, len(keys), 1000):
             client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]})
@@ -184,7 +201,7 @@ def size_of(uri: str) -> int:
         return os.path.getsize(local_path(uri))
     if uri.startswith("s3://"):
         bucket, key = _split_s3(uri)
-        return int(_s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
+        return int(s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
     fs, path = _fsspec(uri)
     return int(fs.size(path))
 

@@ -106,15 +106,13 @@ class Utf8Check:
 
 
 def _list_s3(uri: str) -> list[str]:
-    import boto3  # only needed for s3:// patterns; keeps the module light otherwise
-
     bucket, _, key = uri[len("s3://"):].partition("/")
     match = _GLOB_CHARS.search(key)
     prefix = key[:match.start()] if match else key
     pattern = key if match else None
     found = []
     try:
-        paginator = boto3.client("s3").get_paginator("list_objects_v2")
+        paginator = storage.s3_client().get_paginator("list_objects_v2")  # with our retries
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 name = obj["Key"]

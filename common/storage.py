@@ -10,6 +10,7 @@ import gzip
 import json
 import lzma
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -47,6 +48,26 @@ def s3_retries() -> dict:
     """The retry settings every S3 client of ours uses (``s3_client``, and smart_open through it)."""
     return {"mode": os.environ.get("AWS_RETRY_MODE", S3_RETRY_MODE),  # total_max_attempts counts the first try,
             "total_max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", S3_MAX_ATTEMPTS))}  # as the variable does
+
+
+# How an object-store failure reads once Beam has turned it into text (a worker's exception crosses a process).
+_STORE_FAILURE = re.compile(r"botocore\.exceptions\.(\w+): (.*?)(?: \[while running '([^']+)'\])?$", re.M)
+
+
+def store_failure(error: BaseException) -> str | None:
+    """What an object store's failure says, in one line, when ``error`` is one (on it, in its chain, or in its
+    text after Beam re-raised it elsewhere): the operation, the store's error and the retries spent; else None."""
+    seen, current = set(), error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__module__.startswith("botocore"):
+            return f"{type(current).__name__}: {current}"
+        current = current.__cause__ or current.__context__
+    found = _STORE_FAILURE.search(str(error))
+    if found is None:
+        return None
+    name, message, step = found.groups()
+    return f"{name}: {message}" + (f" (in {step})" if step else "")
 
 
 def s3_client():

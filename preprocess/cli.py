@@ -10,6 +10,7 @@ import sys
 import time
 
 from common import preprocess_config as config_module
+from common import storage
 from common.configlib import ConfigError
 from common.errors import InputError, StorageError, report, storage_failure
 
@@ -189,6 +190,11 @@ def _clear_message(exc: BaseException, args: argparse.Namespace) -> str | None:
     failure = _storage_failure(exc, args)
     if failure is not None:
         return str(failure)
+    store = storage.store_failure(exc)
+    if store is not None:  # retried as common.storage.s3_retries says, and still failing
+        output = getattr(args, "output", None) or "the run"
+        return (f"the object store failed for {output}, after its retries: {store}; nothing was published. "
+                "Check the store (or raise AWS_MAX_ATTEMPTS for a long throttling) and run again")
     from common.errors import DatasetFormatError
     from common.writelock import OutputLockedError
 

@@ -1,11 +1,14 @@
 """Inputs read from and shards written to s3:// through smart_open, against a local moto server."""
 from __future__ import annotations
 
+import json
+import math
 import os
 
 import boto3
 import pytest
 
+from tests.faulty_s3 import FaultyS3, Rule
 from tests.preprocess.conftest import read_manifest, run_cli, shard_hashes
 from tests.preprocess.servers import moto_s3_server
 
@@ -51,7 +54,7 @@ def test_s3_inputs_and_outputs_match_the_local_run(s3_env, tmp_path, real_wiki, 
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="datasets", Prefix="run1/")["Contents"])
     assert "run1/manifest.json" in keys and not any("/_work/" in k for k in keys)
     manifest = read_manifest(local)
-    remote_manifest = __import__("json").loads(s3.get_object(Bucket="datasets", Key="run1/manifest.json")["Body"].read())
+    remote_manifest = json.loads(s3.get_object(Bucket="datasets", Key="run1/manifest.json")["Body"].read())
     assert [s["sha256"] for s in remote_manifest["shards"]] == shard_hashes(local)
     for shard in manifest["shards"]:
         body = s3.get_object(Bucket="datasets", Key=f"run1/{shard['name']}")["Body"].read()
@@ -66,3 +69,51 @@ def test_unreadable_s3_uri_is_named(s3_env, tmp_path, bert_vocab):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error:") and "s3://no-such-bucket/books/a.txt" in last
     assert not (tmp_path / "out").exists()
+
+
+def _books_only_run(s3, bucket: str, real_books) -> None:
+    s3.create_bucket(Bucket=bucket)
+    for name in BOOKS:
+        s3.upload_file(str(real_books / name), bucket, f"books/{name}")
+
+
+def test_a_run_through_throttling_errors_and_resets_writes_the_same_shards(s3_env, tmp_path, real_books, bert_vocab):
+    """Every kind of request meets transient faults (the first few of each): the run retries them and publishes
+    the shards a local run writes, byte for byte."""
+    s3 = boto3.client("s3")
+    _books_only_run(s3, "flaky", real_books)
+    local_books = tmp_path / "books"
+    local_books.mkdir()
+    for name in BOOKS:
+        (local_books / name).write_bytes((real_books / name).read_bytes())
+    local = tmp_path / "local"
+    run_cli("run", "--config", CONFIG, "--books", local_books, "--tokenizer", bert_vocab, "--output", local)
+    rules = [Rule("GET", r"^/flaky/books/", "503", times=2), Rule("GET", r"^/flaky/books/", "reset", times=1),
+             Rule("GET", r"list-type=2", "500", times=1), Rule("PUT", r"^/flaky/out/.*\.arrow", "503", times=2),
+             Rule("PUT", r"^/flaky/out/", "reset", times=2), Rule("POST", r"^/flaky/out/", "500", times=1),
+             Rule("HEAD", r"^/flaky/", "503", times=1)]
+    with FaultyS3(s3_env["AWS_ENDPOINT_URL"], rules) as proxy:
+        run_cli("run", "--config", CONFIG, "--books", "s3://flaky/books/", "--tokenizer", bert_vocab,
+                "--output", "s3://flaky/out", env={**s3_env, "AWS_ENDPOINT_URL": proxy.endpoint})
+    assert sum(rule.hits for rule in rules) >= 8, proxy.faults  # the faults were met, not dodged
+    manifest = read_manifest(local)
+    remote = json.loads(s3.get_object(Bucket="flaky", Key="out/manifest.json")["Body"].read())
+    assert [s["sha256"] for s in remote["shards"]] == shard_hashes(local)
+    for shard in manifest["shards"]:
+        assert s3.get_object(Bucket="flaky", Key=f"out/{shard['name']}")["Body"].read() == \
+            (local / shard["name"]).read_bytes()
+
+
+def test_a_store_that_keeps_failing_ends_the_run_in_one_line_and_publishes_nothing(s3_env, real_books, bert_vocab):
+    s3 = boto3.client("s3")
+    _books_only_run(s3, "down", real_books)
+    rules = [Rule("PUT", r"^/down/out/.*\.arrow", "500", times=math.inf)]  # every shard upload, every attempt
+    with FaultyS3(s3_env["AWS_ENDPOINT_URL"], rules) as proxy:
+        proc = run_cli("run", "--config", CONFIG, "--books", "s3://down/books/", "--tokenizer", bert_vocab,
+                       "--output", "s3://down/out", check=False,
+                       env={**s3_env, "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_MAX_ATTEMPTS": "2"})
+    assert proc.returncode != 0 and rules[0].hits >= 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and "InternalError" in last and "s3://down/out" in last, last
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="down", Prefix="out/").get("Contents", [])]
+    assert "out/manifest.json" not in keys and not any(k.endswith(".arrow") for k in keys), keys

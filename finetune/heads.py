@@ -10,7 +10,9 @@ masks over the padded shape, so from the same random state training takes the st
 Token and span heads are the same for every family. The sequence head is each family's own, as in
 ``transformers``: BERT and ALBERT classify the pooled [CLS] (tanh dense) with one linear layer; ELECTRA has no
 pooler and classifies the [CLS] hidden state through dense, gelu, dropout and an output layer
-(``ElectraClassificationHead``): each family's ``pooled`` in ``models.registry``.
+(``ElectraClassificationHead``); DeBERTa pools [CLS] in the head (``ContextPooler``: dropout, dense, activation) and
+classifies that through dropout and one linear layer: each family's ``pooled`` and ``context_pooler`` in
+``models.registry``.
 
 Nothing here imports DeepSpeed or torch.distributed.
 """
@@ -25,11 +27,11 @@ from models import registry
 from models.attention import Unpadding
 
 
-def _family(encoder: nn.Module) -> tuple[str, bool]:
-    """(the attribute ``transformers`` names the encoder by: its ``model_type``, whether its sequence head reads the
-    pooled [CLS])."""
+def _family(encoder: nn.Module) -> tuple[str, bool, bool]:
+    """(the attribute ``transformers`` names the encoder by: its ``encoder_prefix`` or ``model_type``, whether its
+    sequence head reads the pooled [CLS], whether the head pools it itself)."""
     family = registry.of_encoder(encoder)
-    return family.model_type, family.pooled
+    return family.encoder_prefix or family.model_type, family.pooled, family.context_pooler
 
 
 class _Head(nn.Module):
@@ -37,7 +39,7 @@ class _Head(nn.Module):
 
     def __init__(self, encoder: Encoder, padding_free: bool):
         super().__init__()
-        self._encoder_name, self._pooled = _family(encoder)
+        self._encoder_name, self._pooled, self._context_pooler = _family(encoder)
         self.add_module(self._encoder_name, encoder)
         self.padding_free = padding_free
 
@@ -85,6 +87,19 @@ class ElectraClassificationHead(nn.Module):
         return self.out_proj(self.dropout(x))
 
 
+class ContextPooler(nn.Module):
+    """transformers' DeBERTa ``ContextPooler``: the [CLS] state through dropout, dense and an activation."""
+
+    def __init__(self, hidden_size: int, dropout: float, activation):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.dropout = nn.Dropout(dropout)
+        self.activation = activation
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(self.dropout(first)))
+
+
 class SequenceClassifier(_Head):
     """GLUE: the family's head on [CLS] (see the module's docstring); one output is regression (STS-B, mean
     squared error)."""
@@ -93,7 +108,11 @@ class SequenceClassifier(_Head):
         super().__init__(encoder, padding_free)
         self.num_labels = num_labels
         hidden_size = encoder.config.hidden_size
-        if self._pooled:
+        if self._context_pooler:
+            config = encoder.config
+            self.pooler = ContextPooler(hidden_size, config.pooler_dropout, config.pooler_activation())
+            self._init(self.pooler.dense)
+        if self._pooled or self._context_pooler:
             self.dropout = nn.Dropout(dropout)
             self.classifier = self._init(nn.Linear(hidden_size, num_labels))
         else:
@@ -103,7 +122,9 @@ class SequenceClassifier(_Head):
 
     def forward(self, input_ids, token_type_ids, attention_mask, labels=None):
         hidden, pooled, unpadding = self._encode(input_ids, token_type_ids, attention_mask)
-        if self._pooled:
+        if self._context_pooler:
+            logits = self.classifier(self.dropout(self.pooler(self._first(hidden, unpadding)))).float()
+        elif self._pooled:
             logits = self.classifier(self.dropout(pooled)).float()
         else:
             logits = self.classifier(self._first(hidden, unpadding)).float()
@@ -166,5 +187,5 @@ def pad_batch(rows: list[dict], pad_id: int, multiple: int = 8) -> dict[str, tor
     return batch
 
 
-__all__ = ["ElectraClassificationHead", "SequenceClassifier", "SpanExtractor", "TokenClassifier",
+__all__ = ["ContextPooler", "ElectraClassificationHead", "SequenceClassifier", "SpanExtractor", "TokenClassifier",
            "load_encoder", "pad_batch"]

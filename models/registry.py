@@ -2,7 +2,8 @@
 they know only by name.
 
 A family is a subpackage of ``models`` whose ``__init__`` defines ``FAMILY``, a ``ModelFamily``; ``MODEL_TYPES``
-lists the subpackages in this folder, so adding a family adds a folder here (and its training glue in
+lists the subpackages in this folder (a ``-`` of the ``model_type`` is a ``_`` in the folder's name: ``deberta_v2``
+holds ``deberta-v2``), so adding a family adds a folder here (and its training glue in
 ``pretrain/families/``), nothing in this file. The family packages are imported only when asked for.
 """
 from __future__ import annotations
@@ -29,10 +30,12 @@ class ModelFamily:
     encoder_class: type                               # what ``load_encoder`` gives
     pooled: bool                                      # whether the family's sequence head reads the pooled [CLS]
     export_parts: tuple[str, ...] = ()                # further networks a run's export holds in subdirectories
+    context_pooler: bool = False                      # not pooled: the sequence head pools [CLS] itself (DeBERTa)
+    encoder_prefix: str = ""                          # transformers' name of the encoder if not model_type
 
 
 def _discover() -> tuple[str, ...]:
-    names = [info.name for info in pkgutil.iter_modules(models.__path__) if info.ispkg]
+    names = [info.name.replace("_", "-") for info in pkgutil.iter_modules(models.__path__) if info.ispkg]
     return tuple(sorted(names, key=lambda name: (name != "bert", name)))  # BERT, the reference, first
 
 
@@ -43,7 +46,12 @@ def family(model_type: str) -> ModelFamily:
     """The family of ``model_type``; a ``ValueError`` naming the known ones for any other."""
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}")
-    return importlib.import_module(f"models.{model_type}").FAMILY
+    return importlib.import_module(f"models.{module_name(model_type)}").FAMILY
+
+
+def module_name(model_type: str) -> str:
+    """The folder (and module) name of ``model_type``: ``deberta-v2`` lives in ``models/deberta_v2``."""
+    return model_type.replace("-", "_")
 
 
 def of_encoder(encoder: nn.Module) -> ModelFamily:
@@ -55,4 +63,4 @@ def of_encoder(encoder: nn.Module) -> ModelFamily:
                     f"{', '.join(family(t).encoder_class.__name__ for t in MODEL_TYPES)}")
 
 
-__all__ = ["MODEL_TYPES", "ModelFamily", "family", "of_encoder"]
+__all__ = ["MODEL_TYPES", "ModelFamily", "family", "module_name", "of_encoder"]

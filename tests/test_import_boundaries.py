@@ -88,3 +88,33 @@ def test_the_contracts_need_no_beam_and_no_torch():
                             "common.verify, common.hashing, common.writelock, common.preprocess_config, "
                             "common.processes")
     assert not {"apache_beam", "torch", "deepspeed"} & loaded
+
+
+def _module_imports(package: str) -> dict[str, set[str]]:
+    """The full dotted names each module of ``package`` imports from (``from a.b import c`` -> ``a.b``)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.update(f"{node.module}.{alias.name}" if node.module in ("models", "pretrain") else node.module
+                             for alias in node.names)
+        found[str(path.relative_to(root))] = names
+    return found
+
+
+def test_finetuning_reaches_models_only_through_the_registry_and_shares_few_pretraining_modules():
+    """No family's model or Hugging Face file: a new family is finetuned through ``models.registry`` alone."""
+    shared_models = {"models.registry", "models.attention", "models.hf_io"}
+    shared_pretraining = {"pretrain.engine", "pretrain.schedule", "pretrain.weight_decay", "pretrain.compiling",
+                          "pretrain.precision", "pretrain.launch", "pretrain.checkpoints", "pretrain.export"}
+    offenders = {path: sorted(name for name in names if name.startswith(("models.", "pretrain."))
+                              and name not in shared_models | shared_pretraining)
+                 for path, names in _module_imports("finetune").items()}
+    assert not {path: names for path, names in offenders.items() if names}

@@ -102,9 +102,12 @@ def for_config(cfg, run_directory: Path | None = None) -> Family:
         from pretrain.families.distillation import DistillationFamily
 
         return DistillationFamily.from_config(cfg, recorded_in=run_directory)
-    # Each model family (models.registry) has its training glue in the module of its name here: its TRAINING class,
-    # which takes the config sections it uses (``from_config`` picks them).
-    return importlib.import_module(f"pretrain.families.{cfg.model.family}").TRAINING.from_config(cfg)
+    # Each model family (models.registry) has its training glue in the module of its name here (``-`` as ``_``: the
+    # family deberta-v2 in deberta_v2.py): its TRAINING class, which takes the config sections it uses
+    # (``from_config`` picks them).
+    from models.registry import module_name
+
+    return importlib.import_module(f"pretrain.families.{module_name(cfg.model.family)}").TRAINING.from_config(cfg)
 
 
 __all__ = ["REQUIRED_STATS", "Family", "for_config"]

@@ -186,7 +186,8 @@ def test_an_unknown_model_type_is_refused_in_one_line(family_dir, tmp_path, caps
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and str(other / "config.json") in lines[0] and "'roberta'" in lines[0], lines
     assert not (tmp_path / "out" / "report.json").exists()
-    with pytest.raises(CheckpointError, match="no config.json; pass a Hugging Face bert, albert, electra directory"):
+    with pytest.raises(CheckpointError,
+                       match="no config.json; pass a Hugging Face bert, albert, deberta-v2, electra directory"):
         pretrained.load_encoder(tmp_path)
 
 

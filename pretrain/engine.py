@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 
 from common.errors import ConfigError
-from pretrain import safe_loading
+from pretrain import peers, safe_loading
 from pretrain.config import OptimizerConfig
 from pretrain.lamb import Lamb
 from pretrain.launch import Rendezvous
+from pretrain.peers import unanswered_peers  # noqa: F401 - train.py asks the engine, its one door to the job
 from pretrain.schedule import ScheduleConfig, lr_at
 from pretrain.weight_decay import parameter_groups
 
@@ -36,6 +37,8 @@ def init_distributed(rendezvous: Rendezvous, timeout_minutes: float) -> None:
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
                                    timeout=timedelta(minutes=timeout_minutes), rank=rendezvous.rank,
                                    world_size=rendezvous.world_size)
+    if rendezvous.world_size > 1:
+        peers.record_host(rendezvous.rank, rendezvous.world_size, timedelta(minutes=timeout_minutes))
 
 
 def device_type() -> str:

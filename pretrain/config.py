@@ -65,32 +65,67 @@ class ElectraTrainingConfig:
 
 @dataclass(frozen=True)
 class DistillationConfig:
-    """Knowledge distillation (DistilBERT, Sanh et al. 2019): set ``teacher`` to distil it into the run's model.
+    """Knowledge distillation: set ``teacher`` to distil it into the run's model, with ``loss``:
 
-    loss = kl_weight x KL(teacher || student) of the masked-token distributions at ``temperature`` (times T^2)
-         + mlm_weight x the student's masked-LM loss + cosine_weight x (1 - cos) of the last hidden states.
-    The student is the teacher's architecture with ``student_layers`` layers (default: half), initialised from
-    every other teacher layer; ``model.preset`` and ``model.init_from`` are then not used.
+    ``distilbert`` (Sanh et al. 2019): kl_weight x KL(teacher || student) of the masked-token distributions at
+    ``temperature`` (times T^2) + mlm_weight x the student's masked-LM loss + cosine_weight x (1 - cos) of the last
+    hidden states.
+    ``tinybert`` (Jiao et al. 2020, general distillation): embedding_weight x MSE(embeddings W_e, teacher's)
+    + hidden_weight x sum over student layers m of MSE(hidden_m W_h, teacher hidden_g(m)) + attention_weight x the
+    same of the unnormalised attention scores + prediction_weight x soft cross-entropy of the masked tokens at
+    ``temperature`` (0 in general distillation); g(m) = m x N / M, or ``layer_map``.
+    The student is the teacher's architecture with ``student_layers`` layers (default: half) and, if set, another
+    width, FFN or head count; of the teacher's shape it starts from every other teacher layer, else from scratch.
+    ``model.preset`` and ``model.init_from`` are then not used.
     """
 
     teacher: str | None = None           # a Hugging Face BERT directory or one of our run directories
+    loss: str = "distilbert"             # distilbert | tinybert
     temperature: float = 2.0
     kl_weight: float = 5.0               # DistilBERT's alpha_ce
     mlm_weight: float = 2.0              # alpha_mlm
     cosine_weight: float = 1.0           # alpha_cos
+    embedding_weight: float = 1.0        # TinyBERT's embedding-layer MSE
+    hidden_weight: float = 1.0           # TinyBERT's hidden-state MSE, summed over the student's layers
+    attention_weight: float = 1.0        # TinyBERT's attention-score MSE, summed over the student's layers
+    prediction_weight: float = 0.0       # TinyBERT's prediction-layer soft cross-entropy (task distillation's)
+    layer_map: list[int] | None = None   # tinybert: the teacher layer (1..N) of each student layer; default m x N / M
     student_layers: int | None = None    # default: half the teacher's layers
+    student_hidden_size: int | None = None        # default: the teacher's (tinybert only may differ)
+    student_intermediate_size: int | None = None  # default: the teacher's
+    student_attention_heads: int | None = None    # default: the teacher's
     teacher_precision: str = "auto"      # auto | bf16 | fp16 | fp32: the dtype of the teacher's no-grad forward
 
     def __post_init__(self):
+        if self.loss not in DISTILLATION_LOSSES:
+            raise ValueError(f"distillation.loss is {self.loss!r}; choose one of {', '.join(DISTILLATION_LOSSES)}")
         if self.temperature <= 0:
             raise ValueError(f"distillation.temperature must be > 0, got {self.temperature}")
-        if min(self.kl_weight, self.mlm_weight, self.cosine_weight) < 0:
-            raise ValueError("distillation weights (kl_weight, mlm_weight, cosine_weight) must be >= 0")
-        if self.student_layers is not None and self.student_layers < 1:
-            raise ValueError(f"distillation.student_layers must be >= 1, got {self.student_layers}")
+        weights = ("kl_weight", "mlm_weight", "cosine_weight", "embedding_weight", "hidden_weight",
+                   "attention_weight", "prediction_weight")
+        if min(getattr(self, name) for name in weights) < 0:
+            raise ValueError(f"distillation weights ({', '.join(weights)}) must be >= 0")
+        other = _LOSS_KEYS["tinybert" if self.loss == "distilbert" else "distilbert"]
+        changed = [name for name in other if getattr(self, name) != getattr(DistillationConfig, name)]
+        if changed:
+            raise ValueError(f"distillation.{changed[0]} applies to distillation.loss "
+                             f"{'tinybert' if self.loss == 'distilbert' else 'distilbert'}, not {self.loss}; "
+                             "leave it unset or change the loss")
+        for name in ("student_layers", "student_hidden_size", "student_intermediate_size", "student_attention_heads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"distillation.{name} must be >= 1, got {getattr(self, name)}")
+        if self.layer_map is not None and (not self.layer_map or min(self.layer_map) < 1):
+            raise ValueError(f"distillation.layer_map {self.layer_map}: one teacher layer (1..N) per student layer")
         if self.teacher_precision not in PRECISIONS:
             raise ValueError(f"distillation.teacher_precision must be one of {PRECISIONS}, "
                              f"got {self.teacher_precision!r}")
+
+
+DISTILLATION_LOSSES = ("distilbert", "tinybert")
+# The keys only one loss reads: set for the other, they are refused rather than silently unused.
+_LOSS_KEYS = {"distilbert": ("kl_weight", "mlm_weight", "cosine_weight"),
+              "tinybert": ("embedding_weight", "hidden_weight", "attention_weight", "prediction_weight",
+                           "layer_map")}
 
 
 @dataclass(frozen=True)
@@ -130,6 +165,9 @@ class ObjectiveConfig:
     max_predictions: int | None = None   # per row
     mask_token_fraction: float | None = None    # chosen positions shown as [MASK] (0.8 BERT), a random token
     random_token_fraction: float | None = None  # (0.1), else themselves
+    # SpanBERT's span-boundary objective beside MLM: each masked span's tokens also predicted from the two tokens
+    # just outside it (pretrain.families.spanbert); span masking, BERT family only
+    span_boundary: bool = False
 
     def __post_init__(self):
         for name, allowed in (("masking", MASKING_TIMES), ("sentence_objective", SENTENCE_OBJECTIVES),
@@ -145,6 +183,9 @@ class ObjectiveConfig:
                                     0.1 if self.random_token_fraction is None else self.random_token_fraction)
         if self.max_predictions is not None and self.max_predictions < 1:
             raise ValueError(f"objective.max_predictions must be >= 1, got {self.max_predictions}")
+        if self.span_boundary and self.mask_unit not in (None, "span"):
+            raise ValueError(f"objective.span_boundary predicts masked spans from their boundaries, but "
+                             f"objective.mask_unit is {self.mask_unit!r}: set objective.mask_unit: span")
 
 
 @dataclass(frozen=True)
@@ -224,6 +265,19 @@ class CheckpointConfig:
 class FaultConfig:
     max_consecutive_skips: int = 25      # non-finite steps in a row before the run stops
     timeout_minutes: float = 30.0        # a collective that waits longer fails the job instead of hanging
+    # Seconds the launcher leaves between SIGTERM and SIGKILL (torchrun, deepspeed: 30; Slurm: KillWait, 30;
+    # Kubernetes: terminationGracePeriodSeconds), counted from the first SIGTERM. A step that cannot end and save
+    # within it is cut short at a micro-batch boundary (pretrain.preemption); 0: no grace known, a SIGTERM waits for
+    # the step boundary.
+    grace_seconds: float = 30.0
+    # Seconds between Slurm's warning SIGUSR1 (--signal=USR1@N: N) and the SIGTERM of the time limit; used as
+    # grace_seconds is, for SIGUSR1. 0: unknown, a SIGUSR1 waits for the step boundary. python -m cluster sets both.
+    warning_seconds: float = 0.0
+
+    def __post_init__(self):
+        for key in ("grace_seconds", "warning_seconds"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"faults.{key} must be >= 0 (0: not known), got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)
@@ -253,6 +307,10 @@ class PretrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self):
+        if "://" in self.output_dir:  # Path("s3://b/run") is the local directory "s3:/b/run": refuse, not misplace
+            raise ValueError(f"output_dir {self.output_dir!r} is an object-store URI; checkpoints are written as files "
+                             "by every rank: give a local or shared file-system path and copy the run (or its hf/ "
+                             "export) to the store afterwards")
         if self.schedule.total_steps != self.train.max_steps:
             raise ValueError(f"schedule.total_steps ({self.schedule.total_steps}) differs from train.max_steps "
                              f"({self.train.max_steps}); set both (the schedule decays to the end of the run)")
@@ -260,8 +318,15 @@ class PretrainConfig:
             raise ValueError(f"model.family electra trains no sentence-pair head, but objective.sentence_objective is "
                              f"{self.objective.sentence_objective!r}: pretrain ELECTRA on a dataset made with "
                              "sentence_objective none (e.g. configs/preprocess/electra_seq128.yaml)")
+        if self.objective.span_boundary and (self.model.family != "bert" or self.distillation.teacher):
+            what = "distillation" if self.distillation.teacher else f"model.family {self.model.family}"
+            raise ValueError(f"objective.span_boundary (SpanBERT) trains a BERT; {what} has no span-boundary "
+                             "objective: set objective.span_boundary: false, or model.family: bert without a teacher")
         if self.distillation.teacher and self.model.family != "bert":
             raise ValueError(f"distillation distils into a BERT student; model.family is {self.model.family!r}")
+        if self.distillation.loss != "distilbert" and not self.distillation.teacher:
+            raise ValueError(f"distillation.loss {self.distillation.loss} distils a teacher: set distillation.teacher "
+                             "(a Hugging Face BERT directory or one of our run directories)")
         if self.distillation.teacher and self.model.init_from:
             raise ValueError("distillation initialises the student from its teacher's layers; leave model.init_from "
                              "unset")

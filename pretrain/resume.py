@@ -43,7 +43,13 @@ APPLIED_FROM_RESUME = (
 # did: a checkpoint that does not record one was written under this value.
 ADDED_LATER = {"objective.masking": "static", "objective.sentence_objective": "nsp", "objective.attention": "full",
                "objective.mask_unit": None, "objective.masked_lm_prob": None, "objective.max_predictions": None,
-               "data.pad_multiple": 8}
+               "data.pad_multiple": 8, "objective.span_boundary": False,
+               # TinyBERT's loss beside DistilBERT's: a checkpoint from before distilled with DistilBERT's
+               "distillation.loss": "distilbert", "distillation.embedding_weight": 1.0,
+               "distillation.hidden_weight": 1.0, "distillation.attention_weight": 1.0,
+               "distillation.prediction_weight": 0.0, "distillation.layer_map": None,
+               "distillation.student_hidden_size": None, "distillation.student_intermediate_size": None,
+               "distillation.student_attention_heads": None}
 
 
 PRECISION = "train.precision"

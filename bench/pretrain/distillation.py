@@ -1,7 +1,9 @@
 """Distillation on CPU: the packaged MiniLM (6 layers, 384 wide) distilled into a 3-layer student on the shared corpus,
-against the same student trained without the teacher, then the same finetuning of all of them.
+by DistilBERT's loss and by TinyBERT's, against the same student trained without the teacher, then the same
+finetuning of all of them.
 
-    python -m bench.pretrain.distillation [--budget-cpu-s 600] [--head-cpu-s 500] [--tasks sst2] [--seeds 1] [--quick]
+    python -m bench.pretrain.distillation [--budget-cpu-s 600] [--head-cpu-s 500] [--tasks sst2] [--seeds 1]
+        [--variants distilled,tinybert,mlm_teacher_init,mlm_random_init] [--label NAME] [--quick]
 
 1. Data: the objectives benchmark's datasets (``bench.pretrain.objectives``, shared with it under bench/work/objectives):
    RoBERTa's rows (FULL-SENTENCES, dynamic masking, no NSP; DistilBERT's recipe) for pretraining, its static BERT rows
@@ -9,11 +11,14 @@ against the same student trained without the teacher, then the same finetuning o
 2. Teacher: MiniLM has no MLM head, so one is fitted on its frozen encoder first (``bench.pretrain.distillation_models``):
    the teacher's encoder is MiniLM's unchanged.
 3. Students, 3 layers of the teacher's shape: ``distilled`` (``distillation.teacher``: initialised from teacher
-   layers 0, 2, 4; loss 5 x KL at T=2 + 2 x MLM + 1 x cosine), ``mlm_teacher_init`` (the same initialisation,
-   MLM only: DistilBERT's ablation without the teacher's losses) and ``mlm_random_init`` (BERT's random
+   layers 0, 2, 4; loss 5 x KL at T=2 + 2 x MLM + 1 x cosine), ``tinybert`` (the same initialisation, TinyBERT's
+   general-distillation loss: MSE of the embeddings and of student layers 1-3's outputs and attention scores
+   against teacher layers 2, 4, 6; the widths are equal, so no projection), ``mlm_teacher_init`` (the same
+   initialisation, MLM only: DistilBERT's ablation without the teacher's losses) and ``mlm_random_init`` (BERT's random
    initialisation, MLM only). Each runs ``pretrain/run.py`` in one process with the objectives benchmark's training
    settings and the same number of steps: the distilled run's, calibrated (two short runs) to fit the CPU budget,
    which the teacher's forward makes the most expensive per step. CPU seconds of each are reported.
+   ``--variants`` runs some of them (the teacher always); ``--label`` names the results file apart.
 4. Held-out masked-token accuracy of each MLM head (``bench.pretrain.objectives_probe``) and GLUE dev scores after
    ``python -m finetune glue`` with one recipe (the objectives benchmark's: the first 2,000 training examples,
    2 epochs, lr 1e-4) for the teacher and the three students.
@@ -37,6 +42,9 @@ STUDENT_LAYERS = 3
 DISTILLATION = {"distillation.temperature": 2.0, "distillation.kl_weight": 5.0, "distillation.mlm_weight": 2.0,
                 "distillation.cosine_weight": 1.0, "distillation.student_layers": STUDENT_LAYERS,
                 "distillation.teacher_precision": "bf16"}
+TINYBERT = {"distillation.loss": "tinybert", "distillation.temperature": 1.0,
+            "distillation.student_layers": STUDENT_LAYERS, "distillation.teacher_precision": "bf16"}
+VARIANTS = ("distilled", "tinybert", "mlm_teacher_init", "mlm_random_init")
 DATA_RECIPE = "roberta"  # bench.pretrain.objectives.RECIPES: its rows and pretraining switches
 HEAD_DATA_RECIPE = "bert"  # static masks: the teacher's head fit reads them as they are
 
@@ -98,6 +106,8 @@ def main(argv=None) -> int:
     parser.add_argument("--head-cpu-s", type=float, default=500.0, help="CPU s to fit the teacher's MLM head")
     parser.add_argument("--tasks", default="sst2", help="GLUE tasks, comma-separated")
     parser.add_argument("--seeds", default="1", help="finetuning seeds")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="students, comma-separated")
+    parser.add_argument("--label", default="", help="appended to the results file's name")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny budgets and subsamples")
     parser.add_argument("--work", type=Path, default=record.WORK / "distillation")
     parser.add_argument("--data", type=Path, default=record.SHARED_DATA)
@@ -120,15 +130,19 @@ def main(argv=None) -> int:
     inits = distillation_models.student_inits(teacher, STUDENT_LAYERS, data[DATA_RECIPE] / "tokenizer", work)
     common = {"data.path": str(data[DATA_RECIPE])}
     variants = {"distilled": {**common, **DISTILLATION, "distillation.teacher": str(teacher)},
+                "tinybert": {**common, **TINYBERT, "distillation.teacher": str(teacher)},
                 "mlm_teacher_init": {**common, "model.init_from": str(inits["teacher_layers"])},
                 "mlm_random_init": {**common, "model.init_from": str(inits["random"])}}
+    chosen = args.variants.split(",")
+    if set(chosen) - set(VARIANTS):
+        parser.error(f"--variants {args.variants}: choose from {', '.join(VARIANTS)}")
     steps, calibration = calibrate(work, variants["distilled"], budget, logs)
     results = {"teacher": {"pretraining": None, "head_fit": head_fit,
                            "probe": objectives_probe.probe(teacher, probe_set, args.quick),
                            "glue": finetune(teacher, work / "finetune" / "teacher", tasks, seeds, args.data,
                                             args.quick, logs / "finetune-teacher.log")}}
     print(f"teacher: {json.dumps(results['teacher'])}", flush=True)
-    for name, settings in variants.items():
+    for name, settings in ((n, variants[n]) for n in VARIANTS if n in chosen):
         run_dir = work / "runs" / name
         run = pretrain(run_dir, settings, steps, budget if name == "distilled" else None, logs / f"pretrain-{name}.log")
         hf = objectives.export(run_dir, logs / f"export-{name}.log")
@@ -145,13 +159,15 @@ def main(argv=None) -> int:
         "method": __doc__.split("\n\n", 2)[2].strip(), "budget_cpu_s": budget, "head_cpu_s": head_budget,
         "steps": steps, "calibration": calibration, "seeds": seeds, "tasks": tasks,
         "sequence_length": objectives.SEQ, "teacher": {"encoder": str(minilm.name), "head_fit": head_fit},
-        "student_layers": STUDENT_LAYERS, "distillation": DISTILLATION, "training": objectives.TRAINING,
+        "student_layers": STUDENT_LAYERS, "distillation": DISTILLATION, "tinybert": TINYBERT,
+        "variants": chosen, "training": objectives.TRAINING,
         "data_recipe": objectives.RECIPES[DATA_RECIPE], "finetuning": objectives.FINETUNE["glue"]["training"],
         "inputs": {"wikipedia": [os.path.basename(p) for p in dumps], "books": [os.path.basename(p) for p in books],
                    "held_out_books": [os.path.basename(p) for p in held_out]},
         "results": results, "bench_wall_s": round(time.perf_counter() - started, 1),
     }
-    out_file = record.results_file(args.results, "distillation", machine, "-quick" if args.quick else "")
+    suffix = (f"-{args.label}" if args.label else "") + ("-quick" if args.quick else "")
+    out_file = record.results_file(args.results, "distillation", machine, suffix)
     record.write_json(out_file, document)
     print(objectives_probe.table(results))
     print(f"results: {record.shown(out_file)}")

@@ -1,5 +1,6 @@
-"""The objectives menu side by side: BERT, RoBERTa-, SpanBERT-, ALBERT(SOP)- and modern-style pretraining of the same
-small encoder on the same real data for the same CPU time, then the same held-out probe and the same finetuning.
+"""The objectives menu side by side: BERT, RoBERTa-, SpanBERT- (its masking alone, and with its span-boundary
+objective), ALBERT(SOP)- and modern-style pretraining of the same small encoder on the same real data for the same CPU
+time, then the same held-out probe and the same finetuning.
 
     python -m bench.pretrain.objectives [--budget-cpu-s 600] [--seeds 1,2] [--quick] [--work DIR] [--data DIR]
 
@@ -56,6 +57,10 @@ RECIPES = {
     "spanbert": ({"kind": "doc_sentences", "sentence_objective": "none", "masking": "dynamic", "dupe_factor": 1},
                  {"objective.masking": "dynamic", "objective.mask_unit": "span",
                   "objective.sentence_objective": "none", "objective.attention": "full"}),
+    "spanbert_sbo": ({"kind": "doc_sentences", "sentence_objective": "none", "masking": "dynamic", "dupe_factor": 1},
+                     {"objective.masking": "dynamic", "objective.mask_unit": "span",
+                      "objective.sentence_objective": "none", "objective.attention": "full",
+                      "objective.span_boundary": "true"}),
     "albert_sop": ({"kind": "pairs", "sentence_objective": "sop", "masking": "static", "mask_unit": "token"},
                    {"objective.masking": "static", "objective.sentence_objective": "sop"}),
     "modern": ({"kind": "full_sentences", "sentence_objective": "none", "masking": "dynamic", "dupe_factor": 1},

@@ -126,6 +126,19 @@ class BertSelfAttention(nn.Module):
         out = out.transpose(1, 2).reshape(batch, length, hidden)
         return out if unpadding is None else unpadding.unpad(out)
 
+    def forward_with_scores(self, x: torch.Tensor,
+                            attn_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` in padded mode with attention written out, since SDPA returns no scores: the output and the
+        unnormalised scores Q K^T / sqrt(head size), (B, nh, T, T), before the mask (distillation fits them:
+        TinyBERT). The same operations as SDPA's math, so equal to ``forward`` to rounding; ``forward`` is untouched."""
+        batch, length, hidden = x.shape
+        heads = lambda t: t.view(batch, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)  # noqa: E731
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))  # (B, nh, T, hs)
+        scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5)  # (B, nh, T, T)
+        weights = scores if attn_mask is None else scores.masked_fill(~attn_mask, float("-inf"))
+        weights = F.dropout(weights.softmax(-1), self.dropout_p, self.training)
+        return (weights @ v).transpose(1, 2).reshape(batch, length, hidden), scores
+
     def _unpadded_heads(self, x: torch.Tensor, unpadding: Unpadding) -> torch.Tensor:
         """Query, key and value of unpadded rows (N, H), each (B, nh, T, hs) on the padded grid, from one GEMM.
 
@@ -194,6 +207,13 @@ class BertLayer(nn.Module):
                 unpadding: Unpadding | None = None) -> torch.Tensor:
         x = self.attention(x, attn_mask, unpadding)
         return self.output(self.intermediate(x), x, unpadding)
+
+    def forward_with_scores(self, x: torch.Tensor,
+                            attn_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` in padded mode, with the attention's unnormalised scores (``BertSelfAttention``'s)."""
+        attended, scores = self.attention.self.forward_with_scores(x, attn_mask)
+        x = self.attention.output(attended, x)
+        return self.output(self.intermediate(x), x), scores
 
 
 class BertEncoder(nn.Module):

@@ -5,7 +5,10 @@ finished export). The student is the teacher's architecture (width, heads, FFN, 
 ``distillation.student_layers`` layers (default: half), initialised from the teacher: its embeddings, pooler and
 heads, and teacher layers 0, s, 2s, ... for stride s = teacher layers / student layers, i.e. every other layer at
 the default half (0, 2, 4, 6, 8, 10 of BERT-base; DistilBERT's extraction script took 0, 2, 4, 7, 9, 11, keeping
-the top layer). ``model.preset`` is not used. The loss is ``distillation_objective``'s.
+the top layer). ``model.preset`` is not used. The loss is ``distillation_loss``'s (``distillation.loss: distilbert``)
+or ``tinybert_loss``'s (``tinybert``: TinyBERT's general distillation). A student of another width, FFN or head
+count (``distillation.student_hidden_size`` ...; TinyBERT-4 is 312 wide) cannot take the teacher's layers: it
+starts from BERT's initialisation, drawn from a seed that is a stable hash of the run's seed.
 
 Every rank loads the teacher; it is never trained, checkpointed or partitioned (it is no parameter of the module
 DeepSpeed wraps) and runs in ``distillation.teacher_precision`` (``auto``: ``pretrain.precision``). Resuming needs the
@@ -33,6 +36,7 @@ from models.hf_io import config_from_dict, weights_file
 from pretrain import precision
 from pretrain.checkpoints import finished_export
 from pretrain.config import DistillationConfig, ModelConfig
+from pretrain.families import tinybert_loss
 from pretrain.families.bert import BertFamily
 from pretrain.families.distillation_loss import STAT_NAMES, DistillationLoss, Weights
 
@@ -77,6 +81,32 @@ def student_state(teacher: dict[str, torch.Tensor], layers: list[int]) -> dict[s
     return state
 
 
+def student_seed(seed: int) -> int:
+    """The seed of a from-scratch student's initialisation: a stable hash of the run's seed."""
+    return int.from_bytes(hashlib.blake2b(f"distillation-student/{seed}".encode(), digest_size=8).digest(),
+                          "little") >> 1
+
+
+def tinybert_summary(stats: torch.Tensor, settings: DistillationConfig, sentence_objective: str) -> dict[str, float]:
+    """``loss`` (the weighted terms, each a token mean, plus the pair loss), each term, the student's MLM loss and
+    accuracy (logged, not trained), its agreement with the teacher (with the prediction term) and the pair head's."""
+    s = dict(zip(tinybert_loss.STAT_NAMES, stats.tolist()))
+    masked, tokens, w = max(1.0, s["mlm_tokens"]), max(1.0, s["tokens"]), settings
+    terms = {"embedding_loss": s["embedding_loss_sum"] / tokens, "hidden_loss": s["hidden_loss_sum"] / tokens,
+             "attention_loss": s["attention_loss_sum"] / tokens, "prediction_loss": s["prediction_loss_sum"] / masked}
+    pair = s["pair_loss_sum"] / max(1.0, s["pair_sequences"])
+    record = {"loss": (w.embedding_weight * terms["embedding_loss"] + w.hidden_weight * terms["hidden_loss"]
+                       + w.attention_weight * terms["attention_loss"] + w.prediction_weight * terms["prediction_loss"]
+                       + pair), **terms,
+              "mlm_loss": s["mlm_loss_sum"] / masked, "mlm_accuracy": s["mlm_correct"] / masked}
+    if w.prediction_weight > 0:
+        record["teacher_agreement"] = s["agreement"] / masked
+    if sentence_objective != "none" and s["pair_sequences"] > 0:
+        record[f"{sentence_objective}_loss"] = pair
+        record[f"{sentence_objective}_accuracy"] = s["pair_correct"] / s["pair_sequences"]
+    return record
+
+
 def weights_sha256(directory: Path) -> tuple[str, str]:
     """(weights file name, its sha256): what names a teacher whatever its path."""
     path = weights_file(directory)
@@ -93,11 +123,17 @@ class DistillationFamily(BertFamily):
     architecture = "BertForPreTraining"
 
     def __init__(self, model: ModelConfig, sentence_objective: str, distillation: DistillationConfig, data_path: str,
-                 output_dir: Path, recorded_in: Path | None = None):
+                 output_dir: Path, recorded_in: Path | None = None, seed: int = 0):
         """``recorded_in``: a run directory whose checkpoints are read back; its record's teacher config is used
-        (``families.for_config``)."""
+        (``families.for_config``). ``seed``: the run's, for a student or projections that start from scratch."""
         super().__init__(model, sentence_objective)
         self.settings = distillation
+        self.seed = seed
+        self.tinybert = distillation.loss == "tinybert"
+        self.stat_names = tinybert_loss.STAT_NAMES if self.tinybert else STAT_NAMES
+        if self.tinybert and model.padding_free:
+            raise ValueError("model.padding_free is not implemented for distillation.loss tinybert (its attention "
+                             "scores are computed on the padded grid); set it to false")
         self.data_path = data_path
         self.output_dir = Path(output_dir)
         self.teacher_dir = teacher_directory(distillation.teacher)
@@ -111,17 +147,32 @@ class DistillationFamily(BertFamily):
         self.teacher_config = recorded or load_config(self.teacher_dir)
         layers = self.teacher_config.num_hidden_layers
         self.layers = student_layer_map(layers, self.settings.student_layers or max(1, layers // 2))
+        if self.tinybert:  # the teacher layers the student's layers fit (1-based): refused here if out of range
+            self.fitted = tinybert_loss.tinybert_layer_map(layers, len(self.layers), distillation.layer_map)
+        elif self.student_config().hidden_size != self.teacher_config.hidden_size:
+            raise ValueError(f"distillation.loss distilbert compares the last hidden states by their cosine: "
+                             f"distillation.student_hidden_size must be the teacher's {self.teacher_config.hidden_size}"
+                             " (or use distillation.loss: tinybert, which projects them)")
         self._teacher: BertForPreTraining | None = None
 
     @classmethod
     def from_config(cls, cfg, recorded_in: Path | None = None) -> DistillationFamily:
         return cls(cfg.model, cfg.objective.sentence_objective, cfg.distillation, cfg.data.path, Path(cfg.output_dir),
-                   recorded_in=recorded_in)
+                   recorded_in=recorded_in, seed=cfg.seed)
 
     def student_config(self) -> BertConfig:
-        """The teacher's config with the student's depth (and the run's dropout overrides, if any)."""
-        m = self.model_cfg
-        return replace(self.teacher_config, num_hidden_layers=len(self.layers), **m.dropout_overrides())
+        """The teacher's config with the student's depth, width, FFN and heads (and the run's dropout overrides)."""
+        s, t = self.settings, self.teacher_config
+        return replace(t, num_hidden_layers=len(self.layers), hidden_size=s.student_hidden_size or t.hidden_size,
+                       intermediate_size=s.student_intermediate_size or t.intermediate_size,
+                       num_attention_heads=s.student_attention_heads or t.num_attention_heads,
+                       **self.model_cfg.dropout_overrides())
+
+    def from_teacher_layers(self) -> bool:
+        """Whether the student has the teacher's shape (but depth), so starts from its layers."""
+        ours, theirs = self.student_config(), self.teacher_config
+        return all(getattr(ours, k) == getattr(theirs, k)
+                   for k in ("hidden_size", "intermediate_size", "num_attention_heads"))
 
     def teacher(self) -> BertForPreTraining:
         """The frozen teacher (CPU, fp32, eval mode), loaded once and checked against the dataset's vocabulary and
@@ -129,10 +180,12 @@ class DistillationFamily(BertFamily):
         if self._teacher is None:
             self._check_vocabulary()
             model, fresh = load_pretrained(self.teacher_dir)
-            if self.settings.kl_weight > 0 and any(k.startswith("cls.predictions.") for k in fresh):
+            s = self.settings
+            weight = "prediction_weight" if self.tinybert else "kl_weight"
+            if getattr(s, weight) > 0 and any(k.startswith("cls.predictions.") for k in fresh):
                 raise CheckpointError(f"{self.teacher_dir} has no masked-LM head (an encoder-only checkpoint), so its "
-                                      "soft targets would be random: set distillation.kl_weight=0 (hidden-state and "
-                                      "MLM losses only), or give a teacher with its MLM head (e.g. a run's export)")
+                                      f"soft targets would be random: set distillation.{weight}=0 (no soft targets), "
+                                      "or give a teacher with its MLM head (e.g. a run's export)")
             self._teacher = model.eval().requires_grad_(False)
         return self._teacher
 
@@ -140,9 +193,14 @@ class DistillationFamily(BertFamily):
         """The student initialised from the teacher (module docstring); on the meta device (the memory plan) its
         shape only. The teacher's vocabulary is the student's whatever ``vocab_size`` says (they share logits)."""
         del vocab_size, pad_token_id
-        student = BertForPreTraining(self.student_config())
         if torch.empty(0).device.type == "meta":
-            return student
+            return BertForPreTraining(self.student_config())
+        if not self.from_teacher_layers():
+            self.teacher()  # the vocabulary check
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(student_seed(self.seed))
+                return BertForPreTraining(self.student_config())
+        student = BertForPreTraining(self.student_config())
         state = student_state(self.teacher().state_dict(), self.layers)
         missing = student.load_state_dict(state, strict=False).missing_keys
         if set(missing) - {"cls.predictions.decoder.weight"}:
@@ -152,6 +210,12 @@ class DistillationFamily(BertFamily):
     def loss_module(self, model: nn.Module) -> nn.Module:
         self._check_record()
         s = self.settings
+        if self.tinybert:
+            weights = tinybert_loss.Weights(s.temperature, s.embedding_weight, s.hidden_weight, s.attention_weight,
+                                            s.prediction_weight)
+            return tinybert_loss.TinyBertLoss(model, self.teacher(), weights, self.fitted, seed=self.seed,
+                                              sentence_objective=self.sentence_objective,
+                                              teacher_dtype=self.teacher_dtype())
         return DistillationLoss(model, self.teacher(), Weights(s.temperature, s.kl_weight, s.mlm_weight,
                                                                     s.cosine_weight),
                                      sentence_objective=self.sentence_objective, padding_free=self.padding_free,
@@ -169,6 +233,8 @@ class DistillationFamily(BertFamily):
     def summary(self, stats: torch.Tensor) -> dict[str, float]:
         """The weighted loss and each term (token means, ``kl_loss`` with its T^2), the student's MLM accuracy, its
         top-1 agreement with the teacher on the masked tokens, and the pair head's metrics when it trains one."""
+        if self.tinybert:
+            return tinybert_summary(stats, self.settings, self.sentence_objective)
         s = dict(zip(STAT_NAMES, stats.tolist()))
         masked, tokens, w = max(1.0, s["mlm_tokens"]), max(1.0, s["tokens"]), self.settings
         mlm, kl, cosine = s["mlm_loss_sum"] / masked, s["kl_loss_sum"] / masked, s["cosine_loss_sum"] / tokens
@@ -195,9 +261,18 @@ class DistillationFamily(BertFamily):
 
     def describe(self, model: nn.Module) -> str:
         teacher = sum(p.numel() for p in self.teacher().parameters())
-        return (f"{super().describe(model)} (a {len(self.layers)}-layer student from teacher layers "
-                f"{', '.join(map(str, self.layers))}); teacher {self.teacher_dir}, {teacher:,} parameters, frozen, "
-                f"{str(self.teacher_dtype()).removeprefix('torch.')}")
+        start = (f"from teacher layers {', '.join(map(str, self.layers))}" if self.from_teacher_layers() else
+                 f"{model.config.hidden_size} wide, from scratch")
+        fits = (", distilbert loss" if not self.tinybert else
+                f", tinybert loss fitting teacher layers {', '.join(map(str, self.fitted))}")
+        dtype = str(self.teacher_dtype()).removeprefix("torch.")
+        return (f"{super().describe(model)} (a {len(self.layers)}-layer student {start}{fits}); teacher "
+                f"{self.teacher_dir}, {teacher:,} parameters, frozen, {dtype}")
+
+    def model_from_state(self, state: dict[str, torch.Tensor], config=None) -> BertForPreTraining:
+        """The student alone: TinyBERT's projections (the loss module's ``projections.``) are training-only."""
+        state = {k: v for k, v in state.items() if not k.startswith(tinybert_loss.PROJECTIONS)}
+        return super().model_from_state(state, config)
 
     def _config_from_weights(self, state: dict[str, torch.Tensor]) -> BertConfig:
         """``pretrain.export`` of a checkpoint: the student's config, from the teacher's."""
@@ -243,5 +318,5 @@ class DistillationFamily(BertFamily):
         storage.write_json(str(record), now)  # whole or not at all: export reads the config from it
 
 
-__all__ = ["DistillationFamily", "recorded_teacher_config", "student_layer_map", "student_state", "teacher_directory",
-           "weights_sha256"]
+__all__ = ["DistillationFamily", "recorded_teacher_config", "student_layer_map", "student_seed", "student_state",
+           "teacher_directory", "tinybert_summary", "weights_sha256"]

@@ -86,3 +86,19 @@ def test_a_new_learning_rate_is_applied_from_the_resumed_step_and_logged(one_ran
     rates = {r["step"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     assert rates[3] == pytest.approx(lr_at(2, 3e-3, faster.schedule))
     assert "lr: 0.003" in (out / "config.yaml").read_text()
+
+
+
+def test_a_checkpoint_written_before_later_keys_resumes_under_their_defaults(monkeypatch):
+    """A checkpoint that does not record a key added since (``ADDED_LATER``) was written under the value listed
+    there: a run from before TinyBERT's loss or SpanBERT's objective resumes under today's defaults."""
+    from dataclasses import asdict
+
+    now = resume.flatten(asdict(config.load(TINY)))
+    added = [key for key in now if key.startswith("distillation.") and key in resume.ADDED_LATER]
+    added.append("objective.span_boundary")
+    assert len(added) == 10 and all(now[key] == resume.ADDED_LATER[key] for key in added)
+    saved = {key: value for key, value in now.items() if key not in added}
+    assert resume.compare(saved, now) == ([], [])
+    monkeypatch.delitem(resume.ADDED_LATER, "distillation.loss")  # unlisted, the missing key would be a change
+    assert [d.key for d in resume.compare(saved, now)[0]] == ["distillation.loss"]

@@ -9,15 +9,16 @@ The resolved stage config is a ConfigMap mounted at /etc/bert-pipeline; credenti
 to Secrets.
 
 Every pod restarts on failure and pretraining always runs with ``--resume``: a restarted pod continues from the
-newest complete checkpoint. On eviction or preemption the kubelet sends SIGTERM; the training saves at the next step
-boundary within ``termination_grace_seconds`` (torchrun passes the signal on and waits for its workers).
+newest complete checkpoint. On eviction or preemption the kubelet sends SIGTERM; torchrun passes it on and waits
+``termination_grace_seconds`` - 10 s for its workers, which the job's config knows as ``faults.grace_seconds``: the
+training saves at the next step boundary, or at a micro-batch boundary when the step would outlast it.
 """
 from __future__ import annotations
 
 import copy
 
 from cluster.site import SiteConfig, SiteError
-from cluster.stages import DASK_PORT, StageJob, command, dask_runner, direct_runner
+from cluster.stages import DASK_PORT, StageJob, command, dask_runner, direct_runner, prepare
 
 CONFIG_DIR = "/etc/bert-pipeline"
 CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
@@ -37,6 +38,9 @@ def render(job: StageJob, site: SiteConfig, *, workdir: str) -> list[dict]:
         raise SiteError("workdir is not set: on Kubernetes it is where the image holds this repository, "
                         "e.g. /workspace/bert-pipeline")
     _check_for_kubernetes(job, site)
+    if job.stage == "pretrain":  # the grace torchrun gives, in the config the job carries and on its command line
+        job = prepare(job.stage, job.config_source, [*site.pretrain_overrides("kubernetes", job.overrides),
+                                                     *job.overrides], list(job.arguments), job.name)
     documents = [_config_map(job, site)]
     if job.stage == "pretrain":
         form = {"pytorchjob": _pytorchjob, "mpijob": _mpijob, "indexed-job": _indexed_job}[k8s.pretrain_form]
@@ -231,7 +235,7 @@ def _pod_environment(job: StageJob, site: SiteConfig) -> dict[str, str]:
     if job.stage == "pretrain" and site.kubernetes.pretrain_form != "mpijob":
         # After SIGTERM torchrun passes it on and gives its workers this long to save before it kills them
         # (an environment variable, not a flag, so that a torch without it ignores it instead of failing).
-        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(max(site.kubernetes.termination_grace_seconds - 10, 10))
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(site.torchrun_shutdown_seconds())
     env.update(site.job_environment(distributed_gpus=job.stage == "pretrain" and site.gpus_per_node > 0,
                                     threads=threads))
     return env

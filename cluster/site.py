@@ -53,6 +53,7 @@ class SlurmSite:
     exclusive: bool = False              # whole nodes (--exclusive)
     gres: bool = False                   # ask for GPUs as --gres=gpu:N (older sites) instead of --gpus-per-node
     signal_seconds: int = 120            # --signal=B:USR1@N: time to checkpoint before the limit; 0 disables
+    kill_wait_seconds: int = 30          # the cluster's KillWait (scontrol show config): SIGTERM to SIGKILL
     requeue: bool = True                 # --requeue, and the script requeues itself after a preemption save
     step_grace_seconds: int = 120        # srun --wait: how long the other tasks may run after the first one ends
     launcher: str = "srun"               # srun (one task per GPU) | deepspeed (deepspeed --launcher slurm)
@@ -151,6 +152,30 @@ class SiteConfig:
     def environment(self) -> dict[str, str]:
         return {str(k): _env_value(v) for k, v in self.env.items()}
 
+    def torchrun_shutdown_seconds(self) -> int:
+        """Kubernetes: how long torchrun gives its workers after passing a SIGTERM on before it kills them
+        (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``), 10 s short of the pod's grace so that it ends before the kubelet's
+        SIGKILL."""
+        return max(self.kubernetes.termination_grace_seconds - 10, 10)
+
+    def pretrain_overrides(self, scheduler: str, given: tuple[str, ...] | list[str] = ()) -> list[str]:
+        """``--set`` values a pretraining job gets from the site: the time each stop signal leaves to save
+        (``faults.*``, pretrain.preemption). Slurm: USR1 comes ``slurm.signal_seconds`` before the time limit (0: no
+        warning), SIGKILL ``slurm.kill_wait_seconds`` after SIGTERM. Kubernetes: torchrun kills its workers
+        ``torchrun_shutdown_seconds`` after SIGTERM, and the kubelet the pod after ``termination_grace_seconds``;
+        an MPIJob's ranks never see the pod's SIGTERM (mpirun starts them over ssh), so it gets none. A key the
+        user gave with ``--set`` (``given``) is the user's."""
+        if scheduler == "slurm":
+            values = {"faults.warning_seconds": self.slurm.signal_seconds,
+                      "faults.grace_seconds": self.slurm.kill_wait_seconds}
+        elif self.kubernetes.pretrain_form == "mpijob":
+            values = {}
+        else:
+            values = {"faults.grace_seconds": min(self.torchrun_shutdown_seconds(),
+                                                  self.kubernetes.termination_grace_seconds)}
+        mine = {override.split("=", 1)[0].strip() for override in given}
+        return [f"{key}={value}" for key, value in values.items() if key not in mine]
+
     def job_environment(self, *, distributed_gpus: bool, threads: int) -> dict[str, str]:
         """What users expect set in a job: NCCL's error handling and logging for multi-GPU training, the network
         interface when the site names one, one OpenMP thread per core of a process. The site's env wins."""
@@ -218,8 +243,8 @@ def _check(site: SiteConfig) -> None:
 def _check_slurm(slurm: SlurmSite) -> None:
     if slurm.launcher not in LAUNCHERS:
         raise ValueError(f"slurm.launcher must be one of {', '.join(LAUNCHERS)}, got {slurm.launcher!r}")
-    if slurm.signal_seconds < 0 or slurm.step_grace_seconds < 0:
-        raise ValueError("slurm.signal_seconds and slurm.step_grace_seconds must be >= 0")
+    if slurm.signal_seconds < 0 or slurm.step_grace_seconds < 0 or slurm.kill_wait_seconds < 0:
+        raise ValueError("slurm.signal_seconds, slurm.step_grace_seconds and slurm.kill_wait_seconds must be >= 0")
     for option in slurm.extra_sbatch:
         if not option.startswith("-"):
             raise ValueError(f"slurm.extra_sbatch: {option!r} is not an sbatch option (write e.g. --mail-type=END)")

@@ -6,8 +6,10 @@ absolute; the repository is the site's ``workdir``.
 
 Pretraining runs one task per GPU through ``srun`` (ranks from SLURM_PROCID, pretrain/launch.py) or, as a site
 option, through the DeepSpeed launcher (which calls srun itself). Preemption: ``--signal=B:USR1@N`` reaches this
-script's shell, which passes USR1 on to the training step; the step saves at the next step boundary and exits with
-75, and the script requeues the job, which resumes from that checkpoint (``--resume`` is always on).
+script's shell, which passes USR1 on to the training step; the step saves at the next step boundary (or, when the
+step would outlast the N seconds, ``faults.warning_seconds``, at a micro-batch boundary) and exits with 75, and the
+script requeues the job, which resumes from that checkpoint (``--resume`` is always on). The time limit's SIGTERM
+leaves ``slurm.kill_wait_seconds`` (Slurm's KillWait), the job's ``faults.grace_seconds``.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import shlex
 from dataclasses import dataclass
 
 from cluster.site import SiteConfig, resolve_log_dir
-from cluster.stages import DASK_PORT, ShellVar, StageJob, command, dask_runner, direct_runner
+from cluster.stages import DASK_PORT, ShellVar, StageJob, command, dask_runner, direct_runner, prepare
 
 PREEMPTED = 75  # pretrain.train.PREEMPTED: saved after a signal and wants a requeue
 CONFIG_END = "BERT_PIPELINE_CONFIG_END"
@@ -48,6 +50,9 @@ def render(job: StageJob, site: SiteConfig, *, workdir: str, log_dir: str, site_
         raise ValueError(f"the config contains the line {CONFIG_END}, which ends the script's here-document")
     if job.stage == "preprocess" and site.preprocess_array:
         return _preprocess_parts(job, site, workdir, log_dir, site_source)
+    if job.stage == "pretrain":  # the warning's and KillWait's times, in the config it carries and on its command line
+        job = prepare(job.stage, job.config_source, [*site.pretrain_overrides("slurm", job.overrides), *job.overrides],
+                      list(job.arguments), job.name)
     allocation, body = _STAGE_BODIES[job.stage](job, site, workdir)
     return [_script(job, site, allocation, body, workdir=workdir, log_dir=log_dir, site_source=site_source)]
 
@@ -98,6 +103,8 @@ def _script(job: StageJob, site: SiteConfig, allocation: Allocation, body: list[
 _PREEMPTION_NOTE = [
     "# Preemption: Slurm sends USR1 ahead of the time limit (--signal); the training step saves a checkpoint at the",
     "# next step boundary and exits with status 75; this script then requeues the job, which resumes from it.",
+    "# A step that would outlast the warning (faults.warning_seconds) stops at a micro-batch boundary instead;",
+    "# after the time limit's SIGTERM, faults.grace_seconds is Slurm's KillWait (site: slurm.kill_wait_seconds).",
 ]
 
 

@@ -4,7 +4,9 @@ only through the small ``LoopEngine`` interface below (``pretrain.engine.Engine`
 never DeepSpeed or ``torch.distributed`` themselves.
 
 Statuses: 0 done; ``PREEMPTED`` (75) saved after SIGUSR1/SIGTERM and wants a requeue; ``DIVERGED`` (3) too
-many non-finite steps in a row, or weights that turned non-finite.
+many non-finite steps in a row, or weights that turned non-finite. A rank may also end without returning
+(``pretrain.preemption``): ``STOPPED`` (143) on a second SIGTERM, ``OUT_OF_GRACE`` (124) when no checkpoint could
+begin within ``faults.grace_seconds`` of a SIGTERM.
 """
 from __future__ import annotations
 
@@ -22,32 +24,16 @@ from torch import nn
 from pretrain.config import BatchPlan, PretrainConfig
 from pretrain.families import Family
 from pretrain.monitor import Monitor, peak_tflops
+from pretrain.preemption import OUT_OF_GRACE, STOPPED, StopFlag, key_of, probe, time_left
+
+__all__ = ["PREEMPTED", "DIVERGED", "STOPPED", "OUT_OF_GRACE", "Diverged", "StopFlag", "LoopEngine", "LoopState",
+           "LoopSettings", "train", "to_device", "masked_fraction", "metrics"]
 
 PREEMPTED, DIVERGED = 75, 3
 
 
 class Diverged(RuntimeError):
     """Too many consecutive non-finite steps, or weights that hold NaN or inf."""
-
-
-class StopFlag:
-    """Set by SIGUSR1/SIGTERM while installed; acted on at the next step boundary, once every rank agrees."""
-
-    def __init__(self):
-        self.signal: int | None = None
-        self._previous: dict = {}
-
-    def install(self) -> StopFlag:
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGUSR1, signal.SIGTERM)}
-        return self
-
-    def _handle(self, signum, _frame):
-        self.signal = signum
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
 
 
 class LoopEngine(Protocol):
@@ -95,12 +81,15 @@ class LoopSettings:
     max_consecutive_skips: int      # faults.max_consecutive_skips
     peak_tflops: float | None       # logging.peak_tflops (None: the GPU's, when known)
     checkpoints: Path               # where the run keeps its checkpoints (named in messages)
+    grace_seconds: float = 0.0      # faults.grace_seconds: SIGTERM's time (0: it waits for the step boundary)
+    warning_seconds: float = 0.0    # faults.warning_seconds: SIGUSR1's time (0: it waits for the step boundary)
 
     @classmethod
     def of(cls, cfg: PretrainConfig) -> LoopSettings:
         return cls(max_steps=cfg.train.max_steps, precision=cfg.train.precision, log_every=cfg.logging.log_every,
                    save_every=cfg.checkpoint.every_steps, max_consecutive_skips=cfg.faults.max_consecutive_skips,
-                   peak_tflops=cfg.logging.peak_tflops, checkpoints=Path(cfg.output_dir) / "checkpoints")
+                   peak_tflops=cfg.logging.peak_tflops, checkpoints=Path(cfg.output_dir) / "checkpoints",
+                   grace_seconds=cfg.faults.grace_seconds, warning_seconds=cfg.faults.warning_seconds)
 
 
 def train(state: LoopState, engine: LoopEngine, loader, monitor: Monitor, *, settings: LoopSettings,
@@ -159,12 +148,16 @@ class _Window:
         self.sums = torch.zeros(len(self.names), dtype=torch.float64)
         self.started, self.width, self.steps, self.consecutive = time.time(), 0, 0, 0
         self.signalled = False
+        # Rank 0's seconds for the last step read and for the last save: the same on every rank (they travel in
+        # the step's all-reduce), so every rank takes the same mid-step decisions (``_Grace``).
+        self.step_seconds = self.save_seconds = 0.0
 
     def read(self, done: _Finished) -> None:
         """Account ``done``: skip or diverge, add it to the window, log the window at a log step."""
         settings, names = self.settings, self.names
         reduced = done.reduced.cpu()
-        stats, self.signalled = reduced[:-1], self.signalled or bool(reduced[-1] > 0)
+        stats, self.signalled = reduced[:-3], self.signalled or bool(reduced[-1] > 0)
+        self.step_seconds, self.save_seconds = reduced[-3:-1].tolist()
         ckpt_dir = settings.checkpoints
         loss_value = self.family.summary(stats)["loss"]
         if not done.applied:
@@ -202,10 +195,15 @@ class _Window:
 def _steps(state, engine, loader, monitor, *, settings, plan, family, model, rank, stop, save, read_lag) -> int:
     device = engine.device
     window = _Window(monitor, settings=settings, plan=plan, family=family, model=model, state=state)
-    # The stop flag is filled in place on the device (a kernel argument), not copied from the host each step.
+    grace = _Grace(settings.grace_seconds, settings.warning_seconds, plan.accumulation, read_lag, rank)
+    # The stop flag and rank 0's timings are filled in place on the device (kernel arguments), not copied from the
+    # host each step.
     flag = torch.zeros(1, dtype=torch.float64, device=device)
+    timing = torch.zeros(2, dtype=torch.float64, device=device)
     queued: list[_Finished] = []
     while state.step < settings.max_steps:
+        began = time.monotonic()
+        grace.start_step(window)
         stats = torch.zeros(len(family.stat_names), dtype=torch.float64, device=device)
         lr = engine.lr()  # the rate this step uses
         width = 0
@@ -214,10 +212,19 @@ def _steps(state, engine, loader, monitor, *, settings, plan, family, model, ran
             batch.update(family.micro_batch_inputs(step=state.step, micro=index, rank=rank))
             stats += engine.train_micro_batch(batch).double()
             width += micro["input_ids"].shape[1]
+            if grace.abandons_after(index, engine, stop):
+                while queued:  # what is saved was checked
+                    window.read(queued.pop(0))
+                monitor.info(grace.abandon_line(stop, state.step, index + 1))
+                _save_on_stop(save, state, stop, grace, abandoned=True)
+                return PREEMPTED
         applied = engine.step_applied()
-        # One small all-reduce per step: the statistics and each rank's view of the stop signal.
+        # One small all-reduce per step: the statistics, rank 0's timings and each rank's view of the stop signal.
         flag.fill_(float(stop.signal is not None))
-        reduced = torch.cat([stats, flag])
+        if rank == 0:
+            timing[0].fill_(time.monotonic() - began)
+            timing[1].fill_(grace.save_seconds)
+        reduced = torch.cat([stats, timing, flag])
         engine.all_reduce(reduced)
         state.step += 1
         state.consumed += plan.global_batch
@@ -233,14 +240,93 @@ def _steps(state, engine, loader, monitor, *, settings, plan, family, model, ran
         if window.signalled:
             name = signal.Signals(stop.signal).name if stop.signal else "a signal on another rank"
             monitor.info(f"received {name}: saving at step {step} and exiting for requeue")
-            save(state)
+            _save_on_stop(save, state, stop, grace)
             return PREEMPTED
         if saves:
             if window.consecutive:  # keep the last checkpoint from before the trouble as the newest
                 monitor.info(f"step {step}: not checkpointing during a run of skipped steps")
             else:
+                began_save = time.monotonic()
                 save(state)
+                grace.save_seconds = time.monotonic() - began_save
     return 0
+
+
+def _save_on_stop(save, state: LoopState, stop: StopFlag, grace: _Grace, **how) -> None:
+    stop.begin_save()  # the watcher's deadline no longer applies: let the save finish
+    began = time.monotonic()
+    save(state, **how)
+    grace.save_seconds = time.monotonic() - began
+
+
+class _Grace:
+    """Whether a step can still end, and its checkpoint be saved, in the time a stop signal leaves: SIGTERM's
+    ``faults.grace_seconds`` (the launcher's grace), SIGUSR1's ``faults.warning_seconds`` (Slurm's warning ahead of
+    the time limit); a SIGTERM after a SIGUSR1 leaves its own grace, counted from the SIGTERM.
+
+    A step whose time plus a save's stays within half of every known time is simply finished: a stop waits for its
+    boundary. A longer one is probed after each micro-batch (but the last) by a small all-reduce
+    (``pretrain.preemption.probe``): which signals any rank saw, and rank 0's seconds left. The probe, the step and
+    save times read from the step all-reduce (``_Window``) are the same numbers on every rank, so every rank
+    decides alike (``pretrain.preemption.time_left``): once a stop is seen, if the rest of the step and the save
+    would end past what is left, the step is abandoned at this micro-batch boundary. The decision is taken once per
+    signal: a step that a SIGUSR1 lets finish is probed on, since a SIGTERM may still come and leave less. Its
+    gradients are never applied (DeepSpeed keeps them apart from the weights and the optimizer state until the
+    step), and the save records the data position and random states from the step's start
+    (``pretrain.preemption.StepStarts``): the checkpoint is the last finished step, and a resumed run replays the
+    abandoned one exactly. The first step of a process is not timed yet, so it is never probed.
+
+    With ``read_lag`` 1 (GPU) each probe is read one micro-batch after it was queued, so the host never waits on the
+    micro-batch it just queued; the decision then falls one micro-batch later, alike on every rank.
+    """
+
+    def __init__(self, grace: float, warning: float, accumulation: int, lag: int, rank: int):
+        self.grace, self.warning = grace, warning
+        self.accumulation, self.lag, self.rank = accumulation, lag, rank
+        self.save_seconds = 0.0  # this rank's last save (rank 0's is what every rank reads back)
+        self.probing, self.pending, self.need, self.decided = False, [], 0.0, None
+        self.step_seconds = self.agreed_save_seconds = 0.0
+
+    def start_step(self, window: _Window) -> None:
+        self.step_seconds, self.agreed_save_seconds = window.step_seconds, window.save_seconds
+        known = [seconds for seconds in (self.grace, self.warning) if seconds > 0]
+        self.probing = bool(known and self.accumulation - 1 > self.lag and self.step_seconds > 0
+                            and self.step_seconds + self.agreed_save_seconds > min(known) / 2)
+        self.pending, self.decided = [], None
+
+    def abandons_after(self, index: int, engine: LoopEngine, stop: StopFlag) -> bool:
+        """After micro-batch ``index``: whether every rank abandons the step here (a collective while probing)."""
+        if not self.probing:
+            return False
+        last_probe = self.accumulation - 2
+        if index + self.lag <= last_probe:
+            summed = torch.tensor(probe(stop, self.rank), dtype=torch.float64, device=engine.device)
+            engine.all_reduce(summed)
+            self.pending.append(summed)
+        if not self.lag <= index <= last_probe:
+            return False
+        return self.decide(index, self.pending.pop(0).tolist())
+
+    def decide(self, index: int, summed: list[float]) -> bool:
+        """The decision after micro-batch ``index`` from a probe summed over the ranks."""
+        signum, left = time_left(summed, grace=self.grace, warning=self.warning)
+        if signum is None or signum == self.decided:
+            return False
+        # Decided for this signal: abandon now, or finish and save at the boundary; after a SIGUSR1 a SIGTERM may
+        # still come with less time, so the probes go on while a grace is known.
+        self.decided = signum
+        self.probing = signum == signal.SIGUSR1 and self.grace > 0
+        left_micro = self.accumulation - (index + 1)
+        self.need = left_micro * self.step_seconds / self.accumulation + self.agreed_save_seconds
+        return self.need > left
+
+    def abandon_line(self, stop: StopFlag, step: int, done: int) -> str:
+        name = signal.Signals(self.decided).name
+        where = "" if self.decided in stop.seen else " on another rank"
+        seconds = self.grace if self.decided == signal.SIGTERM else self.warning
+        return (f"received {name}{where}: step {step + 1} cannot end and be saved within {key_of(self.decided)}="
+                f"{seconds:g} (about {self.need:.0f} s more); discarding its {done} of {self.accumulation} "
+                f"micro-batches done, saving step {step}, the last complete one, and exiting for requeue")
 
 
 def masked_fraction(stats: torch.Tensor, names: tuple[str, ...]) -> float:

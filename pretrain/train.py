@@ -1,7 +1,8 @@
 """A pretraining run: set-up (data, model, engine, resume), then ``pretrain.loop``, then the export and summary.
 
 Exit statuses: 0 done; ``PREEMPTED`` (75) saved after SIGUSR1/SIGTERM and wants a requeue;
-``DIVERGED`` (3) too many non-finite steps in a row, or non-finite weights; 1 any other failure.
+``DIVERGED`` (3) too many non-finite steps in a row, or non-finite weights; 1 any other failure; and, ended by
+``pretrain.preemption`` without a checkpoint, ``STOPPED`` (143) on a second SIGTERM and ``OUT_OF_GRACE`` (124).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common import configlib, writelock
+from common import configlib, storage, writelock
 from common.manifest import Manifest, ModelRequirements
 from models import attention
 from pretrain import checkpoints, families, loop, precision
@@ -35,6 +36,7 @@ from pretrain.families import Family
 from pretrain.launch import Rendezvous
 from pretrain.loop import DIVERGED, PREEMPTED, Diverged, LoopState, StopFlag
 from pretrain.monitor import Monitor, log
+from pretrain.preemption import StepStarts
 from pretrain.recipe import resolve
 
 LOCK_NAME = "writer.lock"  # in output_dir while a run writes it
@@ -141,18 +143,20 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     if state.step == 0:
         monitor.info(f"{run.plan.describe()}; {run.family.describe(run.model)}; "
                      f"ZeRO {cfg.zero.stage}, {cfg.train.precision}, {cfg.optimizer.name}")
-    stop = StopFlag().install()
+    stop = StopFlag.of(cfg.faults, rank=rank, checkpoints=out / "checkpoints").install()
+    starts = StepStarts(run.loader, rng_state)  # where each step began: an abandoned step is saved as not begun
     started = time.time()
     compiled = RecompileLimitWatch(monitor.info if rank == 0 else log.warning) if cfg.model.compile else None
     try:
-        save = functools.partial(_save, engine=engine, cfg=cfg, loader=run.loader, world=world, monitor=monitor,
-                                 timings=run.timings)
+        save = functools.partial(_save, engine=engine, cfg=cfg, loader=run.loader, starts=starts, world=world,
+                                 monitor=monitor, timings=run.timings)
         with compiled or contextlib.nullcontext():
             # On a GPU each step's statistics are read once the next step is queued (the device never idles on
             # the host's read); on CPU the collectives are synchronous anyway, and each step is read at once.
-            status = loop.train(state, engine, run.loader, monitor, settings=loop.LoopSettings.of(cfg),
+            status = loop.train(state, engine, starts, monitor, settings=loop.LoopSettings.of(cfg),
                                 plan=run.plan, family=run.family, model=run.model, rank=rank, stop=stop, save=save,
                                 read_lag=1 if engine.device.type == "cuda" else 0)
+        stop.begin_save()  # the state is saved; a stop now leaves the export whole or absent, as ever
         if status == 0 and not engine.weights_finite():  # e.g. the last steps were skipped, so never saved
             monitor.info(f"the final weights hold NaN or inf: the run is not done and {export_directory(out)} is not "
                          f"exported. The last good checkpoint is kept in {out / 'checkpoints'}: resume from it with "
@@ -167,7 +171,8 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
             raise
         raise CollectiveTimeout(
             f"step {state.step + 1}: a collective (the gradient reduction or the step's statistics) waited longer "
-            f"than faults.timeout_minutes ({cfg.faults.timeout_minutes:g}): another rank stopped or hung; the job "
+            f"than faults.timeout_minutes ({cfg.faults.timeout_minutes:g}): "
+            f"{ds.unanswered_peers(rank, world, cfg.faults.timeout_minutes)}; the job "
             "stops so that it can be restarted with --resume from the last checkpoint") from None
     finally:
         stop.restore()
@@ -181,7 +186,8 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
         if compiled:
             summary["compile"] = {"graphs": compiled.graphs(), "recompile_limits_hit": compiled.limits_hit,
                                   "cache": cache_counts()}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        with storage.open_write(str(out / "summary.json"), binary=False) as handle:  # whole, even on a 2nd SIGTERM
+            handle.write(json.dumps(summary, indent=2) + "\n")
         log.info(f"{summary['status']}: step {state.step}/{cfg.train.max_steps}, {state.consumed:,} samples, "
                  f"{state.skipped} skipped steps, {summary['wall_seconds']} s on {world} ranks; outputs in {out}")
     return status
@@ -305,17 +311,20 @@ def _check_run_tokenizer(out: Path, data: ShardedInstances) -> None:
             f"({theirs[:12]}…); point data.path at a dataset made with {existing}, or start a new output_dir")
 
 
-def _save(state: LoopState, *, engine: ds.Engine, cfg: PretrainConfig, loader: PretrainingLoader, world: int,
-          monitor: Monitor, timings: dict) -> None:
-    """Every rank writes its part of the checkpoint of ``state.step``; rank 0 publishes it once all are done."""
+def _save(state: LoopState, abandoned: bool = False, *, engine: ds.Engine, cfg: PretrainConfig,
+          loader: PretrainingLoader, starts: StepStarts, world: int, monitor: Monitor, timings: dict) -> None:
+    """Every rank writes its part of the checkpoint of ``state.step``; rank 0 publishes it once all are done.
+    ``abandoned``: the loop stopped the next step midway; the data position and random states are those from its
+    start (``starts``), and the weights and optimizer are still those of ``state.step``."""
     step, consumed, skipped = state.step, state.consumed, state.skipped
     ckpt_dir, tag = Path(cfg.output_dir) / "checkpoints", checkpoints.tag_for(step)
     began = time.perf_counter()
     if engine.rank == 0 and (ckpt_dir / tag).exists():
         shutil.rmtree(ckpt_dir / tag)  # leftovers of a save that crashed before its marker
     engine.barrier()
-    rngs = engine.all_gather(rng_state())
-    client_state = {CLIENT_KEY: {"data": loader.state_dict(), "step": step, "consumed_samples": consumed,
+    rngs = engine.all_gather(starts.rng if abandoned else rng_state())
+    position = starts.position if abandoned else loader.state_dict()
+    client_state = {CLIENT_KEY: {"data": position, "step": step, "consumed_samples": consumed,
                                  "skipped_steps": skipped, "world_size": world, "rng": rngs,
                                  "config": configlib.to_dict(cfg)}}
     if not engine.weights_finite():

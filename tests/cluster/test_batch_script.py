@@ -109,8 +109,12 @@ def test_the_step_resumes_with_the_config_the_job_carries(batch, tmp_path):
     argv = yaml.safe_load((tmp_path / "step-argv.json").read_text())
     config = argv[argv.index("--config") + 1]
     assert config == f"{tmp_path}/logs/bert-pretrain-tiny-1234.yaml" and "--resume" in argv
+    # The site's warning (--signal=B:USR1@60) and Slurm's KillWait (30 s) reach the step as the times to save.
+    site_times = ["faults.warning_seconds=60", "faults.grace_seconds=30"]
+    assert all(argv[argv.index(value) - 1] == "--set" for value in site_times)
     assert pretrain_config.load(config) == pretrain_config.load(
-        str(REPO / "configs/pretrain/tiny.yaml"), ["data.path=/srv/data/tiny", "output_dir=/srv/runs/tiny"])
+        str(REPO / "configs/pretrain/tiny.yaml"),
+        [*site_times, "data.path=/srv/data/tiny", "output_dir=/srv/runs/tiny"])
     assert "training step ended with status 0" in output
 
 

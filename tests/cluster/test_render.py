@@ -51,17 +51,84 @@ def test_the_job_carries_the_resolved_config(crds):  # noqa: F811
     text, _ = render(JOBS["slurm_venv-pretrain.sbatch"])
     body = text.split("<<'BERT_PIPELINE_CONFIG_END'\n", 1)[1].split("\nBERT_PIPELINE_CONFIG_END\n", 1)[0]
     expected = pretrain_config.load("configs/pretrain/bert_large_phase1_seq128.yaml",
-                                    ["data.path=/scratch/bert/datasets/seq128", "output_dir=/scratch/bert/runs/phase1"])
+                                    ["faults.warning_seconds=300", "faults.grace_seconds=30",  # from the site
+                                     "data.path=/scratch/bert/datasets/seq128", "output_dir=/scratch/bert/runs/phase1"])
     assert pretrain_config.configlib.from_dict(type(expected), yaml.safe_load(body)) == expected
 
     _, (config_map, job) = render(JOBS["k8s-pretrain-pytorchjob.yaml"])
     expected = pretrain_config.load("configs/pretrain/bert_large_phase1_seq128.yaml",
-                                    ["data.path=/data/seq128", "output_dir=/checkpoints/phase1"])
+                                    ["faults.grace_seconds=290", "data.path=/data/seq128",
+                                     "output_dir=/checkpoints/phase1"])
     loaded = yaml.safe_load(config_map["data"]["config.yaml"])
     assert pretrain_config.configlib.from_dict(type(expected), loaded) == expected
     container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert container["args"][container["args"].index("--config") + 1] == "/etc/bert-pipeline/config.yaml"
     assert config_map["metadata"]["name"] in str(job)  # the pods mount it
+
+
+def _sets(argv: list[str]) -> dict[str, str]:
+    """The --set KEY=VALUE words of a command line, as a mapping."""
+    return dict(argv[i + 1].split("=", 1) for i, word in enumerate(argv) if word == "--set")
+
+
+def _carried(script: str) -> str:
+    """The config a batch script carries in its here-document."""
+    return script.split("<<'BERT_PIPELINE_CONFIG_END'\n", 1)[1].split("\nBERT_PIPELINE_CONFIG_END\n", 1)[0]
+
+
+def _faults(config_text: str) -> tuple[float, float]:
+    faults = yaml.safe_load(config_text)["faults"]
+    return faults["warning_seconds"], faults["grace_seconds"]
+
+
+@pytest.mark.parametrize("golden, warning", [("slurm_venv-pretrain.sbatch", 300), ("slurm_pyxis-pretrain.sbatch", 180),
+                                             ("slurm_venv-pretrain-deepspeed.sbatch", 300),
+                                             ("slurm_local_cpu-pretrain.sbatch", 60)])
+def test_slurm_pretraining_knows_the_warning_and_killwait(golden, warning):
+    """faults.warning_seconds is the --signal lead of USR1, faults.grace_seconds Slurm's KillWait (the site's
+    slurm.kill_wait_seconds, 30 by default): on the training command line and in the config the script carries."""
+    _, (script,) = render(JOBS[golden])
+    assert f"#SBATCH --signal=B:USR1@{warning}" in script.text
+    assert f"--set faults.warning_seconds={warning} \\\n    --set faults.grace_seconds=30 \\" in script.text
+    assert _faults(_carried(script.text)) == (warning, 30)
+
+    _, (script,) = render([*JOBS[golden], "--site-set", "slurm.kill_wait_seconds=120", "--site-set",
+                           "slurm.signal_seconds=0"])
+    assert "#SBATCH --signal" not in script.text  # no warning comes: SIGUSR1 keeps no time of its own
+    assert "--set faults.warning_seconds=0 \\\n    --set faults.grace_seconds=120 \\" in script.text
+    assert _faults(_carried(script.text)) == (0, 120)
+
+
+def test_a_grace_the_user_sets_wins_over_the_site():
+    _, (script,) = render([*JOBS["slurm_venv-pretrain.sbatch"], "--set", "faults.grace_seconds=45"])
+    assert "faults.grace_seconds=30" not in script.text and "--set faults.grace_seconds=45" in script.text
+    assert _faults(_carried(script.text)) == (300, 45)
+
+
+def test_kubernetes_pretraining_knows_torchruns_grace(crds):  # noqa: F811
+    """faults.grace_seconds is the time torchrun gives its workers after SIGTERM (terminationGracePeriodSeconds
+    - 10); an MPIJob's ranks never see the pod's SIGTERM, so it keeps the config's own value."""
+    for golden in ("k8s-pretrain-pytorchjob.yaml", "k8s-pretrain-indexed-job.yaml"):
+        documents = render(JOBS[golden])[1]
+        pods = [replica["template"]["spec"] for replica in documents[-1]["spec"].get(
+            "pytorchReplicaSpecs", {"Job": {"template": documents[-1]["spec"].get("template")}}).values()]
+        for pod in pods:
+            container = pod["containers"][0]
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert pod["terminationGracePeriodSeconds"] == 300 and env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "290"
+            assert _sets(container["args"])["faults.grace_seconds"] == "290"
+        assert _faults(documents[0]["data"]["config.yaml"]) == (0, 290)
+
+    for pod_grace, grace in ((15, "10"), (5, "5")):  # torchrun's 10 s floor, but never past the pod's own grace
+        _, job = render([*JOBS["k8s-pretrain-pytorchjob.yaml"], "--site-set",
+                         f"kubernetes.termination_grace_seconds={pod_grace}"])[1]
+        args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
+        assert _sets(args)["faults.grace_seconds"] == grace
+
+    config_map, mpijob = render(JOBS["k8s-pretrain-mpijob.yaml"])[1]
+    launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert "faults.grace_seconds" not in _sets(launcher["args"])
+    assert _faults(config_map["data"]["config.yaml"]) == (0, 30)
 
 
 def test_kubernetes_pretraining_forms(crds):  # noqa: F811

@@ -44,6 +44,7 @@ def _write(tmp_path: pathlib.Path, text: str) -> str:
     ("gpus_per_node: 8\ntime_limit: 4h\n", r"time_limit '4h'"),
     ("gpus_per_node: 8\nslurm:\n  container:\n    mounts: [/data:/data]\n", r"no image: set slurm\.container\.image"),
     ("gpus_per_node: 8\nslurm:\n  launcher: torchrun\n", r"slurm\.launcher must be one of srun, deepspeed"),
+    ("gpus_per_node: 8\nslurm:\n  kill_wait_seconds: -1\n", r"slurm\.kill_wait_seconds must be >= 0"),
     ("gpus_per_node: 8\nkubernetes:\n  pretrain_form: jobset\n", r"pretrain_form must be one of"),
     ("gpus_per_node: 8\nkubernetes:\n  namespace: Bert_Team\n", r"not a valid namespace name"),
     ("gpus_per_node: 8\nkubernetes:\n  secret_env:\n    AWS_KEY: just-a-name\n", r"secret-name/key"),

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from common import processes
-from pretrain import checkpoints, config as pretrain_config
+from pretrain import checkpoints
+from pretrain import config as pretrain_config
 from tests.cluster.live import STEPS, summary, tiny_run, wait_until
 from tests.pretrain.launching import REPO, TINY, environment, losses
 

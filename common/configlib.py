@@ -100,8 +100,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {_shown(value)}")
-        (item_tp, *_) = typing.get_args(tp) or (Any,)
-        items = [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+        args = typing.get_args(tp) or (Any,)
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):  # tuple[float, float]: that many items
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected a list of {len(args)} values, got {len(value)}: "
+                                  f"{_shown(value)}")
+            return tuple(_coerce(v, item_tp, f"{where}[{i}]") for i, (v, item_tp) in enumerate(zip(value, args)))
+        items = [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):

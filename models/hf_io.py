@@ -54,9 +54,32 @@ def config_from_dict(raw: dict, path: str | Path, model_type: str, config_cls):
         raise CheckpointError(f"{path}: only absolute position embeddings are supported")
     known = {f.name for f in dataclasses.fields(config_cls)}
     try:
-        return configlib.from_dict(config_cls, {k: v for k, v in raw.items() if k in known}, str(path))
+        config = configlib.from_dict(config_cls, {k: v for k, v in raw.items() if k in known}, str(path))
     except ConfigError as error:
         raise CheckpointError(f"{error}; export or download the model again") from None
+    _check_size(config, path)
+    return config
+
+
+# Far beyond any encoder of these families (BERT-Large: 0.34 billion, DeBERTa-v2 xxlarge: 1.5): 40 GB in fp32.
+MAX_PARAMETERS = 10 ** 10
+
+
+def _check_size(config, path) -> None:
+    """Refuse, before anything is allocated, a config whose sizes (``vocab_size``, ``hidden_size``, ...) would make
+    a model of more than ``MAX_PARAMETERS``: a damaged or hostile file would otherwise exhaust memory building it."""
+    size = {name: max(0, int(getattr(config, name, 0) or 0)) for name in (
+        "vocab_size", "hidden_size", "embedding_size", "num_hidden_layers", "intermediate_size",
+        "max_position_embeddings", "type_vocab_size")}
+    width, embedding = size["hidden_size"], size["embedding_size"] or size["hidden_size"]
+    estimate = ((size["vocab_size"] + size["max_position_embeddings"] + size["type_vocab_size"]) * embedding
+                + size["num_hidden_layers"] * (4 * width * width + 2 * width * size["intermediate_size"]))
+    if estimate > MAX_PARAMETERS:
+        shown = ", ".join(f"{name} {value:,}" for name, value in size.items() if value)[:300]
+        raise CheckpointError(f"{path}: its sizes ({shown}) would make a model of about {estimate:.2e} parameters, "
+                              f"more than {MAX_PARAMETERS:.0e} (far beyond any model of this family); refused before "
+                              "allocating: the file is damaged or not this model's config: export or download the "
+                              "model again")
 
 
 def is_complete(directory: str | Path) -> bool:

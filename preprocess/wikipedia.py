@@ -1,6 +1,7 @@
 """Streaming reader for MediaWiki XML dumps (the input I/O it shares with the other readers is ``preprocess.inputs``).
 
-Readers never hold a whole file in memory: dumps are parsed incrementally with ``iterparse``.
+Readers never hold a whole file in memory: dumps are parsed incrementally by expat, and of a page's text at most
+``max_document_chars + 1`` characters are kept (a longer page is counted and rejected as "too_large").
 File-level problems (unreadable URI, truncated or corrupt compression, malformed XML) raise ``InputError``;
 page-level problems are yielded as ``Rejected`` records so the run can go on and count them.
 """
@@ -57,13 +58,6 @@ class _CheckedReader:
 
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
-
-
-def _child_text(elem: ET.Element, name: str) -> str | None:
-    for child in elem:
-        if _local(child.tag) == name:
-            return child.text
-    return None
 
 
 def _parse_error(uri: str, exc: ET.ParseError, reader: _CheckedReader) -> InputError:
@@ -159,64 +153,113 @@ def _iter_range(uri: str, source: str, cfg: SourceConfig, lo: int, hi: int,
 
 def _iter_pages(uri: str, source: str, cfg: SourceConfig, reader: _CheckedReader,
                 whole_file: bool = True) -> Iterator[RawDocument | Rejected]:
-    dbname = "wiki"
-    root: ET.Element | None = None
-    pages = 0
-    for event, elem in ET.iterparse(reader, events=("start", "end")):
-        if root is None:
-            root, reader.root_seen = elem, True
-            if _local(elem.tag) != "mediawiki":
-                raise InputError(
-                    f"{uri}: not a MediaWiki XML dump: the root element is <{_local(elem.tag)}>, "
-                    "expected <mediawiki>; pass a pages-articles XML dump")
-            continue
-        if event != "end":
-            continue
-        name = _local(elem.tag)
-        if name == "siteinfo":
-            dbname = (_child_text(elem, "dbname") or "").strip() or dbname
-        elif name == "page":
-            pages += 1
-            yield _page_record(elem, source, dbname, cfg)
+    """The pages of the dump ``reader`` reads, parsed in chunks of ``_CHUNK`` bytes by expat through ``_Pages``,
+    which keeps of a page's text at most ``max_document_chars + 1`` characters: a page of gigabytes is counted and
+    rejected as too large, never held whole."""
+    target = _Pages(uri, source, cfg, reader)
+    parser = ET.XMLParser(target=target)
+    while True:
+        data = reader.read(_CHUNK)
+        if data:
+            parser.feed(data)
         else:
-            continue
-        # Free the finished subtree and unlink it from the root, or the tree grows per page.
-        elem.clear()
-        try:
-            root.remove(elem)
-        except ValueError:
-            pass  # not a direct child of <mediawiki>; clearing it is enough
-    if pages == 0 and whole_file:  # a byte range may own no page
+            parser.close()
+        yield from target.done
+        target.done.clear()
+        if not data:
+            break
+    if target.pages == 0 and whole_file:  # a byte range may own no page
         raise InputError(f"{uri}: not a MediaWiki XML dump: <mediawiki> holds no <page> "
                          "elements; pass a pages-articles XML dump")
 
 
-def _page_record(page: ET.Element, source: str, dbname: str,
-                 cfg: SourceConfig) -> RawDocument | Rejected:
-    title = ns = page_id = text = None
-    redirect = False
-    for child in page:
-        name = _local(child.tag)
-        if name == "title":
-            title = child.text or ""
-        elif name == "ns":
-            ns = (child.text or "").strip()
-        elif name == "id":
-            page_id = (child.text or "").strip()
-        elif name == "redirect":
-            redirect = True
-        elif name == "revision":
-            # pages-articles has one revision; with full history the last one is current.
-            text = _child_text(child, "text")
+_CHUNK = 1 << 16
+_SHORT_FIELD = 4096  # characters kept of a title, namespace, id or database name (MediaWiki titles: 255 bytes)
+
+
+class _Pages:
+    """An ``XMLParser`` target: the fields of each ``<page>`` as expat hands their text over in pieces, each kept up
+    to a bound (the text: ``max_document_chars + 1``, so that its length still decides "too_large"); a finished page
+    becomes a record in ``done``."""
+
+    def __init__(self, uri: str, source: str, cfg: SourceConfig, reader: _CheckedReader):
+        self.uri, self.source, self.cfg, self.reader = uri, source, cfg, reader
+        self.path: list[str] = []
+        self.done: list[RawDocument | Rejected] = []
+        self.pages, self.dbname = 0, "wiki"
+        self.field: str | None = None          # the field whose text is being collected
+        self.parts: list[str] = []
+        self.kept = self.length = 0
+        self._new_page()
+
+    def _new_page(self) -> None:
+        self.page: dict = {"redirect": False}
+
+    def start(self, tag: str, _attrib: dict) -> None:
+        name = _local(tag)
+        if not self.path:
+            self.reader.root_seen = True
+            if name != "mediawiki":
+                raise InputError(f"{self.uri}: not a MediaWiki XML dump: the root element is <{name}>, "
+                                 "expected <mediawiki>; pass a pages-articles XML dump")
+        parent = self.path[-1] if self.path else None
+        self.path.append(name)
+        if name == "page" and parent == "mediawiki":
+            self._new_page()
+        elif name == "redirect" and parent == "page":
+            self.page["redirect"] = True
+        elif (parent, name) in _FIELDS:
+            self.field, self.parts, self.kept, self.length = _FIELDS[(parent, name)], [], 0, 0
+
+    def data(self, text: str) -> None:
+        if self.field is None:
+            return
+        limit = self.cfg.max_document_chars + 1 if self.field == "text" else _SHORT_FIELD
+        self.length += len(text)
+        if self.kept < limit:
+            piece = text[:limit - self.kept]
+            self.parts.append(piece)
+            self.kept += len(piece)
+
+    def end(self, tag: str) -> None:
+        name = self.path.pop()
+        if self.field is not None and (self.path[-1] if self.path else None, name) in _FIELDS:
+            value = "".join(self.parts) if self.parts else None
+            if self.field == "dbname":
+                self.dbname = (value or "").strip() or self.dbname
+            else:  # a later revision's text replaces an earlier one's: with full history the last is current
+                self.page[self.field] = value
+                if self.field == "text":
+                    self.page["text_length"] = self.length
+            self.field, self.parts = None, []
+        elif name == "page" and self.path == ["mediawiki"]:
+            self.pages += 1
+            self.done.append(_page_record(self.page, self.source, self.dbname, self.cfg))
+            self._new_page()
+
+    def close(self) -> None:
+        return None
+
+
+# (parent, element) -> the field its text fills.
+_FIELDS = {("page", "title"): "title", ("page", "ns"): "ns", ("page", "id"): "id", ("revision", "text"): "text",
+           ("siteinfo", "dbname"): "dbname"}
+
+
+def _page_record(page: dict, source: str, dbname: str, cfg: SourceConfig) -> RawDocument | Rejected:
+    title = page.get("title") or ""
+    ns = (page.get("ns") or "").strip() if "ns" in page else None
+    page_id = (page.get("id") or "").strip() if "id" in page else None
+    text = page.get("text")
     doc_id = f"wiki:{dbname}:{page_id or 'unknown'}"
     if ns != "0":
         outcome, reason, detail = "skipped", "non_article_namespace", f"ns={ns} title={title!r}"
-    elif redirect:
+    elif page["redirect"]:
         outcome, reason, detail = "skipped", "redirect", f"title={title!r}"
     elif text is None or not text.strip():
         outcome, reason, detail = "skipped", "empty", f"title={title!r}"
-    elif len(text) > cfg.max_document_chars:
-        outcome, reason, detail = "failed", "too_large", f"{len(text)} characters > max_document_chars"
+    elif page["text_length"] > cfg.max_document_chars:
+        outcome, reason, detail = "failed", "too_large", f"{page['text_length']} characters > max_document_chars"
     else:
         return RawDocument(doc_id=doc_id, source=source, kind="wiki", text=text)
     return Rejected(source=source, doc_id=doc_id, outcome=outcome, reason=reason, detail=detail)

@@ -11,7 +11,14 @@ from collections import Counter
 
 import mwparserfromhell
 from mwparserfromhell.nodes import (
-    Comment, ExternalLink, Heading, HTMLEntity, Tag, Template, Text, Wikilink,
+    Comment,
+    ExternalLink,
+    Heading,
+    HTMLEntity,
+    Tag,
+    Template,
+    Text,
+    Wikilink,
 )
 
 # Sections after which an article holds no prose (citations, link lists). The article is cut at

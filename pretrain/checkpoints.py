@@ -57,8 +57,9 @@ def complete(directory: Path) -> list[Checkpoint]:
         for child in directory.iterdir():
             match = _TAG.fullmatch(child.name)
             if match and (child / MARKER).is_file():
-                found.append(Checkpoint(directory, child.name, int(match.group(1)),
-                                        json.loads((child / MARKER).read_text())))
+                # A link is never followed, not even to read the marker: ``verify`` refuses it, naming it.
+                info = {} if _link_in(child) else json.loads((child / MARKER).read_text())
+                found.append(Checkpoint(directory, child.name, int(match.group(1)), info))
     return sorted(found, key=lambda c: c.step)
 
 
@@ -121,8 +122,13 @@ def verify(checkpoint: Checkpoint) -> int:
     Raises ``CorruptCheckpoint`` naming the first file that differs; returns the number of files checked
     (0 for a marker written before markers listed files, which can only be trusted as it is).
     """
-    listed = checkpoint.info.get("files") or {}
     fix = f"restore the file from a copy, or remove {checkpoint.path} to use an earlier checkpoint"
+    link = _link_in(checkpoint.path)
+    if link is not None:  # every later check, and DeepSpeed's loader, would read whatever it points at
+        raise CorruptCheckpoint(f"{link}: a symbolic link (to {os.readlink(link)}) in a checkpoint marked {MARKER}; "
+                                "a checkpoint holds its own files: copy the files themselves into it (cp -L), or "
+                                f"remove {checkpoint.path} to use an earlier checkpoint")
+    listed = checkpoint.info.get("files") or {}
     for name, recorded in sorted(listed.items()):
         file = checkpoint.path / name
         if not file.is_file():
@@ -135,6 +141,17 @@ def verify(checkpoint: Checkpoint) -> int:
             raise CorruptCheckpoint(f"{file}: its sha256 differs from the one {MARKER} recorded (the file was "
                                     f"altered after the save); {fix}")
     return len(listed)
+
+
+def _link_in(path: Path) -> Path | None:
+    """The first symbolic link at or under the checkpoint directory ``path`` (links are not followed), or None."""
+    if path.is_symlink():
+        return path
+    for root, directories, files in os.walk(path):
+        for name in sorted(directories + files):
+            if (Path(root) / name).is_symlink():
+                return Path(root) / name
+    return None
 
 
 def newest_intact(directory: Path, on_corrupt: str = "fallback", *,

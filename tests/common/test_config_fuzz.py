@@ -158,3 +158,11 @@ def test_an_empty_mapping_or_list_setting_written_as_null_is_refused_by_name(tmp
     with pytest.raises(site.SiteError, match=r"env: expected a mapping, got None") as caught:
         site.load(str(path))
     assert "\n" not in str(caught.value)
+
+
+def test_a_misspelt_glue_task_under_per_task_is_refused_naming_the_close_one(tmp_path):
+    message = _refusal(tmp_path, b"glue:\n  per_task:\n    rtee: {lr: 3.0e-5}\n", loader=finetune_config.load)
+    assert "glue.per_task: unknown GLUE task 'rtee' (did you mean 'rte'?); known tasks: cola, sst2" in message
+    assert "\n" not in message
+    assert "unknown GLUE task 'SST-2'" in _refusal(tmp_path, b"glue:\n  per_task:\n    SST-2: {}\n",
+                                                   loader=finetune_config.load)

@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from common import processes
-from common import storage
+from common import processes, storage
 from tests.preprocess.conftest import REPO_ROOT
 
 

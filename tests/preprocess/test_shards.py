@@ -12,8 +12,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from common import processes
-from common import schema
+from common import processes, schema
 from preprocess import shards
 from preprocess.batch import FinalizedBatch, InstanceKeys
 from tests.preprocess.conftest import REPO_ROOT

@@ -24,6 +24,7 @@ def test_shipped_configs_carry_the_published_recipe():
     (["zero.offload_param=cpu", "zero.stage=2"], "offload_param needs zero stage 3"),
     (["train.micro_batch_size=48"], "not a multiple of micro_batch_size"),
     (["train.bogus=1"], "unknown key 'train.bogus'"),
+    (["output_dir=s3://bucket/run"], "object-store URI; checkpoints are written as files"),
 ])
 def test_inconsistent_settings_are_refused_with_the_reason(override, message):
     with pytest.raises(ConfigError, match=message):

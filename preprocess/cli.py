@@ -178,9 +178,16 @@ def _storage_failure(exc: BaseException, args: argparse.Namespace) -> StorageErr
                            note="nothing was published" if args.command == "run" else None)
 
 
-def _clear_message(exc: BaseException, args: argparse.Namespace) -> str | None:
+def _clear_message(exc: BaseException, args: argparse.Namespace, beam_args: list[str] = ()) -> str | None:
     """The one-line message of an expected error, also when Beam wrapped it in a worker traceback. ``args``: the
-    command line, whose output is named for a full disk or missing permission whose error names no file."""
+    command line, whose output is named for a full disk or missing permission whose error names no file;
+    ``beam_args``: its Beam options, whose Dask scheduler is named when the cluster failed."""
+    from preprocess.executors.beamargs import option
+    from preprocess.executors.daskfaults import dask_failure
+
+    dask = dask_failure(exc, option(list(beam_args), "--dask_client_address"))
+    if dask is not None:
+        return dask
     if isinstance(exc, (InputError, ConfigError)):
         return str(exc).replace(InputError.MARKER, "").strip()
     text = str(exc)
@@ -255,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: nothing was published", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - turned into one clear line when it is an expected error
-        message = _clear_message(exc, args)
+        message = _clear_message(exc, args, rest)
         if message is None:
             raise
         report(message, exc, debug=args.debug,

@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from common.errors import InputError
 from preprocess import handoff
+from preprocess.executors import daskfaults
 from preprocess.executors.beamargs import option
 
 FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRunner"
@@ -103,7 +104,13 @@ def run_beam(options: PipelineOptions, build, log: WorkerLog | None = None, in_p
         pipeline = beam.Pipeline(options=options)
         build(pipeline, lot)
         with log or contextlib.nullcontext():
-            pipeline.run().wait_until_finish()
+            result = pipeline.run()
+            try:
+                result.wait_until_finish()
+                daskfaults.check_finished(result)  # Beam's DaskRunner says DONE when Dask cancelled its tasks
+            except BaseException:
+                daskfaults.close_client(result)
+                raise
 
 
 __all__ = ["FN_API_RUNNER", "WorkerLog", "beam_options", "run_beam"]

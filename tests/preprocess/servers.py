@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -83,3 +84,25 @@ def dask_cluster(workers: int, cwd: str, env: dict):
 
 def env_with_repo(repo_root: str) -> dict:
     return {**os.environ, "PYTHONPATH": repo_root}
+
+
+def dask_pids(client) -> dict[str, int]:
+    """Each Dask worker's address and process id (the worker, not its nanny: killing it is a worker dying)."""
+    return client.run(os.getpid)
+
+
+def kill_busy_dask_worker(client, spare: set[int], done, timeout: float = 300) -> int | None:
+    """SIGKILL the first worker seen running a task (the scheduler lists a task in progress on it) whose pid is
+    not in ``spare``; returns its pid, or None once ``done()`` is true (the run ended first)."""
+    deadline = time.time() + timeout
+    while not done():
+        if time.time() > deadline:
+            raise RuntimeError(f"no Dask worker ran a task within {timeout} s")
+        with contextlib.suppress(Exception):  # a worker that is coming up or going away answers nothing
+            busy = {worker for worker, tasks in client.processing().items() if tasks}
+            for worker, pid in dask_pids(client).items():
+                if worker in busy and pid not in spare:
+                    os.kill(pid, signal.SIGKILL)
+                    return pid
+        time.sleep(0.1)
+    return None

@@ -14,6 +14,8 @@
                                                       budget per recipe
     python -m bench.finetune.against_transformers     our task heads against ``transformers``' on GLUE, CoNLL-2003 and
                                                       SQuAD (CPU)
+    python -m bench.finetune.deployment               exported encoders on CPU through ``transformers`` and ONNX
+                                                      Runtime: latency, throughput, size on disk, peak memory
     python -m bench.cpu_kinds                         the demo's and the test suite's wall time on this kind of CPU
     python -m bench.fingerprints                      what the pipeline makes, to compare before and after a move
 

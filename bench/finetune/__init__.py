@@ -1,1 +1,2 @@
-"""Benchmarks of the finetuning stage: ours against ``transformers``' task models (``against_transformers``)."""
+"""Benchmarks of the finetuning stage: ours against ``transformers``' task models (``against_transformers``), and
+the exported encoders deployed on CPU through ``transformers`` and ONNX Runtime (``deployment``)."""

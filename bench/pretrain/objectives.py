@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,6 +153,7 @@ def run_budgeted(run_dir: Path, settings: dict, steps: int, budget_cpu_s: float 
            *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")]]
     env = {**child_env(), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(os.cpu_count() or 2)}
     log.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a measured run starts fresh: an earlier one's run is another teacher's
     started, stopped, cpu, others = time.perf_counter(), False, 0.0, OtherProcesses()
     with open(log, "ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())

@@ -102,6 +102,10 @@ def for_config(cfg, run_directory: Path | None = None) -> Family:
         from pretrain.families.distillation import DistillationFamily
 
         return DistillationFamily.from_config(cfg, recorded_in=run_directory)
+    if cfg.objective.span_boundary:  # SpanBERT: BERT with the span-boundary objective in its loss (the config
+        from pretrain.families.spanbert import SpanBertFamily  # allows it for the bert family only)
+
+        return SpanBertFamily.from_config(cfg)
     # Each model family (models.registry) has its training glue in the module of its name here (``-`` as ``_``: the
     # family deberta-v2 in deberta_v2.py): its TRAINING class, which takes the config sections it uses
     # (``from_config`` picks them).

@@ -30,10 +30,6 @@ class BertFamily(Family):
 
     @classmethod
     def from_config(cls, cfg) -> BertFamily:
-        if cfg.objective.span_boundary:  # SpanBERT: BERT with the span-boundary objective in its loss
-            from pretrain.families.spanbert import SpanBertFamily
-
-            return SpanBertFamily.from_config(cfg)
         return cls(cfg.model, cfg.objective.sentence_objective)
 
     def model_config(self, *, vocab_size: int, pad_token_id: int):

@@ -66,21 +66,34 @@ class PretrainingLoss(nn.Module):
             mlm_logits, pair_logits = self.model(input_ids, token_type_ids, attention_mask, masked_positions,
                                                  position_ids=position_ids, document_ids=document_ids)
         mlm_losses = F.cross_entropy(mlm_logits.float(), masked_labels, reduction="none")
-        loss = mlm_losses.sum() * mlm_loss_scale
-        zero = torch.zeros((), device=loss.device)
-        pair_loss_sum = pair_correct = pair_sequences = zero
-        if self.sentence_objective != "none":
-            pair_losses = F.cross_entropy(pair_logits.float(), next_sentence_labels, reduction="none")
-            loss = loss + pair_losses.mean()
-            pair_loss_sum = pair_losses.detach().sum()
-            pair_correct = (pair_logits.detach().argmax(-1) == next_sentence_labels).sum().float()
-            pair_sequences = torch.full((), float(input_ids.shape[0]), device=loss.device)
-        with torch.no_grad():  # counts known on the host enter by torch.full: a kernel argument, not a copy
-            stats = torch.stack([
-                mlm_losses.sum(), (mlm_logits.argmax(-1) == masked_labels).sum().float(),
-                torch.full((), float(masked_labels.numel()), device=loss.device),
-                pair_loss_sum, pair_correct, pair_sequences,
-                torch.full((), float(input_ids.shape[0]), device=loss.device), attention_mask.sum().float(),
-                (~torch.isfinite(loss.detach())).float(),
-            ]).float()
-        return loss, stats
+        return assemble(mlm_losses, mlm_logits, masked_labels, pair_logits, next_sentence_labels, attention_mask,
+                        mlm_loss_scale, self.sentence_objective)
+
+
+def assemble(mlm_losses: torch.Tensor, mlm_logits: torch.Tensor, masked_labels: torch.Tensor,
+             pair_logits: torch.Tensor | None, next_sentence_labels: torch.Tensor, attention_mask: torch.Tensor,
+             mlm_loss_scale: torch.Tensor, sentence_objective: str, *, token_loss_sum: torch.Tensor | None = None,
+             more_stats: tuple[torch.Tensor, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, statistics in the order of ``STAT_NAMES`` then ``more_stats``) from the masked tokens' losses and the
+    pair head's logits: the token losses' sum (plus ``token_loss_sum``, another family's sum over the same tokens,
+    e.g. SpanBERT's boundary losses) times ``mlm_loss_scale``, plus the pair loss's mean over the rows."""
+    tokens = mlm_losses.sum() if token_loss_sum is None else mlm_losses.sum() + token_loss_sum
+    loss = tokens * mlm_loss_scale
+    rows = float(attention_mask.shape[0])
+    zero = torch.zeros((), device=loss.device)
+    pair_loss_sum = pair_correct = pair_sequences = zero
+    if sentence_objective != "none":
+        pair_losses = F.cross_entropy(pair_logits.float(), next_sentence_labels, reduction="none")
+        loss = loss + pair_losses.mean()
+        pair_loss_sum = pair_losses.detach().sum()
+        pair_correct = (pair_logits.detach().argmax(-1) == next_sentence_labels).sum().float()
+        pair_sequences = torch.full((), rows, device=loss.device)
+    with torch.no_grad():  # counts known on the host enter by torch.full: a kernel argument, not a copy
+        stats = torch.stack([
+            mlm_losses.sum(), (mlm_logits.argmax(-1) == masked_labels).sum().float(),
+            torch.full((), float(masked_labels.numel()), device=loss.device),
+            pair_loss_sum, pair_correct, pair_sequences,
+            torch.full((), rows, device=loss.device), attention_mask.sum().float(),
+            (~torch.isfinite(loss.detach())).float(), *more_stats,
+        ]).float()
+    return loss, stats

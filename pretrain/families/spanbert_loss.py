@@ -36,7 +36,7 @@ from models.attention import unpad_batch
 from models.bert.model import BertForPreTraining
 from models.bert.span_boundary import MAX_TARGETS, SpanBoundaryHead
 from pretrain.families.bert_loss import STAT_NAMES as BERT_STAT_NAMES
-from pretrain.families.bert_loss import PretrainingLoss
+from pretrain.families.bert_loss import PretrainingLoss, assemble
 
 # BERT's statistics, then the boundary objective's: its summed loss, top-1 hits and number of targets.
 STAT_NAMES = BERT_STAT_NAMES + ("sbo_loss_sum", "sbo_correct", "sbo_tokens")
@@ -140,26 +140,12 @@ class SpanBoundaryLoss(PretrainingLoss):
         weight = targets.valid.float()
         mlm_losses = F.cross_entropy(mlm_logits.float(), masked_labels, reduction="none")
         sbo_losses = F.cross_entropy(sbo_logits.float(), sbo_labels, reduction="none") * weight
-        loss = (mlm_losses.sum() + sbo_losses.sum()) * mlm_loss_scale
-        zero = torch.zeros((), device=loss.device)
-        pair_loss_sum = pair_correct = pair_sequences = zero
-        if self.sentence_objective != "none":
-            pair_logits = self.model.cls.seq_relationship(pooled)
-            pair_losses = F.cross_entropy(pair_logits.float(), next_sentence_labels, reduction="none")
-            loss = loss + pair_losses.mean()
-            pair_loss_sum = pair_losses.detach().sum()
-            pair_correct = (pair_logits.detach().argmax(-1) == next_sentence_labels).sum().float()
-            pair_sequences = torch.full((), float(input_ids.shape[0]), device=loss.device)
-        with torch.no_grad():  # counts known on the host enter by torch.full: a kernel argument, not a copy
-            stats = torch.stack([
-                mlm_losses.sum(), (mlm_logits.argmax(-1) == masked_labels).sum().float(),
-                torch.full((), float(masked_labels.numel()), device=loss.device),
-                pair_loss_sum, pair_correct, pair_sequences,
-                torch.full((), float(input_ids.shape[0]), device=loss.device), attention_mask.sum().float(),
-                (~torch.isfinite(loss.detach())).float(),
-                sbo_losses.sum(), ((sbo_logits.argmax(-1) == sbo_labels).float() * weight).sum(), weight.sum(),
-            ]).float()
-        return loss, stats
+        pair_logits = self.model.cls.seq_relationship(pooled) if self.sentence_objective != "none" else None
+        with torch.no_grad():
+            sbo_stats = (sbo_losses.sum(), ((sbo_logits.argmax(-1) == sbo_labels).float() * weight).sum(), weight.sum())
+        return assemble(mlm_losses, mlm_logits, masked_labels, pair_logits, next_sentence_labels, attention_mask,
+                        mlm_loss_scale, self.sentence_objective, token_loss_sum=sbo_losses.sum(),
+                        more_stats=sbo_stats)
 
 
 def summary(stats: torch.Tensor, sentence_objective: str) -> dict[str, float]:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Debian packages for the live cluster tests (tests/cluster/): a real single-host Slurm cluster (munge,
 # slurmctld, slurmd and the client commands) and, for DeepSpeed's multi-node launch, an OpenSSH server and pdsh;
-# iproute2 (ip netns, tc) for the multi-host tests' virtual network.
+# iproute2 (ip netns, tc) and nftables (packet loss) for the multi-host tests' virtual network.
 # The tests start and stop the daemons themselves; this script only installs. Idempotent and quiet: when
 # everything is installed it returns at once, and the package lists are refreshed only when something is missing.
 set -euo pipefail
 
-PACKAGES=(munge slurmctld slurmd slurm-client openssh-server openssh-client pdsh iproute2)
+PACKAGES=(munge slurmctld slurmd slurm-client openssh-server openssh-client pdsh iproute2 nftables)
 
 missing=()
 for package in "${PACKAGES[@]}"; do

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import signal
@@ -44,6 +45,8 @@ from tests.cluster.live import daemon, stop, tail, wait_until
 
 SUBNET = "10.77.0"   # host i (0-based) is SUBNET.(i + 1)/24; each test's switch is a network of its own
 SSH_ALIVE = (2, 5)   # ssh keep-alive every 2 s, given up after 5 unanswered: a dead link ends a session in ~10 s
+
+LOSS_TABLE = "bert_pipeline_loss"  # the nftables table of ``Hosts.lose``
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -217,6 +220,28 @@ class Hosts:
         for ns, dev in ((self.switch, self.port(host)), (self.namespace(host), "eth0")):
             processes.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True,
                           timeout=30)
+
+    def lose(self, host: str, percent: int) -> None:
+        """Drop ``percent`` % of the packets ``host`` receives and sends, at random (nftables' ``numgen``: netem is
+        not in this kernel)."""
+        drop = f"numgen random mod 100 < {percent} counter drop"
+        rules = (f"table inet {LOSS_TABLE} {{\n"
+                 f"  chain inbound {{ type filter hook input priority 0; {drop}; }}\n"
+                 f"  chain outbound {{ type filter hook output priority 0; {drop}; }}\n"
+                 "}\n")
+        result = processes.run(["ip", "netns", "exec", self.namespace(host), "nft", "-f", "-"], input=rules,
+                               capture_output=True, text=True, timeout=30)
+        if result.returncode != 0:
+            raise AssertionError(f"nft on {self.namespace(host)} failed: {result.stderr.strip()} (the nftables "
+                                 "package: scripts/test_services.sh installs it)")
+
+    def unlose(self, host: str) -> int:
+        """Stop dropping ``host``'s packets; how many were dropped (0 when nothing was set)."""
+        listed = processes.run(["ip", "netns", "exec", self.namespace(host), "nft", "list", "table", "inet",
+                                LOSS_TABLE], capture_output=True, text=True, timeout=30).stdout
+        processes.run(["ip", "netns", "exec", self.namespace(host), "nft", "delete", "table", "inet", LOSS_TABLE],
+                      capture_output=True, timeout=30)
+        return sum(int(n) for n in re.findall(r"counter packets (\d+)", listed))
 
     def vanish(self, host: str) -> list[int]:
         """Kill every process on ``host`` at once (SIGKILL), as a machine that loses power: its ranks, its

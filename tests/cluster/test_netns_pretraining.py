@@ -106,29 +106,37 @@ def test_a_link_down_mid_step_stops_every_rank_naming_the_peer_and_resume_contin
 
 
 SLOW_RATE, SLOW_STEPS = "20mbit", 3  # ~13 MB cross the link each step (bf16 gradients and weights): seconds a step
+LOSS_PERCENT = 2  # of host-b's packets dropped each way meanwhile: TCP resends them (a retransmit timeout each)
 
 
-def test_a_slow_link_trains_to_the_same_result(hosts, sample_dataset, one_host_reference, tmp_path):
-    """host-b's link rate-limited both ways (tbf) for the first steps, then freed for the rest: the run equals the
-    one-host run bit for bit. The step times are printed, not asserted."""
+def test_a_slow_lossy_link_trains_to_the_same_result(hosts, sample_dataset, one_host_reference, tmp_path):
+    """host-b's link rate-limited both ways (tbf) and dropping LOSS_PERCENT % of its packets (nftables) for the first
+    steps, then freed for the rest: TCP resends what was lost and the run equals the one-host run bit for bit. The
+    step times are printed, not asserted."""
     out = tmp_path / "run"
     launcher_log = tmp_path / "launcher.log"
     hosts.throttle("host-b", SLOW_RATE)
+    hosts.lose("host-b", LOSS_PERCENT)
     try:
         with open(launcher_log, "w") as log, hosts.started(
                 "host-a", deepspeed_command(hosts, tmp_path, run_args(sample_dataset, out)), cwd=tmp_path,
                 env=environment(PATH=hosts.path), stdout=log, stderr=subprocess.STDOUT) as launcher:
             multihost.wait_for_step(out, SLOW_STEPS, launcher, launcher_log, timeout=400)
             hosts.unthrottle("host-b")
+            dropped = hosts.unlose("host-b")
             status = launcher.wait(timeout=300)
     finally:
         hosts.unthrottle("host-b")
+        hosts.unlose("host-b")
         hosts.settle()
     assert status == 0, launcher_log.read_text()[-4000:]
+    assert dropped > 0  # the loss was met, not dodged
     multihost.assert_same_run(out, one_host_reference)
     slow, fast = multihost.step_seconds(out, 2, SLOW_STEPS), multihost.step_seconds(out, SLOW_STEPS + 2, STEPS)
-    print(f"median step time over a {SLOW_RATE} link (steps 2-{SLOW_STEPS}): {slow:.2f} s; unlimited (steps "
-          f"{SLOW_STEPS + 2}-{STEPS}): {fast:.2f} s; one host: {multihost.step_seconds(one_host_reference.run):.2f} s")
+    print(f"median step time over a {SLOW_RATE} link losing {LOSS_PERCENT} % ({dropped} packets dropped; steps "
+          f"2-{SLOW_STEPS}): {slow:.2f} s; "
+          f"unlimited (steps {SLOW_STEPS + 2}-{STEPS}): {fast:.2f} s; one host: "
+          f"{multihost.step_seconds(one_host_reference.run):.2f} s")
 
 
 @pytest.mark.exclusive  # it bounds the job's end by the wall clock

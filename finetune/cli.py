@@ -30,11 +30,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", required=True, help="a Hugging Face BERT, ALBERT or ELECTRA directory "
                         "(config.json model_type), a pretraining run directory or one of its checkpoints")
     parser.add_argument("--data", required=True, type=Path, help="the directory holding glue/, squad/, conll2003/")
-    parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--output", required=True, type=local_directory)
     parser.add_argument("--tasks", default=None, help="suite: benchmarks (glue,squad,conll) and/or single GLUE "
                         "tasks (cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli); glue: GLUE tasks; default all")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--save-models", action="store_true",
+                        help="write each task's selected model (the median seed's best epoch, or save_seed's) as a "
+                             "transformers task-model directory under OUT/models/<task>/ (as --set save_models=true)")
+    parser.add_argument("--note", default=None, help="a line the report opens with, saying what the run is (the "
+                        "demo says that its data is a synthetic sample)")
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an error too (otherwise a full disk or missing permission "
                              "writes it to a file in the temporary directory that the error line names)")
@@ -70,6 +75,15 @@ def plan(command: str, tasks: str | None) -> tuple[list[str], list[str]]:
     return [command], []
 
 
+def local_directory(value: str) -> Path:
+    """``--output``: reports, exports and task models are written as files, so an object-store URI is refused
+    (``Path`` would turn ``s3://b/x`` into the local directory ``s3:/b/x``)."""
+    if "://" in value:
+        raise argparse.ArgumentTypeError(f"{value!r} is an object-store URI; give a local or shared file-system "
+                                         "directory and copy the results to the store afterwards")
+    return Path(value)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
@@ -101,12 +115,13 @@ def expected_error(error: BaseException, output: Path) -> tuple[str | None, bool
 
 
 def run(args: argparse.Namespace) -> int:
+    from common.errors import CheckpointError
     from finetune import pretrained, report, suite
     from finetune.config import load
     from finetune.trainer import resolved_precision
 
     started = time.time()
-    cfg = load(args.config, args.overrides)
+    cfg = load(args.config, args.overrides + (["save_models=true"] if args.save_models else []))
     to_run, glue_tasks = plan(args.command, args.tasks)
     suite.check_data(to_run, glue_tasks, args.data, cfg)
     # Each benchmark's precision as it resolves here (per-task GLUE changes are resolved in the report).
@@ -115,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
     (args.output / "config.yaml").write_text("".join(f"# {note}\n" for note in notes) + configlib.to_yaml(cfg))
     model_dir = pretrained.resolve(args.checkpoint, args.output)
     tokenizer = pretrained.load_tokenizer_for(model_dir)
+    if cfg.save_models:
+        from finetune.task_models import check_tokenizer
+
+        check_tokenizer(tokenizer, model_dir)
     log.info(f"model {model_dir}; benchmarks {', '.join(to_run)}; seeds {cfg.seeds}")
     results = []
     if "glue" in to_run:
@@ -123,9 +142,14 @@ def run(args: argparse.Namespace) -> int:
         results += suite.run_squad(args.data, model_dir, tokenizer, cfg, args.output)
     if "conll" in to_run:
         results += suite.run_conll(args.data, model_dir, tokenizer, cfg, args.output)
+    model = {"model_type": pretrained.model_type(model_dir), "parameters": pretrained.encoder_parameters(model_dir)}
     final = report.build(results, checkpoint=str(args.checkpoint), seconds=time.time() - started, seeds=cfg.seeds,
-                         config=configlib.to_dict(cfg))
+                         config=configlib.to_dict(cfg), model=model, note=args.note)
     report.write(final, args.output)
     print(report.markdown(final))
     log.info(f"wrote {args.output / 'report.json'} and report.md in {time.time() - started:.0f} s")
+    unsaved = sorted({f"{r['task']} (seed {r['saved_model']['seed']}): {r['saved_model']['error']}"
+                      for r in results if "error" in r.get("saved_model", {})})
+    if unsaved:  # the report is written and says so too; the run still did not deliver what was asked
+        raise CheckpointError("task model(s) not saved: " + "; ".join(unsaved))
     return 0

@@ -6,6 +6,7 @@ decay, batch 32, 3 epochs for GLUE (lr chosen on dev among 5e-5, 4e-5, 3e-5, 2e-
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 
 from common import configlib
@@ -53,7 +54,14 @@ class GlueConfig:
     per_task: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        from finetune.glue import GLUE_TASKS
+
         for task in self.per_task:  # checked at load, not when the task's turn comes hours into a suite
+            if task not in GLUE_TASKS:  # a misspelt name would otherwise leave its task on the shared settings
+                close = difflib.get_close_matches(str(task), GLUE_TASKS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise configlib.ConfigError(f"glue.per_task: unknown GLUE task {str(task)[:40]!r}{hint}; known "
+                                            f"tasks: {', '.join(GLUE_TASKS)}")
             task_training(self, task)
 
 
@@ -84,10 +92,16 @@ class FinetuneConfig:
     glue: GlueConfig = field(default_factory=GlueConfig)
     squad: SquadConfig = field(default_factory=SquadConfig)
     conll: ConllConfig = field(default_factory=ConllConfig)
+    # Write each task's selected model as a transformers task-model directory, <output>/models/<task>/
+    # (finetune.task_models): the best epoch of save_seed, or of the median seed by the task's main metric.
+    save_models: bool = False
+    save_seed: int | None = None
 
     def __post_init__(self):
         if not self.seeds:
             raise ValueError("seeds must name at least one seed")
+        if self.save_seed is not None and self.save_seed not in self.seeds:
+            raise ValueError(f"save_seed {self.save_seed} is not one of seeds {self.seeds}")
 
 
 def load(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> FinetuneConfig:

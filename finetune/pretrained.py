@@ -63,6 +63,16 @@ def load_encoder(directory: str | Path, dropout: float | None = None) -> Encoder
     return encoder
 
 
+def encoder_parameters(directory: str | Path) -> int:
+    """How many parameters the directory's encoder has (pretraining heads left out), counted on the meta device:
+    nothing is allocated or read but config.json."""
+    import torch
+
+    with torch.device("meta"):
+        encoder = registry.family(model_type(directory)).encoder_class(load_model_config(directory))
+    return sum(parameter.numel() for parameter in encoder.parameters())
+
+
 def set_dropout(encoder: nn.Module, p: float) -> None:
     """Every ``nn.Dropout`` and every attention's probability dropout (SDPA takes it as a number) to ``p``."""
     for module in encoder.modules():

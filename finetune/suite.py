@@ -18,6 +18,7 @@ from finetune.config import FinetuneConfig, TrainingConfig, task_training
 from finetune.errors import DataError
 from finetune.heads import SequenceClassifier, SpanExtractor, TokenClassifier
 from finetune.pretrained import load_encoder
+from finetune.task_models import TaskModels
 from finetune.trainer import device_and_dtype, finetune, predict, training_record
 
 
@@ -60,6 +61,7 @@ def _summary(task: str, runs: list, extra: dict | None = None) -> dict:
 
 def run_glue(tasks: list[str], data_dir: Path, model_dir: Path, tokenizer, cfg: FinetuneConfig, out: Path) -> list[dict]:
     results = []
+    saved = TaskModels.for_run(cfg, out, model_dir, tokenizer)
     for task in tasks:
         training = task_training(cfg.glue, task)
         spec = glue.TASKS[task]
@@ -92,14 +94,18 @@ def run_glue(tasks: list[str], data_dir: Path, model_dir: Path, tokenizer, cfg: 
             run = finetune(model, train_rows, evaluate, training, seed=seed, pad_id=tokenizer.pad_id,
                            log_dir=out / "logs", name=task)
             per_split[first_dev].append(run)
+            saved.keep(task, seed, model, run, max_length=training.max_seq_length, labels=spec.labels or (),
+                       regression=regression)
             for name in list(dev_rows)[1:]:  # MNLI mismatched: the model selected on matched, scored once
                 found, primary = evaluate(model, name)
                 per_split[name].append(type(run)(seed=seed, best_epoch=run.best_epoch, metrics=found, primary=primary,
                                                  train_seconds=0.0, steps=run.steps))
+        model_entry = saved.publish(task, metrics.primary_metric_name(task))  # MNLI: selected on matched
         for name, runs in per_split.items():
             results.append(_summary(name if task == "mnli" else task, runs,
                                     {"benchmark": "glue", "train_examples": len(train_rows),
-                                     "eval_examples": len(dev_rows[name]), "training": training_record(training)}))
+                                     "eval_examples": len(dev_rows[name]), "training": training_record(training),
+                                     **_saved(model_entry)}))
     return results
 
 
@@ -122,17 +128,20 @@ def run_squad(data_dir: Path, model_dir: Path, tokenizer, cfg: FinetuneConfig, o
     device, dtype = device_and_dtype(training.precision)
     evaluate_with = squad_evaluator(dev_examples, dev_features, dev_rows, dev_data, sc, tokenizer, device, dtype)
     runs = []
+    task = "squad_v2" if sc.version_2 else "squad"
+    saved = TaskModels.for_run(cfg, out, model_dir, tokenizer)
     for seed in cfg.seeds:
         model = seeded(seed, lambda: SpanExtractor(load_encoder(model_dir, training.dropout)))
+        evaluate_with.calls.clear()
         run = finetune(model, train_rows, evaluate_with, training, seed=seed, pad_id=tokenizer.pad_id,
                        log_dir=out / "logs", name="squad")
-        predictions = evaluate_with.last_predictions
-        squad.write_predictions(predictions, out / f"squad-predictions-seed{seed}.json")
+        # The kept epoch's predictions (the last epoch's may be another's), as the report's scores are.
+        squad.write_predictions(evaluate_with.calls[run.best_epoch], out / f"squad-predictions-seed{seed}.json")
+        saved.keep(task, seed, model, run, max_length=training.max_seq_length)
         runs.append(run)
-    task = "squad_v2" if sc.version_2 else "squad"
     return [_summary(task, runs, {"benchmark": "squad", "train_examples": len(train_examples),
                                   "train_features": len(train_rows), "eval_examples": len(dev_examples),
-                                  "training": training_record(training)})]
+                                  "training": training_record(training), **_saved(saved.publish(task, "f1"))})]
 
 
 def squad_evaluator(examples, features, rows, data, sc, tokenizer, device, dtype):
@@ -144,6 +153,7 @@ def squad_evaluator(examples, features, rows, data, sc, tokenizer, device, dtype
                                            max_answer_length=sc.max_answer_length, version_2=sc.version_2,
                                            null_score_diff_threshold=sc.null_score_diff_threshold)
         evaluate.last_predictions = predictions
+        evaluate.calls.append(predictions)  # one per epoch of the current seed (run_squad clears it per seed)
         if sc.version_2:
             found = metrics.squad_v2_evaluate(data, predictions)
             return found, found["f1"]
@@ -151,6 +161,7 @@ def squad_evaluator(examples, features, rows, data, sc, tokenizer, device, dtype
         return found, found["f1"]
 
     evaluate.last_predictions = {}
+    evaluate.calls = []
     return evaluate
 
 
@@ -205,19 +216,26 @@ def run_conll(data_dir: Path, model_dir: Path, tokenizer, cfg: FinetuneConfig, o
         return found, found["f1"]
 
     results = {"dev": [], "test": []}
+    saved = TaskModels.for_run(cfg, out, model_dir, tokenizer)
     for seed in cfg.seeds:
         model = seeded(seed, lambda: TokenClassifier(load_encoder(model_dir, training.dropout), len(conll.LABELS),
                                                      training.dropout))
         run = finetune(model, train_rows, lambda m: score(m, "dev"), training, seed=seed, pad_id=tokenizer.pad_id,
                        log_dir=out / "logs", name="conll")
         results["dev"].append(run)
+        saved.keep("conll", seed, model, run, max_length=training.max_seq_length, labels=tuple(conll.LABELS))
         test_metrics, test_primary = score(model, "test")
         results["test"].append(type(run)(seed=seed, best_epoch=run.best_epoch, metrics=test_metrics,
                                          primary=test_primary, steps=run.steps))
     extra = {"benchmark": "conll", "scheme": scheme, "train_examples": len(train_rows),
-             "training": training_record(training)}
+             "training": training_record(training), **_saved(saved.publish("conll", "f1"))}  # selected on dev
     return [_summary("conll_dev", results["dev"], {**extra, "eval_examples": len(encoded["dev"])}),
             _summary("conll_test", results["test"], {**extra, "eval_examples": len(encoded["test"])})]
+
+
+def _saved(entry: dict | None) -> dict:
+    """The task result's ``saved_model`` (what ``TaskModels.publish`` says), when models are saved."""
+    return {} if entry is None else {"saved_model": entry}
 
 
 def check_data(benchmarks: list[str], glue_tasks: list[str], data_dir: Path, cfg: FinetuneConfig) -> None:

@@ -143,10 +143,9 @@ def finetune(model: torch.nn.Module, train_rows: list[dict], evaluate: Callable[
                     writer.add_scalar(f"dev/{key}", value, step)
         if primary > result.primary or not cfg.select_best_epoch:
             result.best_epoch, result.metrics, result.primary = epoch, metrics, primary
+            best_state = None  # dropped before the new copy is taken: one state dict held at most, never one per epoch
             if cfg.select_best_epoch and step < total_steps:
                 best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-            else:
-                best_state = None
         epoch += 1
     if best_state is not None:  # an earlier epoch won: hand back its weights
         model.load_state_dict(best_state)

@@ -104,3 +104,11 @@ def test_a_pytorch_model_bin_carrying_code_is_refused_without_running_it(tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {hf_dir / 'pytorch_model.bin'}: refused to load") and "\n" not in err
     assert not marker.exists()
+
+
+def test_an_object_store_output_is_refused_in_one_line_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(sst2_argv(tmp_path / "no-such-model", "s3://bucket/reports"))
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--output" in last and "object-store URI" in last

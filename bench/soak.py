@@ -1,12 +1,13 @@
 """Soak: a long tiny run must not grow in memory, open files, threads or disk beyond what it keeps.
 
-    python -m bench.soak [--steps 5000] [--every 50] [--epochs 300] [--work bench/work/soak]
+    python -m bench.soak [--steps 5000] [--every 50] [--epochs 1000] [--work bench/work/soak]
 
 1. Pretraining: the tiny preset (global batch 8) on a synthetic dataset in the real format (seq 128), ``--steps``
    optimizer steps with a checkpoint every ``--every`` steps (``checkpoint.keep_last: 2``), metrics every 10 steps
    and TensorBoard on, one rank started as users start one (``python pretrain/run.py``), its Hugging Face export at
    the end.
-2. Finetuning: that export finetuned on RTE (a 64-example slice of the real GLUE data) for ``--epochs`` epochs,
+2. Finetuning: that export finetuned on SST-2 (a 64-example slice of the real GLUE data; a task without a
+   per-task epoch count in the default config) for ``--epochs`` epochs,
    evaluated on dev after every epoch and the best epoch kept (``select_best_epoch``): as many evaluations.
 
 While each runs, its process tree is sampled every second: the summed resident memory, open file descriptors,
@@ -114,8 +115,8 @@ def growth(samples: list[dict], key: str, progress: list[float] | None = None) -
             "slope_per_1000": slope, "samples": len(values)}
 
 
-def last_step(metrics: Path) -> int:
-    """The step of the last complete record of a run's ``metrics.jsonl`` (0 before the first)."""
+def last_step(metrics: Path, key: str = "step") -> int:
+    """``key`` (the step, the epoch) of the last complete record of a JSONL log (0 before the first)."""
     try:
         with open(metrics, "rb") as handle:
             handle.seek(max(0, handle.seek(0, 2) - 4096))
@@ -124,7 +125,7 @@ def last_step(metrics: Path) -> int:
         return 0
     for line in reversed(lines):
         try:
-            return int(json.loads(line)["step"])
+            return int(json.loads(line)[key])
         except (ValueError, KeyError):
             continue  # the first, cut line of the tail, or one being written
     return 0
@@ -177,14 +178,26 @@ def soak_finetuning(work: Path, epochs: int, data: Path) -> dict:
     overrides = {"glue.training.epochs": epochs, "glue.training.max_train_examples": 64,
                  "glue.training.max_eval_examples": 64, "glue.training.batch_size": 32, "seeds": "[1]",
                  "glue.training.precision": "fp32"}
-    cmd = [sys.executable, "-m", "finetune", "glue", "--checkpoint", str(work / "pretrain"), "--tasks", "rte",
+    cmd = [sys.executable, "-m", "finetune", "glue", "--checkpoint", str(work / "pretrain"), "--tasks", "sst2",
            "--data", str(data), "--output", str(out),
            *[arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]]
-    status, samples, wall = watched(cmd, out, work / "finetune.log", timeout=3 * 3600)
-    epoch_at = list(np.linspace(0, epochs, len(samples)))  # the trainer logs no wall clock; epochs are even
+    log = out / "logs" / "sst2-seed1.jsonl"  # the trainer's record of every step and evaluation
+    status, samples, wall = watched(cmd, out, work / "finetune.log", timeout=3 * 3600,
+                                    progress=lambda: last_step(log, "epoch"))
+    report = json.loads((out / "report.json").read_text()) if status == 0 else {}
+    trained = [epochs_run(r) for r in report.get("results", [])]
+    if status == 0 and trained != [epochs]:
+        sys.exit(f"finetuning ran {trained} epochs, not {epochs}: see {out / 'report.json'}")
+    training = [s for s in samples if 0 < s["progress"] < epochs - 1]  # not start-up, nor the report at the end
     return {"exit_status": status, "epochs": epochs, "evaluations": epochs, "wall_s": round(wall, 1),
-            "growth_per_1000_epochs": {key: growth(samples, key, epoch_at) for key in KEYS},
+            "growth_per_1000_epochs": {key: growth(training, key, [s["progress"] for s in training]) for key in KEYS},
             "series": _thinned(samples)}
+
+
+def epochs_run(result: dict) -> int | None:
+    """How many epochs (each with its dev evaluation) a task's report entry says every seed trained."""
+    counts = {len(run.get("history", [])) for run in result.get("runs", [])}
+    return counts.pop() if len(counts) == 1 else None
 
 
 def _thinned(samples: list[dict], keep: int = 200) -> list[dict]:
@@ -198,21 +211,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--every", type=int, default=50, help="steps between checkpoints")
-    parser.add_argument("--epochs", type=int, default=300, help="finetuning epochs, one evaluation each")
+    parser.add_argument("--epochs", type=int, default=1000, help="finetuning epochs, one evaluation each")
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="holds glue/RTE")
     parser.add_argument("--work", type=Path, default=WORK / "soak")
+    parser.add_argument("--stages", default="pretraining,finetuning",
+                        help="finetuning alone reuses the pretraining run under --work and its recorded figures")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    for stale in ("pretrain", "finetune"):
-        shutil.rmtree(args.work / stale, ignore_errors=True)
+    stages = args.stages.split(",")
     machine = machine_info()
-    result = {"benchmark": "soak", "machine": machine,
-              "versions": versions(("torch", "deepspeed", "transformers", "numpy", "psutil"),
-                                   ("pretrain", "finetune", "models", "common", "bench/soak.py")),
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "pretraining": soak_pretraining(args.work, args.steps, args.every)}
-    result["finetuning"] = soak_finetuning(args.work, args.epochs, args.data)
     path = results_file(RESULTS, "soak", machine)
+    result = json.loads(path.read_text()) if "pretraining" not in stages and path.is_file() else {}
+    result.update({"benchmark": "soak", "machine": machine,
+                   "versions": versions(("torch", "deepspeed", "transformers", "numpy", "psutil"),
+                                        ("pretrain", "finetune", "models", "common", "bench/soak.py"))})
+    if "pretraining" in stages:
+        shutil.rmtree(args.work / "pretrain", ignore_errors=True)
+        result["pretraining"] = soak_pretraining(args.work, args.steps, args.every) | {
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if "finetuning" in stages:
+        shutil.rmtree(args.work / "finetune", ignore_errors=True)
+        result["finetuning"] = soak_finetuning(args.work, args.epochs, args.data) | {
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     write_json(path, result)
     for stage, per in (("pretraining", "growth_per_1000_steps"), ("finetuning", "growth_per_1000_epochs")):
         part = result[stage]

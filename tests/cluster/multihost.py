@@ -23,7 +23,7 @@ from tests.pretrain.conftest import sample_dataset  # noqa: F401  (re-exported f
 from tests.pretrain.launching import RUN, TINY, free_port, launch, losses, settings
 
 __all__ = ["RUN", "TINY", "losses"]
-STEPS = 24              # the tiny model: ~0.2 s a step on 2 cores, time to cut a link after a few of them
+STEPS = 24              # the tiny model: a few steps before a link is cut, and enough after it to compare runs
 CHECKPOINT_EVERY = 4
 
 

@@ -32,7 +32,7 @@ def pair_features(tokenizer, text_a: str, text_b: str | None, max_seq_length: in
     b = tokenizer.encode(text_b) if text_b is not None else []
     budget = max_seq_length - (3 if text_b is not None else 2)
     while len(a) + len(b) > budget:
-        (a if len(a) >= len(b) else b).pop()
+        (a if len(a) > len(b) else b).pop()  # a tie shortens b, as run_classifier.py and transformers do
     ids = [tokenizer.cls_id, *a, tokenizer.sep_id]
     types = [0] * len(ids)
     if text_b is not None:

@@ -5,8 +5,8 @@
 Our heads (``finetune.heads``) carry ``transformers``' parameter names, so the state dict is written as it is, less
 the pooler of the token and span heads (``transformers`` builds those encoders without one). The config is the
 checkpoint's own config.json with the task's class, labels (``id2label``/``label2id``) and ``problem_type``; the
-tokenizer files are written from the tokenizer finetuning used, with ``model_max_length`` the finetuning sequence
-length, so a pipeline that truncates cuts where our evaluation did.
+tokenizer files are written from the tokenizer finetuning used (``models.hf_tokenizer``: WordPiece or SentencePiece),
+with ``model_max_length`` the finetuning sequence length, so a pipeline that truncates cuts where our evaluation did.
 
 Which seed: by default the median seed by the task's main metric. For an even number of seeds it is the lower of
 the two middle runs (the conservative pick: a real run, never better than the middle), ties broken by the order of
@@ -31,12 +31,13 @@ from common.errors import CheckpointError
 from finetune.heads import SequenceClassifier, SpanExtractor, TokenClassifier
 from models import registry
 from models.hf_io import non_finite, read_json_object, write_export
+from models.hf_tokenizer import unwritable_reason
 
 log = logging.getLogger("finetune")
 
 MODELS_DIR = "models"  # under --output: models/<task>/
 _STAGING = ".staging"
-_TOKENIZER_CLASS = {"electra": "ElectraTokenizer"}  # every other family: BertTokenizer (a WordPiece vocab.txt)
+_TOKENIZER_CLASS = {"electra": "ElectraTokenizer"}  # of a WordPiece vocab.txt; every other family: BertTokenizer
 # Keys of the checkpoint's config.json that describe its pretraining heads or remote code, not the task model.
 _DROPPED_KEYS = ("architectures", "id2label", "label2id", "num_labels", "problem_type", "auto_map", "_name_or_path",
                  "finetuning_task", "transformers_version")
@@ -48,8 +49,8 @@ def _model_type(model: nn.Module) -> str:
 
 def task_class(model: nn.Module) -> str:
     """The ``transformers`` class of ``model``'s family and head, e.g. ``ElectraForTokenClassification`` (the
-    model_type in CamelCase: ``deberta_v2`` is ``DebertaV2``)."""
-    prefix = "".join(part.capitalize() for part in _model_type(model).split("_"))
+    model_type in CamelCase: ``deberta-v2`` is ``DebertaV2``)."""
+    prefix = "".join(part.capitalize() for part in _model_type(model).replace("-", "_").split("_"))
     suffix = {SequenceClassifier: "ForSequenceClassification", TokenClassifier: "ForTokenClassification",
               SpanExtractor: "ForQuestionAnswering"}[type(model)]
     return prefix + suffix
@@ -89,12 +90,14 @@ def median_seed(scores: dict[int, float]) -> int:
 
 
 def check_tokenizer(tokenizer, source_dir: Path) -> None:
-    """Refuse, before anything trains, a tokenizer we cannot write for ``transformers``: its files are written
-    from a WordPiece vocab.txt (BertTokenizer, ElectraTokenizer); a SentencePiece model's are not (yet)."""
-    if tokenizer.kind != "wordpiece":
-        raise CheckpointError(f"{source_dir}: save_models writes transformers' tokenizer files from a WordPiece "
-                              f"vocab.txt, and this checkpoint's tokenizer is {tokenizer.kind}; finetune without "
-                              "--save-models, or pretrain with a WordPiece vocabulary")
+    """Refuse, before anything trains, a tokenizer we cannot write for ``transformers``
+    (``models.hf_tokenizer.unwritable_reason``: a SentencePiece BPE model)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer.save(scratch)
+        reason = unwritable_reason(scratch)
+    if reason is not None:
+        raise CheckpointError(f"{source_dir}: save_models cannot write transformers' tokenizer files: {reason}; "
+                              "or finetune without --save-models")
 
 
 def save_task_model(model: nn.Module, directory: Path, *, source_dir: Path, tokenizer, max_length: int,

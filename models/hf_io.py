@@ -16,6 +16,7 @@ import torch
 
 from common import configlib
 from common.errors import CheckpointError, ConfigError, storage_failure
+from models.hf_tokenizer import write_tokenizer_files
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -165,7 +166,7 @@ def write_export(directory: str | Path, config: dict, state: dict[str, torch.Ten
                  note: str = "the model is untouched: export it again",
                  parts: dict[str, ExportPart] | None = None) -> None:
     """Every model family's Hugging Face directory is written here: ``config`` as config.json, ``state`` as
-    model.safetensors, and the tokenizer (as ``models.bert.hf.export`` describes); each of ``parts`` likewise (tokenizer included) in the
+    model.safetensors, and the tokenizer (ours in ``tokenizer/``, transformers' files beside it: ``models.hf_tokenizer``); each of ``parts`` likewise (tokenizer included) in the
     subdirectory its key names.
 
     A non-empty ``directory`` that is not an earlier export, and weights holding NaN or inf, are refused. Every
@@ -215,12 +216,5 @@ def _write_files(directory: Path, config: dict, state: dict[str, torch.Tensor], 
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(directory / "model.safetensors"),
               metadata={"format": "pt"})
     if tokenizer_dir is not None:
-        tokenizer_dir = Path(tokenizer_dir)
         shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
-        meta = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-        if (tokenizer_dir / "vocab.txt").is_file():
-            shutil.copyfile(tokenizer_dir / "vocab.txt", directory / "vocab.txt")
-            lower = bool(meta.get("lowercase", True))
-            (directory / "tokenizer_config.json").write_text(json.dumps(
-                {"tokenizer_class": tokenizer_class, "do_lower_case": lower, "strip_accents": None if lower else False,
-                 "model_max_length": max_length}, indent=2) + "\n")
+        write_tokenizer_files(tokenizer_dir, directory, max_length=max_length, tokenizer_class=tokenizer_class)

@@ -46,6 +46,20 @@ def bert_vocab(minilm_dir) -> pathlib.Path:
     return minilm_dir / "vocab.txt"
 
 
+@pytest.fixture(scope="session")
+def books_sentencepiece(shared_data, tmp_path_factory) -> pathlib.Path:
+    """A cased SentencePiece vocabulary of 4,000 pieces (``train_sentencepiece``'s defaults: unigram, byte
+    fallback) trained on the first 2,000 lines of four of the shared books: a saved tokenizer directory."""
+    from preprocess.vocab import train_sentencepiece
+
+    lines = []
+    for book in sorted(require(shared_data / "books", "the shared books").glob("*.txt"))[:4]:
+        lines += [line for line in book.read_text(errors="replace").splitlines() if line.strip()][:2000]
+    directory = tmp_path_factory.mktemp("books-sentencepiece")
+    train_sentencepiece(lines, 4000, str(directory))
+    return directory
+
+
 def pytest_configure(config):
     workers.share_the_cores(config)
     workers.open_locks(config)

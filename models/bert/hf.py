@@ -56,8 +56,8 @@ def export(model: BertForPreTraining, directory: str | Path, tokenizer_dir: str 
     """Write ``config.json`` and ``model.safetensors`` (NSP head kept) that ``transformers`` loads (``write_export``).
 
     With ``tokenizer_dir`` (a tokenizer saved by the preprocessing stage) the tokenizer goes along:
-    as ``tokenizer/`` in our format, and, for a WordPiece vocabulary, also as the ``vocab.txt`` and
-    ``tokenizer_config.json`` that ``transformers``' ``BertTokenizer`` reads.
+    as ``tokenizer/`` in our format, and as the files ``transformers``' ``AutoTokenizer`` reads
+    (``models.hf_tokenizer``: a WordPiece ``vocab.txt``, or a SentencePiece model's ``tokenizer.json``).
     """
     config = {**dataclasses.asdict(model.config), "model_type": "bert", "architectures": ["BertForPreTraining"],
               "position_embedding_type": "absolute", "tie_word_embeddings": True}

@@ -93,6 +93,37 @@ def conll_parity(saved: pathlib.Path, checkpoint: pathlib.Path, sentences: list,
     return mine, theirs, entities
 
 
+def conll_parity_by_tokens(saved: pathlib.Path, checkpoint: pathlib.Path, sentences: list, max_seq_length: int):
+    """``conll_parity`` for a SentencePiece tokenizer, whose sub-words the pipeline cannot tell: transformers knows
+    them only by a WordPiece or BPE prefix, and its fallback (a token not after a space) makes "▁" "," two words.
+    So the pipeline gives every token's label (``aggregation_strategy="none"``) and each word is read at its first
+    token, found by the tokenizer's ``word_ids()`` (docs/finetuning.md shows this). (our tags, the pipeline's,
+    the pipeline's labelled tokens per sentence)."""
+    import transformers
+
+    model, tokenizer = load(saved, "token")
+    pipe = transformers.pipeline("token-classification", model=model, tokenizer=tokenizer, device=CPU,
+                                 aggregation_strategy="none")
+    ours_tokenizer = pretrained.load_tokenizer_for(checkpoint)
+    head = ours(saved, checkpoint, lambda encoder: TokenClassifier(encoder, len(conll.LABELS)))
+    mine, theirs, labelled = [], [], []
+    for sentence in sentences:
+        words = list(sentence.words)
+        (found,) = pipe([words], is_split_into_words=True)
+        labelled.append(found)
+        by_token = {entity["index"]: entity["entity"] for entity in found}  # tokens labelled O are left out
+        word_ids = tokenizer(words, is_split_into_words=True, truncation=True).word_ids()
+        first = {word: index for index, word in reversed(list(enumerate(word_ids))) if word is not None}
+        theirs.append(conll.iob1_to_iob2([by_token.get(first[i], "O") if i in first else "O"
+                                          for i in range(len(words))]))
+        features = conll.encode_sentence(words, ours_tokenizer, max_seq_length)
+        (logits,) = predict(head, [features], 1, ours_tokenizer.pad_id, CPU, None)
+        tags = conll.words_from_token_predictions([conll.LABELS[i] for i in logits.argmax(-1)],
+                                                  features["word_starts"])
+        mine.append(conll.iob1_to_iob2(tags))
+    return mine, theirs, labelled
+
+
 def _tags_of(entities: list[dict], words: list[str]) -> list[str]:
     """IOB2 tags per word of the pipeline's entities (character spans in the words joined by spaces)."""
     starts = np.cumsum([0] + [len(w) + 1 for w in words[:-1]])

@@ -1,6 +1,7 @@
 """`python -m finetune suite --save-models`: each task's selected model as a transformers task-model directory,
 loaded by AutoModelFor… and AutoTokenizer, whose pipeline predictions equal our evaluator's and whose scores equal
-the report's, for every model family (tiny random BERT, ALBERT, ELECTRA briefly finetuned) and task family (GLUE
+the report's, for every model family (tiny random BERT, ALBERT, ELECTRA, DeBERTa-v3 briefly finetuned; WordPiece
+here, SentencePiece in test_task_models_sentencepiece.py) and task family (GLUE
 single sentence, pair and STS-B regression, CoNLL-2003, SQuAD), and for the real MiniLM checkpoint on SST-2.
 
 Everything runs in fp32: the report's scores are then our evaluator's on exactly the saved weights.
@@ -23,7 +24,7 @@ from tests.finetune.glue_sample import sst2_argv
 from tests.finetune.test_end_to_end import _squad_slice
 from tests.finetune.test_families import VOCAB
 
-FAMILIES = ("bert", "albert", "electra")
+FAMILIES = ("bert", "albert", "electra", "deberta")
 GLUE = ("sst2", "mrpc", "stsb")  # one sentence, a pair, regression
 EVAL = 40
 # Small slices of the real data; two seeds so that one is chosen (the lower middle of two).
@@ -85,12 +86,18 @@ def _tiny(family: str, directory: pathlib.Path, tokenizer_dir: pathlib.Path) -> 
 
         export_albert(AlbertForPreTraining(preset("albert_tiny", embedding_size=16, inner_group_num=2, **size)),
                       directory, tokenizer_dir)
-    else:
+    elif family == "electra":
         from models.electra.hf import export_discriminator
         from models.electra.model import ElectraConfig, ElectraDiscriminator
 
         export_discriminator(ElectraDiscriminator(ElectraConfig(embedding_size=16, num_hidden_layers=2, **size)),
                              directory, tokenizer_dir)
+    else:
+        from models.deberta_v2.hf import export_discriminator
+        from models.deberta_v2.model import DebertaV2Config, DebertaV2ForReplacedTokenDetection
+
+        config = DebertaV2Config(num_hidden_layers=2, position_buckets=8, max_relative_positions=32, **size)
+        export_discriminator(DebertaV2ForReplacedTokenDetection(config), directory, tokenizer_dir)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -118,7 +125,7 @@ def _directory(suite: dict, task: str) -> pathlib.Path:
 
 
 def test_each_task_is_saved_as_the_family_task_class(saved):
-    prefix = {"bert": "Bert", "albert": "Albert", "electra": "Electra"}[saved["family"]]
+    prefix = {"bert": "Bert", "albert": "Albert", "electra": "Electra", "deberta": "DebertaV2"}[saved["family"]]
     expected = {"sst2": "ForSequenceClassification", "mrpc": "ForSequenceClassification",
                 "stsb": "ForSequenceClassification", "squad": "ForQuestionAnswering", "conll": "ForTokenClassification"}
     models = saved["out"] / "models"
@@ -232,14 +239,18 @@ def test_a_diverged_model_is_not_saved_and_the_command_says_so_in_one_line(bert_
     assert not (out / "models" / "sst2").exists() and "not saved:" in (out / "report.md").read_text()
 
 
-def test_a_sentencepiece_tokenizer_is_refused_before_anything_trains(bert_tiny, tmp_path):
+def test_a_tokenizer_transformers_cannot_be_given_is_refused_before_anything_trains(bert_tiny, shared_data,
+                                                                                     tmp_path):
+    from common.tokenizer import load_tokenizer
     from finetune.task_models import check_tokenizer
+    from preprocess.vocab import train_sentencepiece
 
-    class SentencePiece:
-        kind = "sentencepiece"
-
-    with pytest.raises(CheckpointError, match="save_models writes transformers' tokenizer files from a WordPiece"):
-        check_tokenizer(SentencePiece(), bert_tiny)
+    lines = (shared_data / "books" / "austen-emma.txt").read_text().splitlines()
+    train_sentencepiece([line for line in lines if line.strip()][:2000], 1000, str(tmp_path / "bpe"),
+                        model_type="bpe")
+    with pytest.raises(CheckpointError, match="save_models cannot write transformers' tokenizer files: its "
+                                              "SentencePiece model is not unigram"):
+        check_tokenizer(load_tokenizer(str(tmp_path / "bpe")), bert_tiny)
 
 
 @pytest.fixture

@@ -17,6 +17,9 @@ gradient partition itself is fp32 (in place of the 16-bit one). With ``zero.offl
 states and the rank's fp32 gradient partition live in host memory (ZeRO-Offload), with ``zero.offload_param``
 (stage 3) the parameter partition too; they appear in the host column.
 
+A loss module's own trained parameters (``Family.loss_parameters``: SpanBERT's boundary head, TinyBERT's
+projections) are trained like the model's and counted with them.
+
 Weights a family holds outside DeepSpeed (``Family.frozen_weights``: a distillation run's teacher, on every rank in
 ``distillation.teacher_precision``, never trained nor partitioned) are each a line of their own, in the total but
 not in the paper's figure.
@@ -150,7 +153,8 @@ def _family_parameters(family, cfg, vocab_size: int | None) -> int:
     vocab = cfg.model.vocab_size or (-(-vocab_size // 8) * 8 if vocab_size else DEFAULT_VOCAB)
     with torch.device("meta"):
         model = family.new_model(vocab_size=vocab, pad_token_id=0)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trained + family.loss_parameters(getattr(model, "config", None))
 
 
 def estimate_for_run(cfg, world_size: int, vocab_size: int | None = None) -> MemoryEstimate:
@@ -163,7 +167,8 @@ def estimate_for_run(cfg, world_size: int, vocab_size: int | None = None) -> Mem
     cfg, _ = resolve_run(cfg, planning_hardware())
     family = families.for_config(cfg)
     if cfg.model.family == "bert" and not cfg.distillation.teacher:
-        parameters = count_parameters(planned_model_config(cfg.model, vocab_size))
+        config = planned_model_config(cfg.model, vocab_size)
+        parameters = count_parameters(config) + family.loss_parameters(config)  # SpanBERT's boundary head
     else:
         parameters = _family_parameters(family, cfg, vocab_size)
     return estimate(parameters, world_size=world_size, zero_stage=cfg.zero.stage, precision=cfg.train.precision,

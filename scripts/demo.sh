@@ -3,7 +3,8 @@
 # 1. train a SentencePiece vocabulary; 2. build BERT instances with 2 Beam worker processes;
 # 3. pretrain a tiny BERT on them with DeepSpeed (ZeRO 1; precision auto: bf16 where the CPU computes it natively,
 #    fp32 otherwise) on 2 CPU processes, and export it;
-# 4. finetune that checkpoint on the bundled GLUE-format sample (samples/glue) and write a report.
+# 4. finetune that checkpoint on the bundled GLUE-format sample (samples/glue), write a report and save each task's
+#    model as a Hugging Face directory; 5. classify two sentences with the saved SST-2 model through transformers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-demo-output}
@@ -24,7 +25,16 @@ DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 python3 -m torch.distributed.run --nproc_pe
   pretrain/run.py --config configs/pretrain/tiny.yaml --set data.path="$OUT/dataset" --set output_dir="$OUT/pretrain"
 # The report opens with what this is: a toy run on synthetic data, whose scores mean nothing beside the paper's.
 python3 -m finetune suite --checkpoint "$OUT/pretrain" --tasks sst2,rte --data samples \
-  --config configs/finetune/tiny.yaml --output "$OUT/finetune" \
+  --config configs/finetune/tiny.yaml --output "$OUT/finetune" --save-models \
   --note "Demo scale: a tiny BERT pretrained for a minute on the sample corpus and finetuned on samples/glue, a \
 synthetic GLUE-format sample generated from templates (samples/glue/make_sample.py), not GLUE. Its scores show that \
 every stage runs end to end; they are not comparable with the BERT paper's and say nothing about BERT."
+# The saved task model leaves the pipeline: transformers loads it as it is (its tokenizer too, built from the
+# SentencePiece vocabulary of step 1).
+python3 - "$OUT/finetune/models/sst2" <<'PY'
+import sys
+from transformers import pipeline
+classify = pipeline("text-classification", model=sys.argv[1])
+for text in ("the river cruise is the best thing we did all year", "the fishing cooperative's supper was not worth the ticket"):
+    print(f"transformers' pipeline on {sys.argv[1]}: {text!r} -> {classify(text, truncation=True)[0]}")
+PY

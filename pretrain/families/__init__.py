@@ -56,6 +56,11 @@ class Family:
         its parameters are trained and checkpointed (a teacher is kept outside them)."""
         raise NotImplementedError
 
+    def loss_parameters(self, model_config) -> int:
+        """Trainable parameters of ``loss_module`` beyond the model of ``model_config`` (a training head, a
+        projection), trained and held in ZeRO's states like the model's: counted by the memory plan."""
+        return 0
+
     def micro_batch_inputs(self, *, step: int, micro: int, rank: int) -> dict[str, Any]:
         """Inputs beyond the loader's for micro-batch ``micro`` of (0-based) optimizer step ``step`` on ``rank``:
         e.g. ELECTRA's sampling seed, a stable function of the run's seed and these, so a resumed run draws what

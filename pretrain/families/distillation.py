@@ -252,6 +252,12 @@ class DistillationFamily(BertFamily):
         return (flops_per_token(model.config, seq_len, masked_fraction=masked_fraction)
                 + flops_per_token(self.teacher_config, seq_len, masked_fraction=masked_fraction) / 3.0)
 
+    def loss_parameters(self, model_config) -> int:
+        """TinyBERT's W_h and W_e, each a student-width to teacher-width linear map."""
+        if not self.tinybert:
+            return 0
+        return 2 * (model_config.hidden_size + 1) * self.teacher_config.hidden_size
+
     def frozen_weights(self) -> tuple[tuple[str, int, int], ...]:
         """The teacher's weights, whole on every rank in ``teacher_dtype`` (counted from its config, on the meta
         device: the plan loads no weights)."""

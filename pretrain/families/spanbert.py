@@ -19,7 +19,7 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.hashing import stable_hash64
-from models.bert.span_boundary import flops_per_target
+from models.bert.span_boundary import SpanBoundaryHead, flops_per_target
 from pretrain.config import ModelConfig, ObjectiveConfig
 from pretrain.families.bert import BertFamily
 from pretrain.families.spanbert_loss import STAT_NAMES, SpanBoundaryLoss, summary
@@ -60,6 +60,11 @@ class SpanBertFamily(BertFamily):
     def loss_module(self, model: nn.Module) -> nn.Module:
         return SpanBoundaryLoss(model, self.sentence_objective, boundary_excluded=self.boundary_excluded(),
                                 seed=self.head_seed(), padding_free=self.padding_free)
+
+    def loss_parameters(self, model_config) -> int:
+        """The boundary head's (about 2 M at BERT-base), counted on the meta device."""
+        with torch.device("meta"):
+            return sum(p.numel() for p in SpanBoundaryHead(model_config).parameters())
 
     def summary(self, stats: torch.Tensor) -> dict[str, float]:
         return summary(stats, self.sentence_objective)

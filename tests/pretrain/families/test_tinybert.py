@@ -198,6 +198,19 @@ def test_the_tiny_preset_trains_and_exports_the_student_alone(one_rank, dataset,
     assert files(tmp_path / "exported") == files(run / "hf")
 
 
+def test_the_memory_plan_counts_the_projections_with_the_trained_parameters(dataset, teacher, tmp_path):
+    from pretrain.memory import estimate_for_run
+
+    cfg = tiny(dataset, teacher, tmp_path / "run")
+    family = for_config(cfg)
+    model = family.new_model(vocab_size=family.teacher_config.vocab_size, pad_token_id=0)
+    loss = family.loss_module(model)
+    trained = sum(p.numel() for p in loss.parameters() if p.requires_grad)
+    assert trained == sum(p.numel() for p in model.parameters()) + sum(
+        p.numel() for p in loss.projections.parameters())
+    assert estimate_for_run(cfg, 1).parameters == trained
+
+
 def test_the_shipped_tinybert_4_is_the_papers_student(tmp_path):
     recipe = config.load(CONFIGS / "tinybert_4.yaml")
     d = recipe.distillation

@@ -89,12 +89,9 @@ def sentencepiece_as_fast_tokenizer(model_bytes: bytes):
     vocab = [(piece.piece, never if piece.type in (kinds.CONTROL, kinds.UNUSED, kinds.UNKNOWN) else piece.score)
              for piece in proto.pieces]
     unk_id = next(i for i, piece in enumerate(proto.pieces) if piece.type == kinds.UNKNOWN)
-    byte_fallback = proto.trainer_spec.byte_fallback
-    if proto.trainer_spec.model_type == proto.trainer_spec.UNIGRAM:
-        model = models.Unigram(vocab, unk_id=unk_id, byte_fallback=byte_fallback)
-    else:
+    if proto.trainer_spec.model_type != proto.trainer_spec.UNIGRAM:
         raise ValueError("not a SentencePiece unigram model (unwritable_reason)")
-    fast = Tokenizer(model)
+    fast = Tokenizer(models.Unigram(vocab, unk_id=unk_id, byte_fallback=proto.trainer_spec.byte_fallback))
     spec = proto.normalizer_spec
     steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:

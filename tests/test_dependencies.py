@@ -26,7 +26,8 @@ PREPROCESS_ONLY = {"smart_open", "boto3", "botocore", "fsspec"}
 RUNS_CODE_OF = {"pretrain": ("models",), "finetune": ("pretrain", "models")}
 NOT_REACHED = {"finetune": {"mpi4py"}}
 # Declared without being imported by name: DeepSpeed's TensorBoard monitor, which the pretraining config turns on.
-LOADED_BY_A_DEPENDENCY = {"pretrain": {"tensorboard"}}
+# protobuf: sentencepiece.sentencepiece_model_pb2 (models/hf_tokenizer.py) imports it.
+LOADED_BY_A_DEPENDENCY = {"pretrain": {"tensorboard", "protobuf"}, "finetune": {"protobuf"}}
 
 
 def _normalise(name: str) -> str:

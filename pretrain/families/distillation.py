@@ -253,10 +253,12 @@ class DistillationFamily(BertFamily):
                 + flops_per_token(self.teacher_config, seq_len, masked_fraction=masked_fraction) / 3.0)
 
     def loss_parameters(self, model_config) -> int:
-        """TinyBERT's W_h and W_e, each a student-width to teacher-width linear map."""
-        if not self.tinybert:
+        """TinyBERT's W_h and W_e, each a student-width to teacher-width linear map (none where the widths agree:
+        ``tinybert_loss.Projections``)."""
+        student, teacher = model_config.hidden_size, self.teacher_config.hidden_size
+        if not self.tinybert or student == teacher:
             return 0
-        return 2 * (model_config.hidden_size + 1) * self.teacher_config.hidden_size
+        return 2 * (student + 1) * teacher
 
     def frozen_weights(self) -> tuple[tuple[str, int, int], ...]:
         """The teacher's weights, whole on every rank in ``teacher_dtype`` (counted from its config, on the meta

@@ -209,6 +209,11 @@ def test_the_memory_plan_counts_the_projections_with_the_trained_parameters(data
     assert trained == sum(p.numel() for p in model.parameters()) + sum(
         p.numel() for p in loss.projections.parameters())
     assert estimate_for_run(cfg, 1).parameters == trained
+    same_width = tiny(dataset, teacher, tmp_path / "run", **{"distillation.student_hidden_size": TEACHER.hidden_size,
+                                                              "distillation.student_intermediate_size": 128})
+    family = for_config(same_width)
+    model = family.new_model(vocab_size=family.teacher_config.vocab_size, pad_token_id=0)
+    assert estimate_for_run(same_width, 1).parameters == sum(p.numel() for p in model.parameters())  # W = identity
 
 
 def test_the_shipped_tinybert_4_is_the_papers_student(tmp_path):

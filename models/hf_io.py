@@ -166,8 +166,8 @@ def write_export(directory: str | Path, config: dict, state: dict[str, torch.Ten
                  note: str = "the model is untouched: export it again",
                  parts: dict[str, ExportPart] | None = None) -> None:
     """Every model family's Hugging Face directory is written here: ``config`` as config.json, ``state`` as
-    model.safetensors, and the tokenizer (ours in ``tokenizer/``, transformers' files beside it: ``models.hf_tokenizer``); each of ``parts`` likewise (tokenizer included) in the
-    subdirectory its key names.
+    model.safetensors, and the tokenizer (ours in ``tokenizer/``, transformers' files beside it:
+    ``models.hf_tokenizer``); each of ``parts`` likewise (tokenizer included) in the subdirectory its key names.
 
     A non-empty ``directory`` that is not an earlier export, and weights holding NaN or inf, are refused. Every
     file, the parts' too, is written into ``<directory>.partial`` and that is renamed to ``directory`` at the end, so

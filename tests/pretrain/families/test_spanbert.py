@@ -386,7 +386,8 @@ def test_a_checkpoint_from_before_the_switch_resumes_without_it():
 def test_the_memory_plan_counts_the_boundary_head_with_the_trained_parameters(synthetic_dataset):
     from pretrain.memory import estimate_for_run
 
-    cfg = config.load(TINY, [f"{k}={v}" for k, v in {**SPAN_RUN, "data.path": _span_dataset(synthetic_dataset)}.items()])
+    overrides = {**SPAN_RUN, "data.path": _span_dataset(synthetic_dataset)}
+    cfg = config.load(TINY, [f"{k}={v}" for k, v in overrides.items()])
     family = families.for_config(cfg)
     model = family.new_model(vocab_size=1024, pad_token_id=0)
     trained = sum(p.numel() for p in family.loss_module(model).parameters() if p.requires_grad)

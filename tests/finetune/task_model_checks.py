@@ -85,12 +85,16 @@ def conll_parity(saved: pathlib.Path, checkpoint: pathlib.Path, sentences: list,
         (found,) = pipe([words], is_split_into_words=True, offset_mapping=[offsets])
         entities.append(found)
         theirs.append(_tags_of(found, words))
-        features = conll.encode_sentence(words, ours_tokenizer, max_seq_length)
-        (logits,) = predict(head, [features], 1, ours_tokenizer.pad_id, CPU, None)
-        tags = conll.words_from_token_predictions([conll.LABELS[i] for i in logits.argmax(-1)],
-                                                  features["word_starts"])
-        mine.append(conll.iob1_to_iob2(tags))  # an I-X that starts an entity (conlleval's reading) written B-X
+        mine.append(_our_tags(head, ours_tokenizer, words, max_seq_length))
     return mine, theirs, entities
+
+
+def _our_tags(head, tokenizer, words: list[str], max_seq_length: int) -> list[str]:
+    """Our evaluator's IOB2 tags of one sentence: each word at its first sub-token."""
+    features = conll.encode_sentence(words, tokenizer, max_seq_length)
+    (logits,) = predict(head, [features], 1, tokenizer.pad_id, CPU, None)
+    tags = conll.words_from_token_predictions([conll.LABELS[i] for i in logits.argmax(-1)], features["word_starts"])
+    return conll.iob1_to_iob2(tags)  # an I-X that starts an entity (conlleval's reading) written B-X
 
 
 def conll_parity_by_tokens(saved: pathlib.Path, checkpoint: pathlib.Path, sentences: list, max_seq_length: int):
@@ -116,11 +120,7 @@ def conll_parity_by_tokens(saved: pathlib.Path, checkpoint: pathlib.Path, senten
         first = {word: index for index, word in reversed(list(enumerate(word_ids))) if word is not None}
         theirs.append(conll.iob1_to_iob2([by_token.get(first[i], "O") if i in first else "O"
                                           for i in range(len(words))]))
-        features = conll.encode_sentence(words, ours_tokenizer, max_seq_length)
-        (logits,) = predict(head, [features], 1, ours_tokenizer.pad_id, CPU, None)
-        tags = conll.words_from_token_predictions([conll.LABELS[i] for i in logits.argmax(-1)],
-                                                  features["word_starts"])
-        mine.append(conll.iob1_to_iob2(tags))
+        mine.append(_our_tags(head, ours_tokenizer, words, max_seq_length))
     return mine, theirs, labelled
 
 

@@ -178,17 +178,24 @@ def test_token_classification_pipeline_finds_our_entities_and_the_report_f1(save
 
 
 def test_question_answering_gives_our_answers_and_the_report_scores(saved, data_dir):
-    cfg = config.load(cli.DEFAULT_CONFIG, saved["settings"]).squad
+    check_question_answering(saved, data_dir)
+
+
+def check_question_answering(suite: dict, data_dir: pathlib.Path) -> dict[str, str]:
+    """The saved SQuAD model's answers through transformers equal ours within the official normalisation, and
+    score the report's EM and F1; our answers, returned."""
+    cfg = config.load(cli.DEFAULT_CONFIG, suite["settings"]).squad
     examples, raw = checks.squad_examples(data_dir / "squad" / "slice.json")
-    entry = saved["by_task"]["squad"]["saved_model"]
-    answers = checks.squad_answers(_directory(saved, "squad"), examples, max_seq_length=cfg.training.max_seq_length,
+    entry = suite["by_task"]["squad"]["saved_model"]
+    answers = checks.squad_answers(_directory(suite, "squad"), examples, max_seq_length=cfg.training.max_seq_length,
                                    n_best_size=cfg.n_best_size, max_answer_length=cfg.max_answer_length)
-    ours = json.loads((saved["out"] / f"squad-predictions-seed{entry['seed']}.json").read_text())
+    ours = json.loads((suite["out"] / f"squad-predictions-seed{entry['seed']}.json").read_text())
     assert {q: metrics.normalize_answer(a) for q, a in answers.items()} == {
         q: metrics.normalize_answer(a) for q, a in ours.items()}
     found = metrics.squad_evaluate(raw, answers)
-    expected = _run_of(saved["by_task"]["squad"])["metrics"]
+    expected = _run_of(suite["by_task"]["squad"])["metrics"]
     assert (found["exact_match"], found["f1"]) == pytest.approx((expected["exact_match"], expected["f1"]))
+    return ours
 
 
 def test_the_real_minilm_checkpoint_saved_on_sst2_classifies_as_our_evaluator(minilm, data_dir):

@@ -36,10 +36,7 @@ def unwritable_reason(tokenizer_dir: str | Path) -> str | None:
         return None
     if kind != "sentencepiece":
         return f"its tokenizer kind {kind!r} is unknown"
-    from sentencepiece import sentencepiece_model_pb2
-
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString((tokenizer_dir / SENTENCEPIECE_FILE).read_bytes())
+    proto = _model_proto((tokenizer_dir / SENTENCEPIECE_FILE).read_bytes())
     if proto.trainer_spec.model_type != proto.trainer_spec.UNIGRAM:
         return ("its SentencePiece model is not unigram (the vocabulary job's default), whose merges a "
                 "transformers tokenizer would need rebuilt: retrain the vocabulary as unigram")
@@ -80,8 +77,7 @@ def sentencepiece_as_fast_tokenizer(model_bytes: bytes):
     from sentencepiece import sentencepiece_model_pb2
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(model_bytes)
+    proto = _model_proto(model_bytes)
     kinds = sentencepiece_model_pb2.ModelProto.SentencePiece
     # SentencePiece never reads a control, unused or unknown piece from text ("[UNK]" in text is five characters);
     # a score far below any piece's keeps them out of the unigram lattice here too.
@@ -107,6 +103,15 @@ def sentencepiece_as_fast_tokenizer(model_bytes: bytes):
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     fast.encode_special_tokens = True
     return fast
+
+
+def _model_proto(model_bytes: bytes):
+    """The SentencePiece model's protocol buffer (its pieces, scores, trainer and normaliser settings)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model_bytes)
+    return proto
 
 
 __all__ = ["HF_TOKENIZER_FILE", "sentencepiece_as_fast_tokenizer", "unwritable_reason", "write_tokenizer_files"]

@@ -68,13 +68,7 @@ def glue_parity(saved: pathlib.Path, checkpoint: pathlib.Path, task: str, exampl
 def conll_parity(saved: pathlib.Path, checkpoint: pathlib.Path, sentences: list, max_seq_length: int):
     """(our IOB2 tags per sentence made well-formed, the tags the pipeline's entities give, the pipeline's entities
     per sentence). ``aggregation_strategy="first"`` on CoNLL's words, as our evaluation reads them."""
-    import transformers
-
-    model, tokenizer = load(saved, "token")
-    pipe = transformers.pipeline("token-classification", model=model, tokenizer=tokenizer, device=CPU,
-                                 aggregation_strategy="first")
-    ours_tokenizer = pretrained.load_tokenizer_for(checkpoint)
-    head = ours(saved, checkpoint, lambda encoder: TokenClassifier(encoder, len(conll.LABELS)))
+    pipe, tokenizer, ours_tokenizer, head = _token_models(saved, checkpoint, "first")
     mine, theirs, entities = [], [], []
     for sentence in sentences:
         words = list(sentence.words)
@@ -87,6 +81,18 @@ def conll_parity(saved: pathlib.Path, checkpoint: pathlib.Path, sentences: list,
         theirs.append(_tags_of(found, words))
         mine.append(_our_tags(head, ours_tokenizer, words, max_seq_length))
     return mine, theirs, entities
+
+
+def _token_models(saved: pathlib.Path, checkpoint: pathlib.Path, aggregation: str):
+    """(the saved token classifier's pipeline with ``aggregation_strategy=aggregation``, its tokenizer, our
+    tokenizer, our head holding the saved weights)."""
+    import transformers
+
+    model, tokenizer = load(saved, "token")
+    pipe = transformers.pipeline("token-classification", model=model, tokenizer=tokenizer, device=CPU,
+                                 aggregation_strategy=aggregation)
+    head = ours(saved, checkpoint, lambda encoder: TokenClassifier(encoder, len(conll.LABELS)))
+    return pipe, tokenizer, pretrained.load_tokenizer_for(checkpoint), head
 
 
 def _our_tags(head, tokenizer, words: list[str], max_seq_length: int) -> list[str]:
@@ -103,13 +109,7 @@ def conll_parity_by_tokens(saved: pathlib.Path, checkpoint: pathlib.Path, senten
     So the pipeline gives every token's label (``aggregation_strategy="none"``) and each word is read at its first
     token, found by the tokenizer's ``word_ids()`` (docs/finetuning.md shows this). (our tags, the pipeline's,
     the pipeline's labelled tokens per sentence)."""
-    import transformers
-
-    model, tokenizer = load(saved, "token")
-    pipe = transformers.pipeline("token-classification", model=model, tokenizer=tokenizer, device=CPU,
-                                 aggregation_strategy="none")
-    ours_tokenizer = pretrained.load_tokenizer_for(checkpoint)
-    head = ours(saved, checkpoint, lambda encoder: TokenClassifier(encoder, len(conll.LABELS)))
+    pipe, tokenizer, ours_tokenizer, head = _token_models(saved, checkpoint, "none")
     mine, theirs, labelled = [], [], []
     for sentence in sentences:
         words = list(sentence.words)

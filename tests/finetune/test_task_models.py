@@ -171,8 +171,13 @@ def test_token_classification_pipeline_finds_our_entities_and_the_report_f1(save
     mine, theirs, entities = checks.conll_parity(_directory(saved, "conll_dev"), saved["checkpoint"], sentences, 128)
     assert sum(len(found) for found in entities) >= 5  # spans to compare, not an all-O model
     assert theirs == mine
-    found = metrics.conll_evaluate([list(s.tags) for s in sentences], theirs, scheme="IOB2")
-    expected = _run_of(saved["by_task"]["conll_dev"])["metrics"]
+    check_conll_scores(saved, sentences, theirs)
+
+
+def check_conll_scores(suite: dict, sentences: list, tags: list[list[str]]) -> None:
+    """conlleval's precision, recall and F1 of the pipeline's ``tags`` are the report's CoNLL dev scores."""
+    found = metrics.conll_evaluate([list(s.tags) for s in sentences], tags, scheme="IOB2")
+    expected = _run_of(suite["by_task"]["conll_dev"])["metrics"]
     assert (found["precision"], found["recall"], found["f1"]) == pytest.approx(
         (expected["precision"], expected["recall"], expected["f1"]))
 

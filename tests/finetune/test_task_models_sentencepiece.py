@@ -11,7 +11,7 @@ import pathlib
 import pytest
 import torch
 
-from finetune import conll, glue, metrics
+from finetune import conll, glue
 from tests.finetune import task_model_checks as checks
 from tests.finetune.test_task_models import (  # noqa: F401 (data_dir: a fixture)
     EVAL,
@@ -19,6 +19,7 @@ from tests.finetune.test_task_models import (  # noqa: F401 (data_dir: a fixture
     _directory,
     _run_of,
     _suite,
+    check_conll_scores,
     check_question_answering,
     data_dir,
 )
@@ -84,10 +85,7 @@ def test_token_classification_pipeline_labels_each_word_as_our_evaluator(saved, 
                                                            sentences, 128)
     assert sum(tag != "O" for tags in mine for tag in tags) >= 5  # labels to compare, not an all-O model
     assert theirs == mine
-    found = metrics.conll_evaluate([list(s.tags) for s in sentences], theirs, scheme="IOB2")
-    expected = _run_of(saved["by_task"]["conll_dev"])["metrics"]
-    assert (found["precision"], found["recall"], found["f1"]) == pytest.approx(
-        (expected["precision"], expected["recall"], expected["f1"]))
+    check_conll_scores(saved, sentences, theirs)
 
 
 def test_question_answering_gives_our_answers_and_the_report_scores(saved, data_dir):

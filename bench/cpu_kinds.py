@@ -1,12 +1,14 @@
 """What a user can expect on this kind of CPU: bf16 against fp32 matrix products, the precision ``auto`` picks, and
 the wall time of the README's two commands from a fresh clone.
 
-    python -m bench.cpu_kinds [--emulate-avx2] [--demo] [--suite] [--results DIR]
+    python -m bench.cpu_kinds [--emulate-avx2] [--demo] [--suite] [--new-venv] [--results DIR]
 
 ``--emulate-avx2`` runs everything with ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` exported, which
 makes torch on any x86-64 CPU behave as on one with AVX2 only (no AVX-512, no native bf16); the GEMM rates show
 whether the emulation took. ``--demo`` times ``bash scripts/demo.sh`` in a fresh clone of HEAD; ``--suite`` times
 ``CI=true bash scripts/test.sh`` (what ``.ci/run`` runs) in another, and keeps its 40 slowest tests.
+``--new-venv`` runs each in a new, empty virtual environment (its ``python3`` first on the PATH), as on a new
+machine, instead of this interpreter's environment; the demo's own summary line gives its time after the install.
 Results go to ``bench/results/cpu-kinds-<kind>-<machine>.json`` (kind: ``bf16`` where the CPU computes bf16
 natively, ``avx512`` or ``avx2`` otherwise), one entry per mode (native or AVX2-emulated), kept across runs.
 """
@@ -58,6 +60,14 @@ def environment(emulate: bool) -> dict:
     return env | EMULATION if emulate else env
 
 
+def in_new_venv(env: dict, work: Path) -> dict:
+    """``env`` with a new, empty virtual environment's ``python3`` first on the PATH (what a new machine has)."""
+    venv = work / "venv"
+    processes.run([sys.executable, "-m", "venv", str(venv)], timeout=300, check=True)
+    clean = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    return clean | {"PATH": f"{venv / 'bin'}:{env.get('PATH', '')}", "VIRTUAL_ENV": str(venv)}
+
+
 def gemm(emulate: bool) -> dict:
     """Single-thread GEMM rates in fp32 and bf16, and the precision ``auto`` picks, in a fresh process (torch and
     oneDNN read the emulation variables at start-up)."""
@@ -102,23 +112,25 @@ def timed(argv: list[str], cwd: Path, env: dict, timeout: float, log: Path) -> d
     return {"wall_s": round(time.perf_counter() - began, 1), "status": status, "log_tail": log.read_text()[-1500:]}
 
 
-def demo(emulate: bool, work: Path) -> dict:
+def demo(emulate: bool, work: Path, new_venv: bool) -> dict:
     clone = fresh_clone(work)
-    found = timed(["bash", "scripts/demo.sh", str(work / "demo-output")], clone, environment(emulate),
-                  DEMO_TIMEOUT, work / "demo.log")
+    env = in_new_venv(environment(emulate), work) if new_venv else environment(emulate)
+    found = timed(["bash", "scripts/demo.sh", str(work / "demo-output")], clone, env, DEMO_TIMEOUT, work / "demo.log")
     log = (work / "demo.log").read_text()
     chosen = re.findall(r"train\.precision: (\w+) \(auto", log)
-    return found | {"precision_chosen": chosen[0] if chosen else None}
+    after = re.findall(r"^demo: done in (\d+) s, (\d+) s of it after the install", log, flags=re.M)
+    return found | {"precision_chosen": chosen[0] if chosen else None, "new_venv": new_venv,
+                    "after_install_s": int(after[-1][1]) if after else None}
 
 
-def suite(emulate: bool, work: Path) -> dict:
+def suite(emulate: bool, work: Path, new_venv: bool) -> dict:
     clone = fresh_clone(work)
-    env = environment(emulate) | {"CI": "true"}
+    env = (in_new_venv(environment(emulate), work) if new_venv else environment(emulate)) | {"CI": "true"}
     found = timed(["bash", "scripts/test.sh"], clone, env, SUITE_TIMEOUT, work / "suite.log")  # it prints the slowest
     log = (work / "suite.log").read_text()
     final = [line for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     slowest = re.findall(r"^(\d+\.\d+)s (call|setup|teardown)\s+(\S+)$", log, flags=re.M)
-    return found | {"summary": final[-1].strip("= ") if final else None,
+    return found | {"summary": final[-1].strip("= ") if final else None, "new_venv": new_venv,
                     "slowest": [{"seconds": float(s), "phase": phase, "test": test} for s, phase, test in slowest]}
 
 
@@ -133,6 +145,7 @@ def main(argv=None) -> int:
     parser.add_argument("--emulate-avx2", action="store_true", help="export the AVX2 emulation variables")
     parser.add_argument("--demo", action="store_true", help="time scripts/demo.sh in a fresh clone")
     parser.add_argument("--suite", action="store_true", help="time CI's test command in a fresh clone")
+    parser.add_argument("--new-venv", action="store_true", help="run them in a new, empty virtual environment")
     parser.add_argument("--results", type=Path, default=record.RESULTS)
     args = parser.parse_args(argv)
     mode = "avx2_emulated" if args.emulate_avx2 else "native"
@@ -146,10 +159,11 @@ def main(argv=None) -> int:
         if getattr(args, wanted):
             work = Path(tempfile.mkdtemp(prefix=f"cpu-kinds-{wanted}-"))
             try:
-                entry[wanted] = {"measured_at": record.utc_now(), **run(args.emulate_avx2, work)}
+                entry[wanted] = {"measured_at": record.utc_now(), **run(args.emulate_avx2, work, args.new_venv)}
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-                reinstall_here()
+                if not args.new_venv:
+                    reinstall_here()
             print(f"{wanted}: {entry[wanted]['wall_s']} s, status {entry[wanted]['status']}")
     path = record.results_file(args.results, f"cpu-kinds-{cpu_kind(entry['cpu_flags'])}", machine)
     recorded = json.loads(path.read_text()) if path.exists() else {}

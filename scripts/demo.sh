@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-demo-output}
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[preprocess,pretrain,finetune]"
+INSTALLED=$SECONDS
 python3 -m preprocess tokenizer train --input samples/wikipedia samples/books \
   --vocab-size 2000 --lowercase --output "$OUT/tokenizer"
 python3 -m preprocess run --config configs/preprocess/tiny.yaml \
@@ -38,3 +39,4 @@ classify = pipeline("text-classification", model=sys.argv[1])
 for text in ("the river cruise is the best thing we did all year", "the fishing cooperative's supper was not worth the ticket"):
     print(f"transformers' pipeline on {sys.argv[1]}: {text!r} -> {classify(text, truncation=True)[0]}")
 PY
+echo "demo: done in ${SECONDS} s, $((SECONDS - INSTALLED)) s of it after the install; outputs in $OUT/"

@@ -1,4 +1,6 @@
-"""Shared pytest setup: the repository root's packages import without installing them."""
+"""Shared pytest setup: the repository root's packages import without installing them; ``pytest.approx`` for
+numbers only."""
+import functools
 import os
 import pathlib
 import sys
@@ -10,6 +12,28 @@ if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
 from tests import workers  # noqa: E402 (after the path it is found on)
+
+
+def _numbers_only(approx):
+    """``pytest.approx`` that refuses a tensor: pytest 9.2 stopped taking a 0-d tensor that earlier releases took,
+    so a tensor there made the suite's result depend on the installed pytest. Numbers, and lists, tuples and
+    dicts of them, pass as before."""
+
+    def is_tensor(value) -> bool:
+        return type(value).__module__.split(".")[0] == "torch"
+
+    @functools.wraps(approx)
+    def checked(expected, *args, **kwargs):
+        values = expected.values() if isinstance(expected, dict) else (
+            expected if isinstance(expected, (list, tuple)) else [expected])
+        if any(is_tensor(v) for v in values):
+            raise TypeError("pytest.approx compares numbers: pass float(tensor) or tensor.tolist(), not a tensor")
+        return approx(expected, *args, **kwargs)
+
+    return checked
+
+
+pytest.approx = _numbers_only(pytest.approx)
 
 
 def require(path: pathlib.Path, what: str) -> pathlib.Path:

@@ -11,21 +11,24 @@ the interpreter running the tests, so each stage is checked on its own.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from common import processes
+from finetune import glue
 from tests.conftest import require
 from tests.pyproject_toml import REPO, read_pyproject
+from tests.venvs import cache_root, environment, run, torch_requirement
 
 SAMPLES = REPO / "samples"
 EXTRAS = ("cluster", "preprocess", "pretrain", "finetune")
@@ -34,42 +37,6 @@ INSTALL_TIMEOUT_S = 1200
 RUN_TIMEOUT_S = 600
 
 pytestmark = pytest.mark.slow
-
-
-def torch_requirement() -> str:
-    """The torch build scripts/test.sh installs first (a local CPU wheel here), so both stay in step."""
-    found = re.search(r'"(torch==[^"]+)"', (REPO / "scripts" / "test.sh").read_text())
-    assert found, "scripts/test.sh no longer installs a pinned torch (\"torch==X\"); update tests/test_extras.py"
-    return found.group(1)
-
-
-def _environment(**extra: str) -> dict[str, str]:
-    """This process's environment without anything that would put another installation on the path."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
-    return env
-
-
-def _run(command: list, what: str, timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    result = processes.run([str(c) for c in command], capture_output=True, text=True, timeout=timeout,
-                           check=False, **kwargs)
-    if result.returncode != 0:
-        pytest.fail(f"{what} failed (exit {result.returncode}):\n$ {' '.join(map(str, command))}\n"
-                    f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}", pytrace=False)
-    return result
-
-
-def cache_root() -> pathlib.Path:
-    """This checkout's environments (an editable install points at one checkout)."""
-    base = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "bert-pipeline" / "extras"
-    root = base / hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "checkout").write_text(str(REPO))
-    for other in base.iterdir():  # a checkout that is gone (a CI clone) leaves its environments behind
-        checkout = other / "checkout"
-        if other != root and checkout.is_file() and not pathlib.Path(checkout.read_text(), "pyproject.toml").is_file():
-            shutil.rmtree(other, ignore_errors=True)
-    return root
 
 
 def install_key(extra: str, torch: str) -> str:
@@ -91,14 +58,14 @@ def build_venv(extra: str, root: pathlib.Path) -> pathlib.Path:
             return venv
         for stale in root.glob(f"{extra}-*"):  # half-built, or built for earlier dependencies
             shutil.rmtree(stale)
-        env = _environment()
+        env = environment()
         python = venv / "bin" / "python"
-        _run([sys.executable, "-m", "venv", venv], f"creating the [{extra}] environment", 300, env=env)
+        run([sys.executable, "-m", "venv", venv], f"creating the [{extra}] environment", 300, env=env)
         pip = [python, "-m", "pip", "install", "--quiet"]
         if torch:
-            _run([*pip, torch], f"installing {torch} into the [{extra}] environment", INSTALL_TIMEOUT_S, env=env)
-        _run([*pip, "-e", f"{REPO}[{extra}]"], f"pip install -e '.[{extra}]'", INSTALL_TIMEOUT_S, env=env)
-        frozen = _run([python, "-m", "pip", "freeze"], "pip freeze", 300, env=env).stdout
+            run([*pip, torch], f"installing {torch} into the [{extra}] environment", INSTALL_TIMEOUT_S, env=env)
+        run([*pip, "-e", f"{REPO}[{extra}]"], f"pip install -e '.[{extra}]'", INSTALL_TIMEOUT_S, env=env)
+        frozen = run([python, "-m", "pip", "freeze"], "pip freeze", 300, env=env).stdout
         (venv / "COMPLETE").write_text(frozen)
     return venv
 
@@ -115,8 +82,8 @@ def venvs():
 def run_in(venv: pathlib.Path, args: list, cwd: pathlib.Path, what: str) -> subprocess.CompletedProcess:
     """``python ARGS`` in the environment, from ``cwd``. DeepSpeed's ops built on the fly stay with the
     environment (they are compiled against its torch), away from the development install's cache."""
-    env = _environment(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(venv / "torch_extensions"))
-    return _run([venv / "bin" / "python", *args], what, RUN_TIMEOUT_S, cwd=cwd, env=env)
+    env = environment(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(venv / "torch_extensions"))
+    return run([venv / "bin" / "python", *args], what, RUN_TIMEOUT_S, cwd=cwd, env=env)
 
 
 def installed(venv: pathlib.Path, modules: tuple[str, ...], cwd: pathlib.Path) -> list[str]:
@@ -125,7 +92,7 @@ def installed(venv: pathlib.Path, modules: tuple[str, ...], cwd: pathlib.Path) -
 
 
 def _main_interpreter(args: list, cwd: pathlib.Path, what: str) -> None:
-    _run([sys.executable, *args], what, RUN_TIMEOUT_S, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
+    run([sys.executable, *args], what, RUN_TIMEOUT_S, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 @pytest.fixture(scope="module")
@@ -185,17 +152,88 @@ def test_cluster_extra_renders_every_stage_without_torch_or_beam(venvs, shared_d
         assert script.stdout.startswith("#!") and f"-m {stage}" in script.stdout
 
 
-def test_preprocess_extra_trains_a_tokenizer_and_builds_a_dataset(venvs, tmp_path):
-    venv = venvs("preprocess")
-    assert installed(venv, ("torch", "deepspeed", "apache_beam"), tmp_path) == ["apache_beam"]
-    run_in(venv, ["-m", "preprocess", "tokenizer", "train", "--input", SAMPLES / "wikipedia", SAMPLES / "books",
-                  "--vocab-size", "2000", "--lowercase", "--output", "tokenizer"], tmp_path, "tokenizer train")
-    run_in(venv, ["-m", "preprocess", "run", "--config", REPO / "configs/preprocess/tiny.yaml", "--wikipedia",
-                  SAMPLES / "wikipedia", "--books", SAMPLES / "books", "--tokenizer", "tokenizer", "--output",
-                  "dataset"], tmp_path, "python -m preprocess run")
-    manifest = json.loads((tmp_path / "dataset" / "manifest.json").read_text())
-    assert manifest["rows"] > 0 and len(manifest["shards"]) == 2
-    run_in(venv, ["-m", "preprocess", "verify", "dataset"], tmp_path, "python -m preprocess verify")
+# The README's four-stage block on the samples: what its placeholders become here. Each one must occur in the block
+# (a stale entry fails), and any other command either runs as written or is marked "# needs: ...".
+ON_THE_SAMPLES = {
+    "enwiki-latest-pages-articles.xml.bz2": str(SAMPLES / "wikipedia" / "samplewiki-pages-articles.xml.bz2"),
+    "books/": str(SAMPLES / "books"),
+}
+# Option values sized for the full corpus: the samples' 37,000 words cannot make 30,522 SentencePiece pieces.
+SAMPLE_SIZED = {("--vocab-size", "30522"): "2000"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadmeCommand:
+    stage: str            # the extra of the install line above it
+    words: tuple          # as the shell splits it
+    needs: str | None     # what it needs that the tests cannot have (its "# needs:" comment), else None
+
+
+def readme_commands() -> list[ReadmeCommand]:
+    """The commands of the README's "four stages" block, continuation lines joined, in order."""
+    section = (REPO / "README.md").read_text().split("## The four stages", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    commands, stage = [], None
+    for line in block.replace("\\\n", " ").splitlines():
+        words = tuple(shlex.split(line, comments=True))
+        if not words:
+            continue
+        install = re.fullmatch(r"\.\[(\w+)\]", words[-1]) if words[:2] == ("pip", "install") else None
+        if install:
+            stage = install.group(1)
+            assert words == ("pip", "install", "-e", f".[{stage}]") and stage in EXTRAS, line
+            continue
+        assert stage is not None, f"README: {line!r} comes before any stage's install line"
+        needs = re.search(r"#\s*needs:\s*(\S.*)$", line)
+        commands.append(ReadmeCommand(stage, words, needs.group(1).strip() if needs else None))
+    return commands
+
+
+def on_the_samples(words: tuple, used: set) -> list[str]:
+    out = []
+    for index, word in enumerate(words):
+        key = (words[index - 1], word) if index else None
+        if key in SAMPLE_SIZED:
+            used.add(key)
+            word = SAMPLE_SIZED[key]
+        elif word in ON_THE_SAMPLES:
+            used.add(word)
+            word = ON_THE_SAMPLES[word]
+        out.append(word)
+    return out
+
+
+def test_every_command_of_the_readmes_four_stages_runs_here_or_says_what_it_needs():
+    commands = readme_commands()
+    used = set()
+    for command in commands:
+        on_the_samples(command.words, used)
+        if command.needs is None:
+            assert command.words[:2] == ("python", "-m") and command.words[2] == command.stage, \
+                f"README: {' '.join(command.words)} runs here only as python -m {command.stage}; or mark it " \
+                "with '# needs: ...'"
+    assert used == set(ON_THE_SAMPLES) | set(SAMPLE_SIZED), "tests/test_extras.py: a sample stand-in the README " \
+                                                           f"no longer uses: {set(ON_THE_SAMPLES) | set(SAMPLE_SIZED) - used}"
+    assert {c.stage for c in commands} == set(EXTRAS)
+
+
+@pytest.mark.parametrize("stage", sorted({c.stage for c in readme_commands() if c.needs is None}))
+def test_the_readmes_commands_run_on_the_samples_with_their_stage_install_alone(stage, venvs, tmp_path):
+    """From the repository root as the README says (its configs/ here), in the stage's environment alone."""
+    venv = venvs(stage)
+    if stage not in TORCH_EXTRAS:
+        assert "torch" not in installed(venv, ("torch", "deepspeed"), tmp_path)
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    outputs = []
+    for command in (c for c in readme_commands() if c.stage == stage and c.needs is None):
+        result = run_in(venv, on_the_samples(command.words, set())[1:], tmp_path, " ".join(command.words))
+        outputs.append(result.stdout + result.stderr)
+    if stage == "preprocess":
+        manifest = json.loads((tmp_path / "data" / "phase1_seq128" / "manifest.json").read_text())
+        assert manifest["rows"] > 1000 and manifest["parameters"]["instances"]["max_seq_length"] == 128
+        assert "verified" in outputs[-1].lower()
+    if stage == "cluster":
+        assert "#SBATCH" in outputs[-1] and "dry run: nothing submitted" in outputs[-1]
 
 
 def test_pretrain_extra_trains_a_few_steps_and_exports(venvs, sample_dataset, tmp_path):
@@ -212,12 +250,28 @@ def test_pretrain_extra_trains_a_few_steps_and_exports(venvs, sample_dataset, tm
     assert list((tmp_path / "run" / "monitor").rglob("events.out.tfevents.*"))  # DeepSpeed's TensorBoard monitor
 
 
-def test_finetune_extra_finetunes_a_checkpoint_on_the_glue_sample(venvs, tiny_checkpoint, tmp_path):
+# The demo's last step: a saved task model through transformers' pipeline, with nothing but [finetune] installed.
+CLASSIFY = """
+import json, sys
+from transformers import pipeline
+classify = pipeline("text-classification", model=sys.argv[1])
+print(json.dumps([classify(text, truncation=True)[0] for text in sys.argv[2:]]))
+"""
+
+
+def test_finetune_extra_finetunes_a_checkpoint_on_the_glue_sample_and_its_task_model_runs_in_transformers(
+        venvs, tiny_checkpoint, tmp_path):
     venv = venvs("finetune")
-    assert installed(venv, ("apache_beam", "torch", "deepspeed"), tmp_path) == ["torch", "deepspeed"]
+    assert installed(venv, ("apache_beam", "torch", "deepspeed", "transformers"), tmp_path) == [
+        "torch", "deepspeed", "transformers"]
     run_in(venv, ["-m", "finetune", "glue", "--checkpoint", tiny_checkpoint, "--tasks", "sst2", "--data", SAMPLES,
                   "--config", REPO / "configs/finetune/tiny.yaml", "--output", "out", "--set", "seeds=[1]",
-                  "--set", "glue.training.epochs=1"], tmp_path, "python -m finetune glue")
+                  "--set", "glue.training.epochs=1", "--save-models"], tmp_path, "python -m finetune glue")
     results = json.loads((tmp_path / "out" / "report.json").read_text())["results"]
     assert [(r["task"], r["seeds"], r["runs"][0]["steps"]) for r in results] == [("sst2", [1], 14)]  # 224 rows / 16
     assert list((tmp_path / "out" / "logs" / "tensorboard").rglob("events.out.tfevents.*"))
+    texts = ["the river cruise is the best thing we did all year", "the supper was not worth the ticket"]
+    predictions = json.loads(run_in(venv, ["-c", CLASSIFY, tmp_path / "out" / "models" / "sst2", *texts], tmp_path,
+                                    "transformers.pipeline on the saved SST-2 model").stdout.splitlines()[-1])
+    assert len(predictions) == 2
+    assert all(p["label"] in glue.TASKS["sst2"].labels and 0.5 <= p["score"] <= 1 for p in predictions), predictions

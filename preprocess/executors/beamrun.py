@@ -12,10 +12,9 @@ import tempfile
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from common.errors import InputError
 from preprocess import handoff
 from preprocess.executors import daskfaults
-from preprocess.executors.beamargs import option
+from preprocess.executors.beamargs import direct_workers, is_direct_runner, option
 
 FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.fn_runner.FnApiRunner"
 DASK_PARTITIONS_PER_THREAD = 4  # bag partitions per Dask worker thread, unless --dask_npartitions/_partition_size
@@ -46,9 +45,8 @@ def beam_options(beam_args: list[str], verbose: bool = False) -> PipelineOptions
     for i, arg in enumerate(args):
         if arg.startswith("--runner"):
             runner = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
-    if "multi_threading" in args or "--direct_running_mode=multi_threading" in args:
-        raise InputError("--direct_running_mode multi_threading is not supported: Beam's multi-threaded "
-                         "FnApiRunner was seen to drop elements of large groups; use multi_processing")
+    if is_direct_runner(args):
+        direct_workers(args)  # refuses what the DirectRunner cannot run here, before anything is read
     if runner is not None and runner.endswith("DaskRunner") and not any(
             a.split("=", 1)[0] in ("--dask_npartitions", "--dask_partition_size") for a in args):
         # Beam's DaskRunner puts up to 128 elements of a Create in one bag partition, and a partition is one task:

@@ -66,8 +66,10 @@ def check_request(cfg: PreprocessConfig, step: str | None, part: int | None, bea
         raise InputError("max_memory chooses the parts of a whole run; --part/--step runs need a fixed --parts N "
                          "(a run with --max-memory and without --part says which N it would choose)")
     if beamargs.local_pool_size(beam_args):
-        raise InputError("--part/--step run one part in this process (or on --runner); for all cores of one machine "
-                         "drop --part/--step and use --direct_num_workers N --direct_running_mode multi_processing")
+        raise InputError("--part/--step run one part in this process (or on --runner), not in a pool of worker "
+                         "processes (--direct_running_mode multi_processing): drop that option, or for all cores of "
+                         "one machine drop --part/--step and use --direct_num_workers N --direct_running_mode "
+                         "multi_processing")
     if overwrite:
         raise InputError("--overwrite cannot be combined with --part/--step (the parts run as separate jobs): "
                          "remove the old dataset first, then submit the parts")

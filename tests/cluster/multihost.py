@@ -159,16 +159,9 @@ def run_on_hosts(hosts: Hosts, commands: dict[str, list[str]], *, timeout: float
 
 def ranks_on(hosts: Hosts, host: str) -> list:
     """The pretraining ranks running on ``host`` (psutil processes: ``run.py`` started with ``--local_rank``)."""
-    import psutil
+    from tests.live_processes import alive, with_words
 
-    found = []
-    for pid in hosts.pids(host):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process = psutil.Process(pid)
-            line = " ".join(process.cmdline())
-            if "run.py" in line and "--local_rank" in line:
-                found.append(process)
-    return found
+    return with_words(alive(hosts.pids(host)), "run.py", "--local_rank")
 
 
 def wait_for_step(out: pathlib.Path, step: int, launcher: subprocess.Popen, log: pathlib.Path,

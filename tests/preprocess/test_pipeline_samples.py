@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pytest
 
 from common.tokenizer import load_tokenizer
-from tests.preprocess.conftest import SAMPLES, read_manifest, run_cli
+from tests.preprocess.conftest import SAMPLES, read_manifest, run_cli, shard_hashes
 
 
 def test_train_tokenizer_then_build_dataset_from_the_samples(tmp_path):
@@ -44,3 +45,30 @@ def test_train_tokenizer_then_build_dataset_from_the_samples(tmp_path):
                 assert pos - 1 in masked, "a word is masked entirely or not at all"
                 checked += 1
     assert checked > 100
+
+
+@pytest.fixture(scope="module")
+def sample_tokenizer(tmp_path_factory):
+    out = tmp_path_factory.mktemp("samples") / "tokenizer"
+    run_cli("tokenizer", "train", "--input", SAMPLES / "wikipedia", SAMPLES / "books", "--vocab-size", "2000",
+            "--lowercase", "--output", out)
+    return out
+
+
+def test_the_demos_flags_give_the_same_shards_for_any_worker_count_and_mode(sample_tokenizer, tmp_path):
+    """``--direct_num_workers 1 --direct_running_mode multi_processing`` once ended in a traceback (a handoff lot
+    not open in Beam's worker process); every count in either mode now builds the in-memory run's shards, and
+    what cannot run is refused in one line before anything is read."""
+    common = ["run", "--config", "configs/preprocess/tiny.yaml", "--wikipedia", SAMPLES / "wikipedia", "--books",
+              SAMPLES / "books", "--tokenizer", sample_tokenizer]
+    run_cli(*common, "--output", tmp_path / "in-memory")
+    reference = shard_hashes(tmp_path / "in-memory")
+    for workers, mode in (("1", "multi_processing"), ("2", "multi_processing"), ("2", "in_memory")):
+        out = tmp_path / f"{workers}-{mode}"
+        proc = run_cli(*common, "--output", out, "--direct_num_workers", workers, "--direct_running_mode", mode)
+        assert shard_hashes(out) == reference, f"{workers} {mode} differs from the in-memory run:\n{proc.stdout}"
+    refused = run_cli(*common, "--output", tmp_path / "threads", "--direct_num_workers", "2",
+                      "--direct_running_mode", "multi_threading", check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].endswith("use multi_processing")
+    assert not (tmp_path / "threads").exists()

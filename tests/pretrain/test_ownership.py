@@ -12,6 +12,7 @@ import pytest
 from common import processes
 from common.writelock import OutputLockedError
 from pretrain import config, train
+from tests.live_processes import descendants, kill_all
 from tests.pretrain.launching import REPO, TINY, command, environment, free_port, settings
 
 
@@ -41,7 +42,7 @@ def test_ranks_exit_when_their_launcher_is_killed(sample_dataset, tmp_path):
         while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip()):
             assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
             time.sleep(0.2)
-        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "run.py" in " ".join(c.cmdline())]
+        ranks = descendants(proc.pid, "run.py")
         assert len(ranks) == 2
         proc.send_signal(signal.SIGKILL)  # the launcher alone: nothing forwards a signal to the ranks
         proc.wait(timeout=60)
@@ -61,16 +62,14 @@ def test_a_stopped_rank_makes_the_others_exit_within_the_collective_timeout(samp
                        and len((out / "metrics.jsonl").read_text().splitlines()) >= 2):
                 assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
                 time.sleep(0.2)
-            ranks = sorted((c for c in psutil.Process(proc.pid).children(recursive=True)
-                            if "run.py" in " ".join(c.cmdline())), key=lambda p: p.pid)
+            ranks = sorted(descendants(proc.pid, "run.py"), key=lambda p: p.pid)
             stopped, waiting = ranks
             stopped.suspend()  # SIGSTOP: alive, holding its sockets, answering nothing
             began = time.time()
             waiting.wait(timeout=15 + 75)  # raises if it is still blocked well past the 15-second timeout
             assert time.time() - began < 90
         finally:
-            for process in psutil.Process(proc.pid).children(recursive=True):
-                process.kill()
+            kill_all(descendants(proc.pid))
             output = proc.communicate(timeout=120)[0]
     assert "a collective (the gradient reduction or the step's statistics) waited longer than " \
            "faults.timeout_minutes (0.25)" in output, output[-3000:]

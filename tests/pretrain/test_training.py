@@ -158,9 +158,9 @@ def _wait_for_step(out, step, proc, timeout=120):
 
 
 def _workers(proc):
-    import psutil
+    from tests.live_processes import descendants
 
-    return [c for c in psutil.Process(proc.pid).children(recursive=True) if "run.py" in " ".join(c.cmdline())]
+    return descendants(proc.pid, "run.py")
 
 
 def test_a_signal_to_one_rank_makes_all_save_together_and_exit_for_requeue(sample_dataset, tmp_path):

@@ -9,8 +9,8 @@ whether the emulation took. ``--demo`` times ``bash scripts/demo.sh`` in a fresh
 ``CI=true bash scripts/test.sh`` (what ``.ci/run`` runs) in another, and keeps its 40 slowest tests.
 ``--new-venv`` runs each in a new, empty virtual environment (its ``python3`` first on the PATH), as on a new
 machine, instead of this interpreter's environment; the demo's own summary line gives its time after the install.
-Results go to ``bench/results/cpu-kinds-<kind>-<machine>.json`` (kind: ``bf16`` where the CPU computes bf16
-natively, ``avx512`` or ``avx2`` otherwise), one entry per mode (native or AVX2-emulated), kept across runs.
+Results go to ``bench/results/cpu-kinds-<kind>-<machine>.json`` (kind: ``amx`` or ``bf16`` where the CPU computes bf16
+natively, with AMX tiles or AVX-512 BF16, ``avx512`` or ``avx2`` otherwise), one entry per mode (native or AVX2-emulated), kept across runs.
 """
 from __future__ import annotations
 
@@ -84,7 +84,9 @@ def cpu_flags() -> dict:
 
 def cpu_kind(flags: dict) -> str:
     """The kind of CPU a result speaks for: native bf16, AVX-512 without it, or AVX2 only."""
-    if flags["avx512_bf16"] or flags["amx_bf16"]:
+    if flags["amx_bf16"]:
+        return "amx"  # bf16 matrix tiles: a kind of its own beside AVX-512 BF16 (results kept apart)
+    if flags["avx512_bf16"]:
         return "bf16"
     return "avx512" if flags["avx512f"] else "avx2"
 

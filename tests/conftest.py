@@ -95,6 +95,7 @@ def pytest_unconfigure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    workers.front_load(items, pathlib.Path(_REPO_ROOT))
     workers.group_by_file(items, pathlib.Path(_REPO_ROOT))
 
 

@@ -99,3 +99,12 @@ def test_tests_sharing_a_module_fixture_join_their_files_group_and_the_others_st
 def test_each_worker_gets_its_share_of_the_cores():
     assert [workers.threads_per_worker(cpus, 2) for cpus in (1, 2, 3, 16)] == [1, 1, 1, 8]
     assert workers.threads_per_worker(2, 0) == 2
+
+
+def test_the_long_waits_on_installs_go_first_and_the_rest_keeps_its_order():
+    root = pathlib.Path(workers.__file__).parents[1]
+    items = [FakeItem(p) for p in ("tests/a/test_x.py", "tests/test_extras.py", "tests/b/test_y.py",
+                                   "tests/test_demo.py", "tests/a/test_z.py")]
+    workers.front_load(items, root)
+    assert [i.path.relative_to(root).as_posix() for i in items] == [
+        "tests/test_demo.py", "tests/test_extras.py", "tests/a/test_x.py", "tests/b/test_y.py", "tests/a/test_z.py"]

@@ -34,6 +34,21 @@ MERGED = {
 }
 
 
+# Files whose tests run longest on one worker while waiting on pip and whole commands (fresh virtual environments,
+# the demo): run first, so they overlap the rest of the suite instead of ending it with the other worker idle.
+FIRST = ("tests/test_demo.py", "tests/test_extras.py")
+
+
+def front_load(items: list[pytest.Item], root: pathlib.Path) -> None:
+    """Put the tests of ``FIRST`` first, in that order, the rest as collected (the same order on every worker,
+    as xdist requires)."""
+    def rank(item: pytest.Item) -> int:
+        path = pathlib.Path(str(item.path)).resolve().relative_to(root).as_posix()
+        return FIRST.index(path) if path in FIRST else len(FIRST)
+
+    items[:] = sorted(items, key=rank)  # stable: the collected order within each rank
+
+
 def group_by_file(items: list[pytest.Item], root: pathlib.Path) -> None:
     """Give every test that uses a fixture shared beyond one test (module, class or package scope) its file's (or
     its merged group's) ``xdist_group``, so that fixture is built once; the others stay free, so the two workers

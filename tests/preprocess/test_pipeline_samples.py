@@ -63,7 +63,9 @@ def test_the_demos_flags_give_the_same_shards_for_any_worker_count_and_mode(samp
               SAMPLES / "books", "--tokenizer", sample_tokenizer]
     run_cli(*common, "--output", tmp_path / "in-memory")
     reference = shard_hashes(tmp_path / "in-memory")
-    for workers, mode in (("1", "multi_processing"), ("2", "multi_processing"), ("2", "in_memory")):
+    # Which path each count and mode takes is tested for every combination in tests/preprocess/executors/
+    # test_beamargs.py; a pool of 2 is compared with the in-memory run in test_pipeline_real.py.
+    for workers, mode in (("1", "multi_processing"), ("2", "in_memory")):
         out = tmp_path / f"{workers}-{mode}"
         proc = run_cli(*common, "--output", out, "--direct_num_workers", workers, "--direct_running_mode", mode)
         assert shard_hashes(out) == reference, f"{workers} {mode} differs from the in-memory run:\n{proc.stdout}"

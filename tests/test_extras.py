@@ -80,9 +80,11 @@ def venvs():
 
 
 def run_in(venv: pathlib.Path, args: list, cwd: pathlib.Path, what: str) -> subprocess.CompletedProcess:
-    """``python ARGS`` in the environment, from ``cwd``. DeepSpeed's ops built on the fly stay with the
-    environment (they are compiled against its torch), away from the development install's cache."""
-    env = environment(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(venv / "torch_extensions"))
+    """``python ARGS`` in the environment, from ``cwd``. DeepSpeed's ops built on the fly are kept beside the
+    environments, away from the development install's cache, in one directory per torch build: the [pretrain] and
+    [finetune] environments hold the same torch (``torch_requirement``), so the op is compiled once for both."""
+    extensions = venv.parent / ("torch_extensions-" + re.sub(r"[^\w.]+", "-", torch_requirement()))
+    env = environment(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(extensions))
     return run([venv / "bin" / "python", *args], what, RUN_TIMEOUT_S, cwd=cwd, env=env)
 
 

@@ -212,7 +212,13 @@ def load(cls: type[T], path: str | Path | None, overrides: list[str] | tuple[str
 
 
 def to_dict(config: Any) -> dict:
-    return dataclasses.asdict(config)
+    """The config as plain data; a top-level section marked ``metadata={"omit_when_default": True}`` is left out
+    while it holds its defaults (a section added later: resolved configs without it stay as they were)."""
+    data = dataclasses.asdict(config)
+    for spec in dataclasses.fields(config):
+        if spec.metadata.get("omit_when_default") and getattr(config, spec.name) == spec.default_factory():
+            data.pop(spec.name)
+    return data
 
 
 def to_yaml(config: Any) -> str:

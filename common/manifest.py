@@ -6,6 +6,7 @@ the file, rather than surfacing later as a KeyError. ``Manifest.document`` keeps
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,19 @@ class LanguageEntry:
 
 
 @dataclass(frozen=True)
+class EvaluationEntry:
+    """A dataset's held-out split (``Manifest.evaluation``; absent: none): its documents, set aside by preprocessing
+    before any training row was built, and its rows, built by the same recipe and masked once (``masking`` is
+    always ``static``), in shards of their own named from the dataset directory (``eval/shard-…``)."""
+
+    rows: int
+    tokens: int
+    documents: int
+    masking: str
+    shards: tuple[ShardEntry, ...]
+
+
+@dataclass(frozen=True)
 class ModelRequirements:
     """What a model requires of a dataset (``Manifest.check_fits``)."""
 
@@ -70,6 +84,7 @@ class Manifest:
     objective: ObjectiveEntry
     document: dict[str, Any]  # the whole JSON: statistics, summary, parameters, inputs
     languages: dict[str, LanguageEntry] | None = None  # multilingual datasets only (absent: one language)
+    evaluation: EvaluationEntry | None = None  # the held-out split (absent: a dataset without one)
 
     @property
     def directory(self) -> Path:
@@ -103,18 +118,26 @@ class Manifest:
                                        vocab_size=int(tok["vocab_size"]), lowercase=bool(tok["lowercase"]),
                                        special_ids={str(k): int(v) for k, v in tok["special_ids"].items()},
                                        vocab_sha256=str(tok["vocab_sha256"]))
-            shards = tuple(ShardEntry(name=str(e["name"]), rows=int(e["rows"]), bytes=_optional_int(e.get("bytes")),
-                                      sha256=e.get("sha256"), tokens=_optional_int(e.get("tokens")))
-                           for e in document["shards"])
             return cls(path=path, rows=int(document["rows"]), max_seq_length=int(document["max_seq_length"]),
-                       tokenizer=tokenizer, shards=shards, objective=ObjectiveEntry.from_document(document),
-                       document=document, languages=_languages(document.get("languages")))
+                       tokenizer=tokenizer, shards=_shards(document["shards"]),
+                       objective=ObjectiveEntry.from_document(document), document=document,
+                       languages=_languages(document.get("languages")),
+                       evaluation=_evaluation(document.get("evaluation")))
         except KeyError as missing:
             raise DatasetFormatError(f"{path}: no {missing.args[0]!r} field; the manifest was altered or written by "
                                      "another tool: re-run preprocessing") from None
         except (TypeError, ValueError, AttributeError, OverflowError) as error:  # Overflow: int(Infinity)
             raise DatasetFormatError(f"{path}: a field has the wrong type ({error}); the manifest was altered: "
                                      "re-run preprocessing") from None
+
+    def evaluation_split(self) -> Manifest | None:
+        """The held-out split as a manifest of its own (its rows and shards; the objective's masking ``static``, as
+        its masks are stored), which every reader and check of a dataset takes as it is; None without one."""
+        if self.evaluation is None:
+            return None
+        objective = dataclasses.replace(self.objective, masking=self.evaluation.masking)
+        return dataclasses.replace(self, rows=self.evaluation.rows, shards=self.evaluation.shards,
+                                   objective=objective, evaluation=None)
 
     def shard_path(self, entry: ShardEntry) -> Path:
         return inside(self.directory, entry.name, "shard name")
@@ -190,9 +213,21 @@ def _languages(value) -> dict[str, LanguageEntry] | None:
             for name, e in value.items()}
 
 
+def _shards(entries) -> tuple[ShardEntry, ...]:
+    return tuple(ShardEntry(name=str(e["name"]), rows=int(e["rows"]), bytes=_optional_int(e.get("bytes")),
+                            sha256=e.get("sha256"), tokens=_optional_int(e.get("tokens"))) for e in entries)
+
+
+def _evaluation(value) -> EvaluationEntry | None:
+    if value is None:
+        return None
+    return EvaluationEntry(rows=int(value["rows"]), tokens=int(value["tokens"]), documents=int(value["documents"]),
+                           masking=str(value.get("masking", "static")), shards=_shards(value["shards"]))
+
+
 def _optional_int(value) -> int | None:
     return None if value is None else int(value)
 
 
-__all__ = ["LanguageEntry", "Manifest", "ModelRequirements", "ObjectiveEntry", "ShardEntry", "TokenizerEntry",
-           "check_format", "inside"]
+__all__ = ["EvaluationEntry", "LanguageEntry", "Manifest", "ModelRequirements", "ObjectiveEntry", "ShardEntry",
+           "TokenizerEntry", "check_format", "inside"]

@@ -102,6 +102,51 @@ class MultilingualConfig:
 
 
 @dataclass(frozen=True)
+class HeldoutSourceConfig:
+    """How many documents of one input source (``--wikipedia`` or ``--books``) are held out: a count (the documents
+    with the smallest seeded keys) or a share (those whose key falls below it); at most one of the two."""
+
+    documents: int = 0
+    share: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.documents > 0 or self.share > 0.0
+
+
+@dataclass(frozen=True)
+class HeldoutConfig:
+    """The held-out (evaluation) split: documents set aside by a seeded stable key of their id, built by the same
+    recipe into evaluation shards (masked once, also for ``masking: dynamic``), and kept out of the training rows
+    together with every document of the same text (``preprocess.heldout``; docs/preprocessing.md)."""
+
+    wikipedia: HeldoutSourceConfig = field(default_factory=HeldoutSourceConfig)
+    books: HeldoutSourceConfig = field(default_factory=HeldoutSourceConfig)
+    seed: int | None = None              # the selection's seed; null: the run's seed
+
+    def __post_init__(self):
+        for name in HELDOUT_SOURCES:
+            source = getattr(self, name)
+            key = f"heldout.{name}"
+            if source.documents < 0 or source.share < 0.0:
+                raise ValueError(f"{key}.documents and {key}.share must be >= 0")
+            if source.documents and source.share:
+                raise ValueError(f"{key} sets both documents ({source.documents}) and share ({source.share}): "
+                                 "choose a count or a share, not both")
+            if source.share >= 1.0:
+                raise ValueError(f"{key}.share is {source.share}: that holds out every {name} document and leaves "
+                                 f"no training documents; set {key}.share below 1 (e.g. 0.01), or "
+                                 f"{key}.documents to a count")
+
+    @property
+    def enabled(self) -> bool:
+        return any(getattr(self, name).enabled for name in HELDOUT_SOURCES)
+
+
+HELDOUT_SOURCES = ("wikipedia", "books")  # the config's names of the input kinds ("wiki", "book" in document ids)
+
+
+@dataclass(frozen=True)
 class PreprocessConfig:
     seed: int = 12345
     parts: int = 1                       # process the corpus in this many parts to bound memory
@@ -111,6 +156,8 @@ class PreprocessConfig:
     instances: InstanceConfig = field(default_factory=InstanceConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     multilingual: MultilingualConfig = field(default_factory=MultilingualConfig)
+    # Left out of the resolved config while off, so that datasets and rendered jobs without a split stay as they were.
+    heldout: HeldoutConfig = field(default_factory=HeldoutConfig, metadata={"omit_when_default": True})
 
     def __post_init__(self):
         if self.parts < 1:

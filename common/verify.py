@@ -1,5 +1,6 @@
 """Checking a dataset against its manifest: paths inside the directory, every shard present, of its size
-and sha256, the totals adding up. ``python -m preprocess verify DIR`` runs all of it.
+and sha256, the totals adding up; the held-out split's evaluation shards as the training shards.
+``python -m preprocess verify DIR`` runs all of it.
 
 Imports nothing but the standard library and the format's rules, so every stage can verify a dataset.
 """
@@ -59,12 +60,16 @@ def verify_dataset(directory: str | Path) -> str:
     tokenizer = manifest.tokenizer_path()
     if not tokenizer.is_dir():
         raise DatasetFormatError(f"{tokenizer}: the dataset's tokenizer is missing; copy the whole dataset again")
-    manifest.check_totals()
-    check_shard_files(manifest)
-    count = verify_shards(manifest)
-    size = sum(manifest.shard_path(entry).stat().st_size for entry in manifest.shards)
-    return (f"{directory}: {count} shards, {manifest.rows:,} rows, {size / 2**20:,.1f} MiB verified against the "
-            f"manifest (sizes, row totals, sha256) in {time.perf_counter() - started:.1f} s")
+    splits = [manifest] + ([manifest.evaluation_split()] if manifest.evaluation is not None else [])
+    for split in splits:  # the training shards, then the held-out split's
+        split.check_totals()
+        check_shard_files(split)
+    count = sum(verify_shards(split) for split in splits)
+    size = sum(split.shard_path(entry).stat().st_size for split in splits for entry in split.shards)
+    held_out = "" if len(splits) == 1 else f" (with {splits[1].rows:,} evaluation rows in {len(splits[1].shards)})"
+    return (f"{directory}: {count} shards, {sum(split.rows for split in splits):,} rows{held_out}, "
+            f"{size / 2**20:,.1f} MiB verified against the manifest (sizes, row totals, sha256) in "
+            f"{time.perf_counter() - started:.1f} s")
 
 
 __all__ = ["check_shard_files", "file_sha256", "verify_dataset", "verify_shards"]

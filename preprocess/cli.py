@@ -61,9 +61,15 @@ def _parser() -> argparse.ArgumentParser:
 def _summary_lines(manifest: dict, output: str) -> list[str]:
     s, st = manifest["summary"], manifest["statistics"]
     docs = st["documents"]
+    evaluation = manifest.get("evaluation")
+    held_out = [] if evaluation is None else [
+        f"held out: {evaluation['documents']:,} documents {evaluation['sources']} "
+        f"(and {evaluation['text_duplicates_dropped']:,} of the same text), {evaluation['rows']:,} evaluation rows "
+        f"in {len(evaluation['shards'])} shard(s) under eval/; {evaluation['tokens']:,} tokens, masked once"]
     return [
         f"documents: {docs['read']:,} read, {docs['used']:,} used, "
         f"{sum(docs['skipped'].values()):,} skipped {docs['skipped']}, {sum(docs['failed'].values()):,} failed {docs['failed']}",
+        *held_out,
         f"instances: {s['instances']:,} in {s['shards']} shard(s); {s['instance_tokens']:,} tokens; "
         + "; ".join(_objective_figures(st)),
         f"corpus: {s['corpus_tokens']:,} tokens in {s['wall_seconds']:.1f} s = {s['corpus_tokens_per_second']:,.0f} tokens/s",

@@ -142,9 +142,10 @@ class Bucket:
 _SORT_KEYS = [("doc_hash", "ascending"), ("doc_id", "ascending"), ("source", "ascending")]
 
 
-def _ordered(work: str, bucket: int, columns: list[str] | None = None):
+def _ordered(work: str, bucket: int, columns: list[str] | None = None, drop: frozenset[str] = frozenset()):
     """(a bucket's rows as its files hold them, the row order that puts them in global order (hash, id, source)
-    without duplicate ids, the document ids in that order, the dropped duplicates); a None table if empty."""
+    without duplicate ids, the document ids in that order, the dropped duplicates); a None table if empty.
+    The ids in ``drop`` (the held-out split's, ``preprocess.heldout``) are left out too, as if never stored."""
     # The instance stage loads buckets many times a second, and Arrow's allocator (mimalloc) keeps freed pages
     # resident for a second: without this, the buffers of the buckets loaded in that second would add up.
     pa.default_memory_pool().release_unused()
@@ -156,18 +157,19 @@ def _ordered(work: str, bucket: int, columns: list[str] | None = None):
     order = pc.sort_indices(table.select([name for name, _ in _SORT_KEYS]), sort_keys=_SORT_KEYS)
     doc_ids = table.column("doc_id").take(order).to_pylist()
     order = order.to_numpy()
-    keep = [i for i in range(len(doc_ids)) if i == 0 or doc_ids[i] != doc_ids[i - 1]]
+    keep = [i for i in range(len(doc_ids)) if (i == 0 or doc_ids[i] != doc_ids[i - 1]) and doc_ids[i] not in drop]
     if len(keep) == len(doc_ids):
         return table, order, doc_ids, []
-    dropped = sorted(set(range(len(doc_ids))) - set(keep))
+    kept = set(keep)
+    dropped = [i for i in range(len(doc_ids)) if i not in kept and doc_ids[i] not in drop]
     sources = table.column("source").take(pa.array(order[dropped])).to_pylist()
     duplicates = [(doc_ids[i], source) for i, source in zip(dropped, sources)]
     return table, order[keep], [doc_ids[i] for i in keep], duplicates
 
 
-def bucket_ids(work: str, bucket: int) -> tuple[list[str], list[tuple[str, str]]]:
+def bucket_ids(work: str, bucket: int, drop: frozenset[str] = frozenset()) -> tuple[list[str], list[tuple[str, str]]]:
     """A bucket's document ids in global order and its dropped duplicates, without touching the tokens."""
-    _, _, doc_ids, duplicates = _ordered(work, bucket, ["doc_hash", "doc_id", "source"])
+    _, _, doc_ids, duplicates = _ordered(work, bucket, ["doc_hash", "doc_id", "source"], drop)
     return doc_ids, duplicates
 
 
@@ -177,8 +179,9 @@ def bucket_count(work: str, bucket: int) -> tuple[int, int, list[tuple[str, str]
     return bucket, len(doc_ids), duplicates
 
 
-def load_bucket(work: str, bucket: int) -> Bucket:
-    table, order, doc_ids, duplicates = _ordered(work, bucket)
+def load_bucket(work: str, bucket: int, drop: frozenset[str] = frozenset()) -> Bucket:
+    """A bucket's documents in global order, without duplicate ids nor the ids in ``drop`` (see ``_ordered``)."""
+    table, order, doc_ids, duplicates = _ordered(work, bucket, drop=drop)
     if table is None:
         empty = np.zeros(0, np.int64)
         return Bucket([], np.zeros(0, np.uint16), empty, empty, [], np.zeros(1, np.int64), empty, empty)

@@ -8,6 +8,9 @@ import math
 
 INDEX_NAME = "index.json"  # written by the index stage: bucket offsets, group bits, corpus counts
 SHARD_PLAN_NAME = "shard_plan.json"  # written by the shards stage: rows per key-range group, the number of shards
+HELDOUT_SELECTION_NAME = "heldout_selection.json"  # with a held-out split, by the index stage: seed, key limits
+HELDOUT_NAME = "heldout.json"  # then: the selection, the held-out documents by source and their text hashes
+EVAL_DIR = "eval"  # the held-out split: its work directory under the run's, its shards' directory in the dataset
 
 # Finished rows cross the ByGroup GroupByKey keyed by a transport group: a run of adjacent key-range groups, at most
 # 2**TRANSPORT_GROUP_BITS of them, so a flush is cut into batches of FLUSH_ROWS >> TRANSPORT_GROUP_BITS rows on

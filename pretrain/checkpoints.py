@@ -181,13 +181,30 @@ def newest_intact(directory: Path, on_corrupt: str = "fallback", *,
     return None
 
 
-def prune(directory: Path, keep_last: int) -> list[str]:
-    """Remove all but the newest ``keep_last`` complete checkpoints, and any unfinished ones older than
-    the newest complete one (left by a crash). Returns the removed tags."""
+def best(directory: Path, metric: str) -> Checkpoint | None:
+    """The complete checkpoint whose evaluation (recorded in its marker by ``pretrain.train``) is best by ``metric``
+    (lowest for a loss or perplexity, highest otherwise; the older of equals), or None when none records it."""
+    from pretrain.evaluation import better
+
+    chosen, value = None, None
+    for candidate in complete(directory):
+        figure = (candidate.info.get("evaluation") or {}).get(metric)
+        if isinstance(figure, (int, float)) and better(metric, float(figure), value):
+            chosen, value = candidate, float(figure)
+    return chosen
+
+
+def prune(directory: Path, keep_last: int, keep_best: str | None = None) -> list[str]:
+    """Remove all but the newest ``keep_last`` complete checkpoints (and, with ``keep_best``, the best by that
+    evaluation metric, ``best``), and any unfinished ones older than the newest complete one (left by a crash).
+    Returns the removed tags."""
     done = complete(directory)
     if not done:
         return []
     keep = {c.tag for c in done[-keep_last:]}
+    kept_best = best(directory, keep_best) if keep_best else None
+    if kept_best is not None:
+        keep.add(kept_best.tag)
     removed = []
     for child in sorted(directory.iterdir()):
         match = _TAG.fullmatch(child.name)

@@ -253,12 +253,36 @@ class CheckpointConfig:
     keep_last: int = 3
     export_hf: bool = True               # write a Hugging Face directory at the end of the run
     on_corrupt: str = "fallback"         # resume past a checkpoint whose files fail their checksums: fallback | fail
+    # An evaluation metric (e.g. mlm_accuracy): also keep the checkpoint of the best evaluation by it, beside the
+    # newest keep_last (pretrain.evaluation); python -m pretrain.export RUN OUT --best exports it.
+    keep_best: str | None = None
 
     def __post_init__(self):
         if self.every_steps < 0 or self.keep_last < 1:
             raise ValueError("every_steps must be >= 0 and keep_last >= 1")
         if self.on_corrupt not in ("fallback", "fail"):
             raise ValueError(f"checkpoint.on_corrupt must be fallback or fail, got {self.on_corrupt!r}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation on the dataset's held-out split (``pretrain.evaluation``): on whenever the split exists."""
+
+    every_steps: int = 0                 # steps between evaluations; 0: only at the end of the run
+    max_rows: int | None = None          # the split's first rows scored; None: the whole split
+    batch_size: int = 32                 # rows per evaluation forward (train.micro_batch_size does not apply)
+    target: dict[str, float] | None = None  # e.g. {mlm_accuracy: 0.72}: the run ends the first time all are met
+    data: str | None = None              # the dataset whose split is scored; None: data.path's
+
+    def __post_init__(self):
+        if self.every_steps < 0:
+            raise ValueError(f"eval.every_steps is {self.every_steps}; set it >= 0 (0: evaluate at the end only)")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ValueError(f"eval.max_rows is {self.max_rows}; set it >= 1, or leave it unset for the whole split")
+        if self.batch_size < 1:
+            raise ValueError(f"eval.batch_size is {self.batch_size}; set it >= 1")
+        if self.target is not None and not self.target:
+            raise ValueError("eval.target is empty; name at least one metric (e.g. {mlm_accuracy: 0.72}) or remove it")
 
 
 @dataclass(frozen=True)
@@ -303,6 +327,7 @@ class PretrainConfig:
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(total_steps=1000, warmup_steps=0))
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 

@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,12 +43,18 @@ class ShardedInstances:
     read, its row count checked), when a row of it is first read: no row is read at start-up, and a rank's
     own memory for the dataset is a few numbers per record batch (of 4,096 rows), whatever its rows. The rows'
     bytes stay in the page cache, which the ranks of a node share. Rows are numbered shard by shard in manifest
-    order.
+    order. With ``evaluation``, the rows are the dataset's held-out split (``open_evaluation``).
     """
 
-    def __init__(self, directory: str | Path, expected: ModelRequirements | None = None, *, verify: bool = False):
+    def __init__(self, directory: str | Path, expected: ModelRequirements | None = None, *, verify: bool = False,
+                 evaluation: bool = False):
         self.directory = Path(directory)
         self.manifest = Manifest.read(self.directory)
+        if evaluation:
+            self.manifest = self.manifest.evaluation_split()
+            if self.manifest is None:
+                raise DatasetFormatError(f"{self.directory}: no evaluation split (manifest.json has no 'evaluation'); "
+                                         "preprocess with a heldout section, or open it with open_evaluation")
         if expected is not None:
             self.manifest.check_fits(expected)
         self.pad_id = self.manifest.tokenizer.special_ids["[PAD]"]
@@ -123,6 +130,23 @@ class ShardedInstances:
         for shard, selection, batch, row in located:
             out[selection] = shard.scalar(column, batch, row)
         return out
+
+
+_SAID_NO_EVALUATION: set[str] = set()  # datasets already logged as having no evaluation split
+
+
+def open_evaluation(directory: str | Path, expected: ModelRequirements | None = None, *,
+                    verify: bool = False) -> ShardedInstances | None:
+    """The held-out split of the dataset in ``directory``, whose rows read as the training rows do (``read_rows``,
+    ``collate``; their masks are stored, also for a dynamically masked dataset: every run is scored on the same
+    positions); None for a dataset without one (made before the split existed, or without ``heldout``), logged once
+    per dataset: evaluation is then off."""
+    if Manifest.read(directory).evaluation is None:
+        if str(directory) not in _SAID_NO_EVALUATION:
+            _SAID_NO_EVALUATION.add(str(directory))
+            logging.getLogger("pretrain").info("no evaluation split in %s: evaluation off", directory)
+        return None
+    return ShardedInstances(directory, expected, verify=verify, evaluation=True)
 
 
 def split_global_batch(rows: np.ndarray, *, accumulation: int, world_size: int, micro_batch: int) -> np.ndarray:

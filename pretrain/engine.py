@@ -169,6 +169,25 @@ class Engine:
     def barrier(self) -> None:
         barrier()
 
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Eval mode (no dropout) without gradients, train mode restored after (``pretrain.evaluation``)."""
+        module, was = self.deepspeed, self.deepspeed.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            module.train(was)
+
+    def forward(self, batch: dict) -> tuple:
+        """The wrapped loss module's forward alone: no backward, no step (ZeRO 3 gathers the weights it needs)."""
+        return self.deepspeed(**batch)
+
     def all_gather(self, value) -> list:
         """Every rank's ``value`` (any picklable object), in rank order."""
         gathered = [None] * dist.get_world_size()

@@ -2,6 +2,7 @@
 
     python -m pretrain.export runs/bert-large-phase1 OUT_DIR            # the run's newest complete checkpoint
     python -m pretrain.export runs/bert-large-phase1/checkpoints/step_00002000 OUT_DIR
+    python -m pretrain.export runs/bert-large-phase1 OUT_DIR --best     # its best by checkpoint.keep_best
 
 Works in one process on CPU for a checkpoint of any ZeRO stage written by any number of ranks.
 """
@@ -48,17 +49,43 @@ def find_checkpoint(path: Path) -> checkpoints.Checkpoint:
 def export_checkpoint(path: Path | checkpoints.Checkpoint, output: Path) -> Path:
     """Write ``output`` (config.json, model.safetensors, tokenizer) from the checkpoint at ``path`` (or from
     a checkpoint ``find_checkpoint`` already checked)."""
-    from pretrain import engine, families
-
     found = path if isinstance(path, checkpoints.Checkpoint) else find_checkpoint(path)
-    run_dir = found.directory.parent
+    _, family, model = checkpoint_model(found)
+    tokenizer_dir = found.directory.parent / "tokenizer"  # copied there by the run from its dataset
+    family.export(model, output, tokenizer_dir if tokenizer_dir.is_dir() else None)
+    return output
+
+
+def best_checkpoint(run_dir: Path) -> checkpoints.Checkpoint:
+    """The checkpoint a run kept as its best (``checkpoint.keep_best``), checked as ``find_checkpoint`` checks."""
+    cfg = run_config(Path(run_dir))
+    metric = cfg.checkpoint.keep_best
+    if not metric:
+        raise CheckpointError(f"{run_dir}: the run keeps no best checkpoint (checkpoint.keep_best is unset); export "
+                              "its newest, or name a checkpoint")
+    found = checkpoints.best(Path(run_dir) / "checkpoints", metric)
+    if found is None:
+        raise CheckpointError(f"{run_dir}: no checkpoint records an evaluation of {metric}; export its newest")
+    return find_checkpoint(found.path)
+
+
+def run_config(run_dir: Path):
+    """The resolved config a run saved (config.yaml)."""
     import yaml
 
     from common import configlib
     from pretrain.config import PretrainConfig
 
-    cfg = configlib.from_dict(PretrainConfig, yaml.safe_load((run_dir / "config.yaml").read_text()),
-                              str(run_dir / "config.yaml"))
+    return configlib.from_dict(PretrainConfig, yaml.safe_load((run_dir / "config.yaml").read_text()),
+                               str(run_dir / "config.yaml"))
+
+
+def checkpoint_model(found: checkpoints.Checkpoint):
+    """(the run's config, its family, the CPU fp32 model) of a checked checkpoint, in one process."""
+    from pretrain import engine, families
+
+    run_dir = found.directory.parent
+    cfg = run_config(run_dir)
     with tempfile.TemporaryDirectory() as scratch:
         try:
             state = engine.consolidate_checkpoint(found.directory, found.tag, found.info["zero_stage"],
@@ -80,19 +107,19 @@ def export_checkpoint(path: Path | checkpoints.Checkpoint, output: Path) -> Path
         model = family.model_from_state(state)
     except CheckpointError as error:
         raise CheckpointError(f"{found.path}: {error}") from None
-    tokenizer_dir = run_dir / "tokenizer"  # copied there by the run from its dataset
-    family.export(model, output, tokenizer_dir if tokenizer_dir.is_dir() else None)
-    return output
+    return cfg, family, model
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("output", type=Path)
+    parser.add_argument("--best", action="store_true",
+                        help="the run's best checkpoint by its checkpoint.keep_best metric, not its newest")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error too")
     args = parser.parse_args(argv)
     try:
-        out = export_checkpoint(args.checkpoint, args.output)
+        out = export_checkpoint(best_checkpoint(args.checkpoint) if args.best else args.checkpoint, args.output)
     except Exception as error:  # noqa: BLE001 - an expected error becomes one line, anything else a traceback
         failure = storage_failure(error, path=args.output)
         if failure is None and not isinstance(error, (CheckpointError, FileNotFoundError)):

@@ -14,7 +14,7 @@ import math
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -27,7 +27,7 @@ from pretrain.monitor import Monitor, peak_tflops
 from pretrain.preemption import OUT_OF_GRACE, STOPPED, StopFlag, key_of, probe, time_left
 
 __all__ = ["PREEMPTED", "DIVERGED", "STOPPED", "OUT_OF_GRACE", "Diverged", "StopFlag", "LoopEngine", "LoopState",
-           "LoopSettings", "train", "to_device", "masked_fraction", "metrics"]
+           "LoopSettings", "Evaluation", "train", "to_device", "masked_fraction", "metrics"]
 
 PREEMPTED, DIVERGED = 75, 3
 
@@ -68,6 +68,19 @@ class LoopState:
     step: int = 0
     consumed: int = 0          # samples, over all ranks
     skipped: int = 0           # steps skipped as non-finite, in all
+    # Real tokens of the steps read, over all ranks (a target's time to it): a tally beside the position, which
+    # ``==`` compares alone.
+    tokens: int = field(default=0, compare=False)
+
+
+class Evaluation(Protocol):
+    """The run's evaluations as the loop sees them (``pretrain.evaluation.RunEvaluation``)."""
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether the step just finished is evaluated."""
+
+    def run(self, state: LoopState):
+        """Evaluate (every rank); a decision with ``save`` (checkpoint this step) and ``stop`` (end the run)."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +107,9 @@ class LoopSettings:
 
 def train(state: LoopState, engine: LoopEngine, loader, monitor: Monitor, *, settings: LoopSettings,
           plan: BatchPlan, family: Family, model: nn.Module, rank: int = 0, stop: StopFlag,
-          save: Callable[[LoopState], None], read_lag: int = 0) -> int:
-    """Step until ``settings.max_steps`` or a stop; the status (0, ``PREEMPTED`` or ``DIVERGED``).
+          save: Callable[[LoopState], None], read_lag: int = 0, evaluation: Evaluation | None = None) -> int:
+    """Step until ``settings.max_steps``, a stop or an evaluation's reached target; the status (0, ``PREEMPTED`` or
+    ``DIVERGED``).
 
     ``loader.next_step()`` gives this rank's micro-batches of the next step; ``family`` adds its inputs to each,
     reads the statistics and counts ``model``'s FLOPs; ``save(state)`` writes a checkpoint (every
@@ -105,10 +119,13 @@ def train(state: LoopState, engine: LoopEngine, loader, monitor: Monitor, *, set
     so the host never waits on the step it just queued: the device stays busy while the host logs, checks and loads
     the next batches. The records, the skip rules and the checkpoints are the same; a non-finite step, or a stop
     signal, is acted on one step later (the statistics of a step that saves are read before it saves).
+
+    ``evaluation`` (the dataset has a held-out split) runs after the steps it says are due, once every queued step
+    is read, and before that step's checkpoint: it changes no state the loop or a checkpoint holds.
     """
     try:
         return _steps(state, engine, loader, monitor, settings=settings, plan=plan, family=family, model=model,
-                      rank=rank, stop=stop, save=save, read_lag=read_lag)
+                      rank=rank, stop=stop, save=save, read_lag=read_lag, evaluation=evaluation)
     except Diverged as error:
         monitor.info(str(error))
         return DIVERGED
@@ -177,6 +194,7 @@ class _Window:
             self.consecutive = 0
             self.sums += stats
             self.steps += 1
+        self.state.tokens += int(stats[names.index("tokens")])
         self.width += done.width
         self.monitor.step(loss_value)
         if self.steps and done.grad_norm is not None:
@@ -192,7 +210,8 @@ class _Window:
             self.started, self.width, self.steps = time.time(), 0, 0
 
 
-def _steps(state, engine, loader, monitor, *, settings, plan, family, model, rank, stop, save, read_lag) -> int:
+def _steps(state, engine, loader, monitor, *, settings, plan, family, model, rank, stop, save, read_lag,
+           evaluation) -> int:
     device = engine.device
     window = _Window(monitor, settings=settings, plan=plan, family=family, model=model, state=state)
     grace = _Grace(settings.grace_seconds, settings.warning_seconds, plan.accumulation, read_lag, rank)
@@ -233,15 +252,18 @@ def _steps(state, engine, loader, monitor, *, settings, plan, family, model, ran
         queued.append(_Finished(step, state.consumed, reduced, applied, lr, width,
                                 engine.grad_norm() if logs else None, engine.loss_scale() if logs else None))
         saves = last or bool(settings.save_every and step % settings.save_every == 0)
-        # A step that saves, or a stop seen in a step read here, reads every queued step first: what is saved was
-        # checked.
-        while len(queued) > (0 if saves or window.signalled else read_lag):
+        evaluates = evaluation is not None and evaluation.due(step, last)
+        # A step that saves or evaluates, or a stop seen in a step read here, reads every queued step first: what
+        # is saved was checked.
+        while len(queued) > (0 if saves or evaluates or window.signalled else read_lag):
             window.read(queued.pop(0))
         if window.signalled:
             name = signal.Signals(stop.signal).name if stop.signal else "a signal on another rank"
             monitor.info(f"received {name}: saving at step {step} and exiting for requeue")
             _save_on_stop(save, state, stop, grace)
             return PREEMPTED
+        decision = evaluation.run(state) if evaluates else None
+        saves = saves or bool(decision and decision.save)
         if saves:
             if window.consecutive:  # keep the last checkpoint from before the trouble as the newest
                 monitor.info(f"step {step}: not checkpointing during a run of skipped steps")
@@ -249,6 +271,8 @@ def _steps(state, engine, loader, monitor, *, settings, plan, family, model, ran
                 began_save = time.monotonic()
                 save(state)
                 grace.save_seconds = time.monotonic() - began_save
+        if decision is not None and decision.stop:
+            return 0
     return 0
 
 

@@ -91,6 +91,16 @@ class Monitor:
         if line:
             self.info(format_line(metrics))
 
+    def record_evaluation(self, record: dict) -> None:
+        """Append an evaluation's JSONL record (its figures named ``eval/...``), and the same TensorBoard/CSV names."""
+        if not self.enabled:
+            return
+        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.flush()
+        if self.ds_monitor is not None and getattr(self.ds_monitor, "enabled", False):
+            self.ds_monitor.write_events([(k, v, record["step"]) for k, v in record.items() if k.startswith("eval/")
+                                          and isinstance(v, (int, float)) and math.isfinite(v)])
+
     def info(self, message: str) -> None:
         if not self.enabled:
             return

@@ -31,7 +31,7 @@ APPLIED_FROM_RESUME = (
     "train.max_steps", "train.micro_batch_size", "train.gradient_clipping", "train.initial_scale_power",
     "train.loss_scale_window", "train.hysteresis", "train.min_loss_scale",
     "optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay", "optimizer.torch_adam",
-    "schedule.", "checkpoint.", "faults.", "logging.", "model.activation_checkpointing", "model.init_from",
+    "schedule.", "checkpoint.", "eval.", "faults.", "logging.", "model.activation_checkpointing", "model.init_from",
     "model.padding_free",  # how the same step is computed (equal to rounding), not what it computes
     "model.compile", "model.compile_cuda_graphs", "model.compile_cache",  # likewise (pretrain.compiling: in place,
                                                                            # the checkpoint's names unchanged)

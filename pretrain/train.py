@@ -22,7 +22,7 @@ from torch import nn
 from common import configlib, storage, writelock
 from common.manifest import Manifest, ModelRequirements
 from models import attention
-from pretrain import checkpoints, families, loop, precision
+from pretrain import checkpoints, evaluation, families, loop, precision
 from pretrain import engine as ds
 from pretrain import resume as resume_check
 from pretrain.checkpoints import export_directory, finished_export
@@ -120,6 +120,8 @@ class Setup:
     plan: BatchPlan
     state: LoopState
     timings: dict = field(default_factory=dict)  # seconds of the checkpoint work, for summary.json
+    split: ShardedInstances | None = None        # the held-out split evaluated on (None: evaluation off)
+    layout: evaluation.Layout = evaluation.Layout()
 
 
 def resolve_precision(cfg: PretrainConfig, rank: int) -> tuple[PretrainConfig, list[precision.Choice]]:
@@ -143,19 +145,22 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
     if state.step == 0:
         monitor.info(f"{run.plan.describe()}; {run.family.describe(run.model)}; "
                      f"ZeRO {cfg.zero.stage}, {cfg.train.precision}, {cfg.optimizer.name}")
+    scoring = evaluation.RunEvaluation.of(cfg, engine, run.family, run.split, run.layout, monitor)
     stop = StopFlag.of(cfg.faults, rank=rank, checkpoints=out / "checkpoints").install()
     starts = StepStarts(run.loader, rng_state)  # where each step began: an abandoned step is saved as not begun
     started = time.time()
     compiled = RecompileLimitWatch(monitor.info if rank == 0 else log.warning) if cfg.model.compile else None
     try:
         save = functools.partial(_save, engine=engine, cfg=cfg, loader=run.loader, starts=starts, world=world,
-                                 monitor=monitor, timings=run.timings)
+                                 monitor=monitor, timings=run.timings, scoring=scoring)
+        if scoring is not None:
+            scoring.started = time.time()
         with compiled or contextlib.nullcontext():
             # On a GPU each step's statistics are read once the next step is queued (the device never idles on
             # the host's read); on CPU the collectives are synchronous anyway, and each step is read at once.
             status = loop.train(state, engine, starts, monitor, settings=loop.LoopSettings.of(cfg),
                                 plan=run.plan, family=run.family, model=run.model, rank=rank, stop=stop, save=save,
-                                read_lag=1 if engine.device.type == "cuda" else 0)
+                                read_lag=1 if engine.device.type == "cuda" else 0, evaluation=scoring)
         stop.begin_save()  # the state is saved; a stop now leaves the export whole or absent, as ever
         if status == 0 and not engine.weights_finite():  # e.g. the last steps were skipped, so never saved
             monitor.info(f"the final weights hold NaN or inf: the run is not done and {export_directory(out)} is not "
@@ -182,14 +187,16 @@ def _run(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool) -> int:
                    "consumed_samples": state.consumed, "skipped_steps": state.skipped, "world_size": world,
                    "precision": {choice.what: {"requested": choice.requested, "chosen": choice.precision,
                                                "reason": choice.reason} for choice in choices},
-                   "wall_seconds": round(time.time() - started, 1), "timings": run.timings}
+                   "wall_seconds": round(time.time() - started, 1), "timings": run.timings,
+                   **(scoring.summary() if scoring is not None else {})}
         if compiled:
             summary["compile"] = {"graphs": compiled.graphs(), "recompile_limits_hit": compiled.limits_hit,
                                   "cache": cache_counts()}
         with storage.open_write(str(out / "summary.json"), binary=False) as handle:  # whole, even on a 2nd SIGTERM
             handle.write(json.dumps(summary, indent=2) + "\n")
         log.info(f"{summary['status']}: step {state.step}/{cfg.train.max_steps}, {state.consumed:,} samples, "
-                 f"{state.skipped} skipped steps, {summary['wall_seconds']} s on {world} ranks; outputs in {out}")
+                 f"{state.skipped} skipped steps, {summary['wall_seconds']} s on {world} ranks; outputs in {out}"
+                 + (scoring.last_line() if scoring is not None else ""))
     return status
 
 
@@ -205,6 +212,9 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: 
         log.info(recipe.describe())
     _check_init_tokenizer(cfg, data.manifest)
     family = families.for_config(cfg)
+    split = evaluation.open_split(cfg.eval, cfg.checkpoint, family, data.manifest, data_path=cfg.data.path,
+                                  verify=cfg.data.verify)  # refused here, before the first step, if it cannot be
+    layout = evaluation.Layout(cfg.data.pad_multiple, recipe.document_attention, cfg.model.padding_free)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every run
     model = build_model(cfg, data.manifest, family)
     data.check(ModelRequirements(family.vocab_size(model), family.positions(model),
@@ -260,7 +270,8 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: 
         timings["checkpoint_load_s"] = round(time.perf_counter() - began, 2)
         engine.follow_schedule(cfg.optimizer.lr)
         loader.load_state_dict(saved["data"])
-        state = LoopState(step=saved["step"], consumed=saved["consumed_samples"], skipped=saved["skipped_steps"])
+        state = LoopState(step=saved["step"], consumed=saved["consumed_samples"], skipped=saved["skipped_steps"],
+                          tokens=saved.get("tokens", 0))
         if saved["world_size"] == world:
             set_rng_state(saved["rng"][rank])
         else:
@@ -269,7 +280,7 @@ def set_up(cfg: PretrainConfig, rendezvous: Rendezvous, *, resume: bool, notes: 
                  "ranks")
     elif resume:
         log.info(f"no complete checkpoint in {ckpt_dir}; starting from scratch")
-    return Setup(model, family, data, engine, loader, plan, state, timings)
+    return Setup(model, family, data, engine, loader, plan, state, timings, split, layout)
 
 
 def _compiled(objective: torch.nn.Module, model_cfg, rank: int) -> torch.nn.Module:
@@ -312,7 +323,8 @@ def _check_run_tokenizer(out: Path, data: ShardedInstances) -> None:
 
 
 def _save(state: LoopState, abandoned: bool = False, *, engine: ds.Engine, cfg: PretrainConfig,
-          loader: PretrainingLoader, starts: StepStarts, world: int, monitor: Monitor, timings: dict) -> None:
+          loader: PretrainingLoader, starts: StepStarts, world: int, monitor: Monitor, timings: dict,
+          scoring: evaluation.RunEvaluation | None = None) -> None:
     """Every rank writes its part of the checkpoint of ``state.step``; rank 0 publishes it once all are done.
     ``abandoned``: the loop stopped the next step midway; the data position and random states are those from its
     start (``starts``), and the weights and optimizer are still those of ``state.step``."""
@@ -325,7 +337,7 @@ def _save(state: LoopState, abandoned: bool = False, *, engine: ds.Engine, cfg: 
     rngs = engine.all_gather(starts.rng if abandoned else rng_state())
     position = starts.position if abandoned else loader.state_dict()
     client_state = {CLIENT_KEY: {"data": position, "step": step, "consumed_samples": consumed,
-                                 "skipped_steps": skipped, "world_size": world, "rng": rngs,
+                                 "skipped_steps": skipped, "tokens": state.tokens, "world_size": world, "rng": rngs,
                                  "config": configlib.to_dict(cfg)}}
     if not engine.weights_finite():
         raise Diverged(f"step {step}: the weights hold NaN or inf; not saving {tag} (nor exporting). The last good "
@@ -335,8 +347,9 @@ def _save(state: LoopState, abandoned: bool = False, *, engine: ds.Engine, cfg: 
     if engine.rank == 0:
         checkpoints.publish(ckpt_dir, tag, {"step": step, "consumed_samples": consumed, "world_size": world,
                                             "zero_stage": cfg.zero.stage, "precision": cfg.train.precision,
-                                            "settings": _settings(cfg, loader.data.manifest)})
-        checkpoints.prune(ckpt_dir, cfg.checkpoint.keep_last)
+                                            "settings": _settings(cfg, loader.data.manifest),
+                                            **(scoring.checkpoint_info(step) if scoring is not None else {})})
+        checkpoints.prune(ckpt_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best)
     engine.barrier()
     seconds = round(time.perf_counter() - began, 2)
     timings.setdefault("checkpoint_save_s", []).append(seconds)

@@ -82,6 +82,11 @@ def test_the_readmes_demo_runs_from_a_clean_copy_in_an_environment_holding_only_
     manifest = json.loads((out / "dataset" / "manifest.json").read_text())
     assert (f"manifest: {manifest['rows']:,} rows in {len(manifest['shards'])} shards; first shard sha256 "
             f"{manifest['shards'][0]['sha256'][:16]}…") in output
+    last = json.loads((out / "pretrain" / "summary.json").read_text())["evaluation"]["last"]
+    assert last["step"] == 60 and last["rows"] == manifest["evaluation"]["rows"], last
+    assert (f"evaluation: step {last['step']} on {last['rows']:,} held-out rows: masked-LM accuracy "
+            f"{last['mlm_accuracy']:.4f}, loss {last['mlm_loss']:.4f}, perplexity {last['mlm_perplexity']:.2f}; "
+            f"NSP accuracy {last['nsp_accuracy']:.4f}") in output, output[-3000:]
     report = json.loads((out / "finetune" / "report.json").read_text())
     assert sorted({r["task"] for r in report["results"]}) == sorted(TASKS)
     assert (out / "finetune" / "report.md").read_text().startswith("# Finetuning report")

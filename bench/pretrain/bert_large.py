@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     phase2 = {**COMMON, "data.path": datasets[512][0], "output_dir": runs / "phase2",
               "model.init_from": runs / "phase1", "train.max_steps": args.phase2_steps,
               "schedule.total_steps": args.phase2_steps, "train.global_batch_size": args.batch[1],
-              "train.micro_batch_size": max(1, args.batch[1] // 2)}
+              "train.micro_batch_size": max(1, args.batch[1] // 2),
+              "eval.target": "null"}  # the shards have no evaluation split (bench.shards): evaluation is off
     stages["phase2"] = run_job("phase2", pretrain_command(PHASE2, 2, phase2), environment(2), logs)
     stats["phase2"] = run_stats(runs / "phase2", args.batch[1])
     memory["phase2"] = memory_check(PHASE2, phase2, 2, vocab, stages["phase2"], baseline)

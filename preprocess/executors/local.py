@@ -127,6 +127,11 @@ def _count_task(task) -> list[tuple]:
     return plan.count_buckets(lo, hi)
 
 
+def _split_task(task) -> list[dict]:
+    plan, lo, hi, selection = task
+    return plan.split_buckets(lo, hi, selection)
+
+
 def _shards_task(task) -> None:
     plan, shard_ids = task
     for shard in shard_ids:
@@ -168,6 +173,11 @@ def run_stages(plan: Plan, workers: int, options_args: list[str], bar) -> None:
         bar.set_postfix_str("index")
         # The index is a few counts: no pipeline of its own (starting one here would be serial time).
         ranges = bucket_ranges(plan.num_buckets, slices)
+        if plan.heldout.enabled:  # the held-out split first: training is counted without its text
+            selection = plan.select_heldout()
+            plan.write_split([result for results in pool.map(_split_task, [(plan, lo, hi, selection)
+                                                                           for lo, hi in ranges])
+                              for result in results])
         plan.write_index([row for rows in pool.map(_count_task, [(plan, lo, hi) for lo, hi in ranges]) for row in rows])
         bar.update()
         bar.set_postfix_str("instances")

@@ -31,6 +31,7 @@ from common.errors import StorageError, storage_failure
 from common.preprocess_config import PreprocessConfig
 from preprocess.executors import beamargs, local, part_budget
 from preprocess.executors.beamrun import WorkerLog, beam_options, run_beam
+from preprocess.executors.evaluation import run_evaluation
 from preprocess.executors.plan import Plan, resolve_inputs
 from preprocess.executors.publish import discard_failed, prepare_output, publish_dataset
 from preprocess.stages.worker_tokenizer import share_tokenizer
@@ -90,6 +91,7 @@ def _run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], token
                     local.run_stages(plan, pool_workers, beamargs.without_worker_options(beam_args), bar)
             else:
                 run_on_beam(plan, options, log, beamargs.runs_in_one_process(beam_args), bar)
+        run_evaluation(plan, log)
         return publish_dataset(cfg, tok, plan, output, started, log)
     except BaseException as error:
         discard_failed(staging, output, log)

@@ -19,15 +19,16 @@ import pyarrow as pa
 from common import schema, storage
 from common.errors import InputError
 from common.preprocess_config import (
+    HeldoutConfig,
     InstanceConfig,
     MultilingualConfig,
     OutputConfig,
     PreprocessConfig,
     SourceConfig,
 )
-from preprocess import docstore, handoff, inputs, languages
+from preprocess import docstore, handoff, heldout, inputs, languages
 from preprocess.executors.part_budget import split_parts
-from preprocess.layout import INDEX_NAME, bits_for, bucket_ranges
+from preprocess.layout import EVAL_DIR, INDEX_NAME, bits_for, bucket_ranges
 from preprocess.stages import documents as documents_stage
 from preprocess.stages import index as index_stage
 from preprocess.stages import packed as packed_stage
@@ -78,6 +79,7 @@ class Plan:
         parts: how many parts the documents and instances stages are split into (``PreprocessConfig.parts``).
         work: where the stages meet (under ``staging``, removed when the dataset is published).
         staging: where the shards are written (the dataset's staging location).
+        heldout: the held-out split (``preprocess.heldout``), built by the plan ``evaluation`` returns.
     """
 
     files: tuple[tuple[str, str, int], ...]
@@ -94,6 +96,7 @@ class Plan:
     mask_id: int
     output_schema: pa.Schema
     multilingual: MultilingualConfig = MultilingualConfig()
+    heldout: HeldoutConfig = HeldoutConfig()
 
     @classmethod
     def build(cls, cfg: PreprocessConfig, files, tok, staging: str, tokenizer_uri: str, slices: int) -> Plan:
@@ -108,7 +111,17 @@ class Plan:
                    source_cfg=cfg.sources, instance_cfg=cfg.instances, output_cfg=cfg.output, seed=cfg.seed,
                    work=storage.join(staging, "_work"), staging=staging, tokenizer_uri=tokenizer_uri,
                    vocab_size=tok.vocab_size, mask_id=tok.mask_id, output_schema=output_schema,
-                   multilingual=cfg.multilingual)
+                   multilingual=cfg.multilingual, heldout=cfg.heldout)
+
+    def evaluation(self) -> Plan:
+        """The held-out split's plan: the index, instance and shard stages over the evaluation store that this plan's
+        index stage wrote, by the same recipe but masked once (static masks, whatever the recipe's masking), into
+        shards of its own under ``EVAL_DIR``; one part, one language mix, no split of its own."""
+        return dataclasses.replace(
+            self, parts=1, work=storage.join(self.work, EVAL_DIR), staging=storage.join(self.staging, EVAL_DIR),
+            instance_cfg=dataclasses.replace(self.instance_cfg, masking="static"),
+            output_cfg=dataclasses.replace(self.output_cfg, num_shards=0), multilingual=MultilingualConfig(),
+            heldout=HeldoutConfig())
 
     @property
     def num_buckets(self) -> int:
@@ -133,16 +146,33 @@ class Plan:
         """(kind, uri[, split]) input units -> part ``part``'s share of the document store."""
         return documents_stage.BuildDocumentStore(self.source_cfg, self.tokenizer_uri, self.bucket_bits, self.work,
                                                   part, self.vocab_size, spread=lot is None,
-                                                  multilingual=self.multilingual)
+                                                  multilingual=self.multilingual, heldout=self.heldout, seed=self.seed)
 
     # Stage 2: index
     def index(self, lot: handoff.Lot | None) -> index_stage.IndexCorpus:
         """Anything -> after it, the corpus index; emits the non-empty buckets."""
         return index_stage.IndexCorpus(self.work, self.num_buckets, self.instance_cfg, spread=lot is None,
-                                       multilingual=self.multilingual)
+                                       multilingual=self.multilingual,
+                                       heldout=(self.heldout, self.seed, self.vocab_size))
+
+    def select_heldout(self) -> dict:
+        """The index stage without Beam, with a held-out split: first its selection (``heldout.write_thresholds``)."""
+        return heldout.write_thresholds(self.work, self.heldout, self.seed)
+
+    def split_buckets(self, lo: int, hi: int, selection: dict) -> list[dict]:
+        """... then each bucket's held-out documents into the evaluation store (``heldout.split_bucket``) ..."""
+        return [heldout.split_bucket(self.work, bucket, selection, self.vocab_size) for bucket in range(lo, hi)]
+
+    def write_split(self, results: list[dict]) -> None:
+        """... and their text hashes, before the buckets are counted (``heldout.write_split``)."""
+        heldout.write_split(self.work, results, self.instance_cfg)
 
     def count_buckets(self, lo: int, hi: int) -> list[tuple]:
-        """The index stage without Beam, first half: (bucket, documents, duplicate ids) of buckets ``[lo, hi)``."""
+        """The index stage without Beam, first half: (bucket, documents, duplicate ids) of buckets ``[lo, hi)``
+        (after a held-out split, without its text: ``heldout.count_training``)."""
+        if self.heldout.enabled:
+            held_out = heldout.read_text_hashes(self.work)
+            return [heldout.count_training(self.work, bucket, held_out) for bucket in range(lo, hi)]
         return [docstore.bucket_count(self.work, bucket) for bucket in range(lo, hi)]
 
     def write_index(self, counts: list[tuple]) -> None:

@@ -16,7 +16,7 @@ from common.preprocess_config import InstanceConfig, PreprocessConfig
 from preprocess import docstore, inputs, shards
 from preprocess.executors.beamrun import WorkerLog
 from preprocess.executors.plan import Plan
-from preprocess.layout import INDEX_NAME, SHARD_PLAN_NAME
+from preprocess.layout import EVAL_DIR, HELDOUT_NAME, INDEX_NAME, SHARD_PLAN_NAME
 from preprocess.stages.barrier import read_metas
 
 LOG = logging.getLogger("preprocess")
@@ -93,6 +93,8 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
                          total_rows, plan.bucket_bits, group_bits)
     if "languages" in index_data:  # a multilingual run: each language's corpus, mix and rows
         manifest["languages"] = _languages(index_data["languages"], planned)
+    if plan.heldout.enabled:
+        _add_evaluation(manifest, plan, index_data)
     storage.remove_tree(work)
     manifest["summary"]["wall_seconds"] = round(time.time() - started, 3)
     manifest["summary"]["corpus_tokens_per_second"] = round(corpus["tokens"] / max(1e-9, time.time() - started), 1)
@@ -101,6 +103,33 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
     if log.path:
         os.unlink(log.path)
     return manifest
+
+
+def _add_evaluation(manifest: dict, plan: Plan, index_data: dict) -> None:
+    """The manifest's ``evaluation``: the held-out split's selection, documents, rows, tokens, statistics and shards
+    (named from the dataset directory); the training documents' statistics count what the split left out."""
+    evaluation = plan.evaluation()
+    split = storage.read_json(storage.join(plan.work, HELDOUT_NAME))
+    left_out = sum(len(ids) for ids in index_data.get("heldout_dropped", {}).values())
+    stats: dict = {}
+    for meta in read_metas(storage.join(evaluation.work, "pieces")).values():
+        stats = shards.merge_counts(stats, meta["stats"])
+    planned = read_metas(storage.join(evaluation.work, "planned")).values()
+    stats["sop_dropped_chunks"] = sum(meta.get("sop_dropped_chunks", 0) for meta in planned)
+    rows = sum(storage.read_json(storage.join(evaluation.work, SHARD_PLAN_NAME))["group_rows"])
+    entries = sorted(read_metas(storage.join(evaluation.work, "shards")).values(), key=lambda e: e["name"])
+    selection = {source: {key: value for key, value in dataclasses.asdict(getattr(plan.heldout, source)).items()
+                          if value} for source in ("wikipedia", "books") if getattr(plan.heldout, source).enabled}
+    manifest["evaluation"] = {
+        "selection": {"seed": split["seed"], **selection}, "masking": evaluation.instance_cfg.masking,
+        "documents": split["documents"], "sources": split["sources"],
+        "text_duplicates_dropped": left_out - split["documents"], "rows": rows, "tokens": stats.get("tokens", 0),
+        "shards": [{**entry, "name": f"{EVAL_DIR}/{entry['name']}"} for entry in entries],
+        "statistics": _instance_statistics(evaluation.instance_cfg, stats, rows)}
+    documents = manifest["statistics"]["documents"]
+    documents.update(read=documents["read"] + left_out, heldout=split["documents"],
+                     heldout_text_duplicates=left_out - split["documents"])
+    manifest["summary"].update(evaluation_documents=split["documents"], evaluation_rows=rows)
 
 
 def _languages(mix: dict, planned) -> dict:

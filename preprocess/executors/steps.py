@@ -35,6 +35,7 @@ from common.preprocess_config import PreprocessConfig
 from preprocess import docstore, inputs
 from preprocess.executors import beamargs
 from preprocess.executors.beamrun import WorkerLog, beam_options, run_beam
+from preprocess.executors.evaluation import run_evaluation
 from preprocess.executors.plan import Plan, resolve_inputs
 from preprocess.executors.publish import publish_dataset, staging_for
 from preprocess.layout import INDEX_NAME
@@ -217,6 +218,7 @@ class _Run:
         self.tok.save(self.plan.tokenizer_uri)
         # A finish that died midway left no manifest, so nothing looks complete; running it again redoes the shards.
         self._beam(lambda p, lot: p | "Start" >> beam.Create([None]) | self.plan.shards(lot))
+        run_evaluation(self.plan, self.log)
         return publish_dataset(self.cfg, self.tok, self.plan, self.output, started, self.log)
 
     def await_parts(self, step: str, wait_seconds: float) -> None:

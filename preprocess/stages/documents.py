@@ -18,8 +18,8 @@ from apache_beam.metrics import Metrics
 
 from common import schema, storage
 from common.hashing import document_hash
-from common.preprocess_config import MultilingualConfig, SourceConfig
-from preprocess import books, docstore, dumpsplit, languages, text, wikipedia
+from common.preprocess_config import HeldoutConfig, MultilingualConfig, SourceConfig
+from preprocess import books, docstore, dumpsplit, heldout, languages, text, wikipedia
 from preprocess.records import RawDocument, Rejected
 from preprocess.stages.worker_tokenizer import UsesTokenizer
 
@@ -32,15 +32,17 @@ class BuildDocumentStore(beam.PTransform):
 
     With ``spread`` (the default) large dumps are cut into byte ranges and files and documents are spread over
     the runner's workers. Without it reading and cleaning are one fused step, for a caller that hands each
-    pipeline its own units (the local process pool). With ``multilingual`` enabled, the counts are also by language.
+    pipeline its own units (the local process pool). With ``multilingual`` enabled, the counts are also by language;
+    with a held-out split (``heldout``, selected with ``seed``), also what its selection needs.
     """
 
     def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size, spread: bool = True,
-                 multilingual: MultilingualConfig | None = None):
+                 multilingual: MultilingualConfig | None = None, heldout: HeldoutConfig | None = None, seed: int = 0):
         super().__init__()
         self._cfg, self._tokenizer_uri, self._bucket_bits = cfg, tokenizer_uri, bucket_bits
         self._work, self._part, self._vocab_size, self._spread = work, part, vocab_size, spread
         self._multilingual = multilingual
+        self._heldout = (heldout, seed) if heldout is not None and heldout.enabled else None
 
     def expand(self, files):
         if self._spread:
@@ -53,9 +55,9 @@ class BuildDocumentStore(beam.PTransform):
                 | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))
                 | "ByBucket" >> beam.GroupByKey()
                 | "WriteBuckets" >> beam.ParDo(WriteDocumentBucket(self._work, self._part, self._vocab_size,
-                                                                  self._multilingual))
+                                                                  self._multilingual, self._heldout))
                 | "OneKey" >> beam.Map(lambda counts: (0, counts)) | "AllBuckets" >> beam.GroupByKey()
-                | "WriteCounts" >> beam.ParDo(WritePartCounts(self._work, self._part)))
+                | "WriteCounts" >> beam.ParDo(WritePartCounts(self._work, self._part, self._heldout)))
 
 
 class SplitLargeDumps(beam.DoFn):
@@ -143,11 +145,14 @@ class WriteDocumentBucket(beam.DoFn):
     """(bucket, [records]) -> docs/bNNNNNN/pPPPP.arrow, the bucket's documents from this part (none: no file); emits
     the bucket's counts (``docstore.no_counts``' keys), which ``WritePartCounts`` adds up. The records are
     ``CleanAndTokenize``'s: ("doc", row) or ("rejected", (source, doc_id, outcome, reason, detail)). With
-    ``multilingual`` enabled, the counts are also by language (``languages.language_counts``)."""
+    ``multilingual`` enabled, the counts are also by language (``languages.language_counts``); with ``heldout``
+    ((config, seed) of a held-out split), also what its selection needs (``heldout.bucket_counts``)."""
 
-    def __init__(self, work: str, part: int, vocab_size: int, multilingual: MultilingualConfig | None = None):
+    def __init__(self, work: str, part: int, vocab_size: int, multilingual: MultilingualConfig | None = None,
+                 heldout: tuple[HeldoutConfig, int] | None = None):
         self._work, self._part, self._vocab_size = work, part, vocab_size
         self._multilingual = multilingual if multilingual is not None and multilingual.enabled else None
+        self._heldout = heldout
 
     def process(self, element):
         bucket, records = element
@@ -164,6 +169,8 @@ class WriteDocumentBucket(beam.DoFn):
             counts["tokens"] = sum(len(d[3]) for d in docs) // token_bytes
             if self._multilingual is not None:
                 counts.update(languages.language_counts(docs, self._multilingual, token_bytes))
+            if self._heldout is not None:
+                counts.update(heldout.bucket_counts(*self._heldout, [d[1] for d in docs]))
             docstore.write_table(storage.join(docstore.bucket_dir(self._work, bucket), f"p{self._part:04d}.arrow"),
                                  docstore.documents_table(docs, self._vocab_size))
         yield counts
@@ -171,11 +178,15 @@ class WriteDocumentBucket(beam.DoFn):
 
 class WritePartCounts(beam.DoFn):
     """(any key, [each bucket's counts]) -> doc_counts/pPPPP.json, this part's documents counted (``docstore``'s
-    ``add_counts``): one file per part for the index and the manifest to read, not one per bucket and part."""
+    ``add_counts``): one file per part for the index and the manifest to read, not one per bucket and part.
+    A held-out split's smallest keys are cut to its counts (``heldout.trim_counts``)."""
 
-    def __init__(self, work: str, part: int):
-        self._work, self._part = work, part
+    def __init__(self, work: str, part: int, heldout: tuple[HeldoutConfig, int] | None = None):
+        self._work, self._part, self._heldout = work, part, heldout
 
     def process(self, element):
-        storage.write_json(docstore.counts_uri(self._work, self._part), docstore.add_counts(list(element[1])))
+        counts = docstore.add_counts(list(element[1]))
+        if self._heldout is not None:
+            counts = heldout.trim_counts(counts, self._heldout[0])
+        storage.write_json(docstore.counts_uri(self._work, self._part), counts)
         yield self._part

@@ -8,9 +8,9 @@ import apache_beam as beam
 
 from common import storage
 from common.errors import InputError
-from common.preprocess_config import InstanceConfig, MultilingualConfig
-from preprocess import docstore, languages, sentence_rows
-from preprocess.layout import INDEX_NAME, bits_for, unit_shift
+from common.preprocess_config import HeldoutConfig, InstanceConfig, MultilingualConfig
+from preprocess import docstore, heldout, languages, sentence_rows
+from preprocess.layout import HELDOUT_SELECTION_NAME, INDEX_NAME, bits_for, unit_shift
 from preprocess.stages.barrier import Barrier, read_metas, spread
 
 ROWS_PER_GROUP = 16384  # instances per key-range group (bounds what one shard writer sorts)
@@ -18,31 +18,73 @@ ROWS_PER_UNIT = 65536   # instances per unit of the instance stage (bounds what 
 
 
 class IndexCorpus(beam.PTransform):
-    """After the document store is complete: count every bucket, write the index, emit non-empty buckets."""
+    """After the document store is complete: count every bucket, write the index, emit non-empty buckets. With a
+    held-out split (``heldout``: (config, seed, vocabulary size)), first split it off (``preprocess.heldout``)."""
 
     def __init__(self, work: str, num_buckets: int, cfg: InstanceConfig, spread: bool = True,
-                 multilingual: MultilingualConfig | None = None):
+                 multilingual: MultilingualConfig | None = None, heldout: tuple[HeldoutConfig, int, int] | None = None):
         super().__init__()
         self._work, self._num_buckets, self._cfg, self._spread = work, num_buckets, cfg, spread
         self._multilingual = multilingual
+        self._heldout = heldout if heldout is not None and heldout[0].enabled else None
 
     def expand(self, trigger):
         work, num_buckets, cfg, multilingual = self._work, self._num_buckets, self._cfg, self._multilingual
-        buckets = trigger | "AfterDocuments" >> Barrier() | "Buckets" >> beam.FlatMap(lambda _: range(num_buckets))
+        after = trigger | "AfterDocuments" >> Barrier()
+        if self._heldout is not None:
+            after = self._split(after)
+        buckets = after | "Buckets" >> beam.FlatMap(lambda _: range(num_buckets))
         return (spread(buckets, "SpreadBuckets", self._spread)
-                | "Count" >> beam.ParDo(CountBucket(work))
+                | "Count" >> beam.ParDo(CountBucket(work, split=self._heldout is not None))
                 | "AllCounts" >> beam.Map(lambda row: (0, row)) | "Collect" >> beam.GroupByKey()
                 | "WriteIndex" >> beam.FlatMap(lambda kv: write_index(kv[1], work, num_buckets, cfg, multilingual)))
 
+    def _split(self, after):
+        """The held-out split: its selection, then every bucket's held-out documents copied into the evaluation
+        store, then their text hashes written; one element once that is done."""
+        work, num_buckets, cfg = self._work, self._num_buckets, self._cfg
+        heldout_cfg, seed, vocab_size = self._heldout
+        buckets = after | "Select" >> beam.FlatMap(lambda _: _select(work, heldout_cfg, seed, num_buckets))
+        return (spread(buckets, "SpreadSplit", self._spread)
+                | "SplitBucket" >> beam.ParDo(SplitBucket(work, vocab_size))
+                | "AllSplit" >> beam.Map(lambda result: (0, result)) | "CollectSplit" >> beam.GroupByKey()
+                | "WriteSplit" >> beam.Map(lambda kv: heldout.write_split(work, list(kv[1]), cfg)))
 
-class CountBucket(beam.DoFn):
-    """bucket -> (bucket, documents after removing duplicate ids, duplicates)."""
 
-    def __init__(self, work: str):
-        self._work = work
+def _select(work: str, cfg: HeldoutConfig, seed: int, num_buckets: int) -> range:
+    """The held-out selection written (``heldout.write_thresholds``); then every bucket, to split."""
+    heldout.write_thresholds(work, cfg, seed)
+    return range(num_buckets)
+
+
+class SplitBucket(beam.DoFn):
+    """bucket -> its held-out documents copied into the evaluation store; their counts and text hashes."""
+
+    def __init__(self, work: str, vocab_size: int):
+        self._work, self._vocab_size = work, vocab_size
+        self._selection = None
 
     def process(self, bucket):
-        yield docstore.bucket_count(self._work, bucket)
+        if self._selection is None:  # written before the first bucket is sent
+            self._selection = storage.read_json(storage.join(self._work, HELDOUT_SELECTION_NAME))
+        yield heldout.split_bucket(self._work, bucket, self._selection, self._vocab_size)
+
+
+class CountBucket(beam.DoFn):
+    """bucket -> (bucket, documents after removing duplicate ids, duplicates); after a held-out ``split``, without
+    the documents whose text is held out, and a fourth element naming them (``heldout.count_training``)."""
+
+    def __init__(self, work: str, split: bool = False):
+        self._work, self._split = work, split
+        self._held_out = None
+
+    def process(self, bucket):
+        if not self._split:
+            yield docstore.bucket_count(self._work, bucket)
+            return
+        if self._held_out is None:
+            self._held_out = heldout.read_text_hashes(self._work)
+        yield heldout.count_training(self._work, bucket, self._held_out)
 
 
 def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
@@ -50,12 +92,16 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
     """Bucket offsets (global document indices), corpus counts and the group layout -> index.json; for a multilingual
     run also each language's counts and sampling rate (``languages.language_mix``) and each document group's
     language."""
-    counts = {bucket: (count, duplicates) for bucket, count, duplicates in rows}
+    rows = list(rows)
+    counts = {row[0]: (row[1], row[2]) for row in rows}
     offsets = [0]
     for bucket in range(num_buckets):
         offsets.append(offsets[-1] + counts.get(bucket, (0, []))[0])
     documents = docstore.add_counts(list(read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
     corpus = {"sentences": documents["sentences"], "tokens": documents["tokens"]}
+    left_out = {row[0]: row[3] for row in rows if len(row) > 3 and row[3]["ids"]}  # a held-out split's
+    for entry in left_out.values():
+        corpus = {key: corpus[key] - entry[key] for key in corpus}
     needed = 2 if cfg.sentence_objective == "nsp" else 1  # a random next segment comes from another document
     if offsets[-1] < needed:
         raise InputError(f"only {offsets[-1]} usable document(s) in the input; "
@@ -64,6 +110,8 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
     estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
     index = {"bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),
              "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())}
+    if left_out:  # the ids each later load of a bucket leaves out (``heldout.count_training``)
+        index["heldout_dropped"] = {str(bucket): entry["ids"] for bucket, entry in sorted(left_out.items())}
     if cfg.kind == "full_sentences":
         index["stream_bits"] = sentence_rows.stream_bits_for(corpus["tokens"])  # the corpus's size alone chooses it
     else:  # units: runs of buckets, so that the stage's elements grow with the input alone

@@ -79,6 +79,11 @@ class BuildsInstances(UsesTokenizer):
         return {name: {"rows": int(rows[i]), **({"tokens": int(counted[i])} if counted is not None else {})}
                 for i, name in enumerate(names) if rows[i]}
 
+    def _drop(self, bucket: int) -> frozenset[str]:
+        """The ids a load of ``bucket`` leaves out: those of a held-out split's text (``preprocess.heldout``)."""
+        self._load_index()
+        return frozenset(self._index.get("heldout_dropped", {}).get(str(bucket), ()))
+
     def _offsets(self) -> list[int]:
         """Global index of each bucket's first document, plus the corpus size."""
         self._load_index()

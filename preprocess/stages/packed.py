@@ -72,7 +72,7 @@ class BuildPackedInstances(BuildsInstances):
 
     def _documents(self, bucket: int):
         """Every duplicate of every document of ``bucket``, each document in rows of its own."""
-        loaded = docstore.load_bucket(self._work, bucket)
+        loaded = docstore.load_bucket(self._work, bucket, self._drop(bucket))
         lengths = loaded.token_lengths
         copies = self._copies(loaded.doc_ids)  # dupe_factor each, or the smoothed mix's (multilingual runs)
         parts = []
@@ -99,7 +99,7 @@ class BuildPackedInstances(BuildsInstances):
         for bucket in stream_buckets(stream, stream_bits, bucket_bits):
             if offsets[bucket + 1] == offsets[bucket]:
                 continue
-            loaded = docstore.load_bucket(self._work, bucket)
+            loaded = docstore.load_bucket(self._work, bucket, self._drop(bucket))
             ranks = np.arange(len(loaded))
             if stream_bits > bucket_bits:  # the bucket holds other streams' documents too
                 ranks = np.asarray([rank for rank, doc_id in enumerate(loaded.doc_ids)

@@ -79,7 +79,7 @@ class PlanAndBuildInstances(BuildsInstances):
     def _bucket(self, bucket: int, pending: list) -> list[dict]:
         """Plans ``bucket``'s instances, adds its actual-next ones to ``pending`` and returns its random-next
         requests (none or one); records its planned count."""
-        loaded = docstore.load_bucket(self._work, bucket)
+        loaded = docstore.load_bucket(self._work, bucket, self._drop(bucket))
         num_docs, first_index = self._offsets()[-1], self._offsets()[bucket]
         plans, runs, counts = [], [], []  # runs: (document, duplicate), each with counts[i] plans in a row
         dropped = 0
@@ -152,7 +152,7 @@ class ResolveRandomNext(BuildsInstances):
         requests = merge_requests([handoff.receive(ref) for ref in refs])
         pending = []
         for bucket, rows in split_by(self._locate(requests["targets"])[0]):
-            loaded = docstore.load_bucket(self._work, int(bucket))
+            loaded = docstore.load_bucket(self._work, int(bucket), self._drop(int(bucket)))
             rows = rows[self._by_group(requests["keys"].take(rows))]
             for start in range(0, len(rows), CHUNK_ROWS):
                 self._resolve(loaded, int(bucket), take_requests(requests, rows[start:start + CHUNK_ROWS]), pending)

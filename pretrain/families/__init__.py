@@ -12,6 +12,7 @@ the loader's micro-batch (plus ``micro_batch_inputs``) and returns (loss to back
 from __future__ import annotations
 
 import importlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,29 @@ class Family:
     def summary(self, stats: torch.Tensor) -> dict[str, float]:
         """The logged ratios of a statistics vector summed over steps and ranks: ``loss`` first."""
         raise NotImplementedError
+
+    # Evaluation (``pretrain.evaluation``): the loss module's forward in eval mode on held-out micro-batches.
+    evaluation_scores: bool = False  # the forward, given ``evaluation_inputs``, returns (loss, stats, scores) too
+
+    def evaluation_inputs(self, index: int) -> dict[str, Any]:
+        """Inputs beyond the micro-batch for evaluation micro-batch ``index``: a stable function of ``index`` alone
+        (never of the run's step, rank or RNG), so every run, world size and ``pretrain.evaluate`` scores alike."""
+        return {}
+
+    def evaluation_summary(self, stats: torch.Tensor, scores=None) -> dict[str, float]:
+        """The evaluation's figures from its statistics summed over every micro-batch (and ``scores``, the per-token
+        scores of every row in order, for a family with ``evaluation_scores``): ``summary``'s and the masked-LM
+        perplexity, exp of the token-mean masked-LM loss."""
+        record = self.summary(stats)
+        record["mlm_perplexity"] = math.exp(min(record["mlm_loss"], 700.0))  # exp(>709) overflows a double
+        return record
+
+    def evaluation_metrics(self) -> tuple[str, ...]:
+        """The names ``evaluation_summary`` reports (what ``eval.target`` and ``checkpoint.keep_best`` may name)."""
+        import numpy as np
+
+        scores = np.array([[0.25, 0.0], [0.75, 1.0]]) if self.evaluation_scores else None
+        return tuple(self.evaluation_summary(torch.ones(len(self.stat_names), dtype=torch.float64), scores))
 
     def flops_per_token(self, model: nn.Module, seq_len: int, masked_fraction: float) -> float:
         """Training FLOPs per real token of one step at padded width ``seq_len`` (every network the step runs:

@@ -23,12 +23,12 @@ from pretrain.config import ElectraTrainingConfig, ModelConfig
 from pretrain.families import Family
 from pretrain.families.bert import load_state
 from pretrain.families.deberta_loss import STAT_NAMES, DebertaPretrainingLoss, summary
-from pretrain.families.electra import sample_seed
+from pretrain.families.electra import DiscriminatorEvaluation, sample_seed
 
 _WORD = "generator.deberta.embeddings.word_embeddings.weight"
 
 
-class DebertaFamily(Family):
+class DebertaFamily(DiscriminatorEvaluation, Family):
     name = "deberta-v2"
     stat_names = STAT_NAMES
     architecture = "DebertaV2 discriminator (E_G + E_Delta), DebertaV2ForMaskedLM generator in generator/"

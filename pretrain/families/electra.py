@@ -24,7 +24,7 @@ from pretrain.checkpoints import finished_export
 from pretrain.config import ElectraTrainingConfig, ModelConfig
 from pretrain.families import Family
 from pretrain.families.bert import load_state
-from pretrain.families.electra_loss import STAT_NAMES, ElectraLoss, summary
+from pretrain.families.electra_loss import STAT_NAMES, ElectraLoss, roc_auc, summary
 
 # One parameter, several names: the discriminator reads the generator's embedding module, and the generator's
 # output layer is the word embedding table. A checkpoint holds each once, under the generator's embeddings.
@@ -48,16 +48,40 @@ class ElectraPretrainingLoss(ElectraLoss):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                 masked_positions: torch.Tensor, masked_labels: torch.Tensor, mlm_loss_scale: torch.Tensor,
                 token_loss_scale: torch.Tensor, *, sample_seed: int, next_sentence_labels: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None,
-                document_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
+                return_scores: bool = False) -> tuple[torch.Tensor, ...]:
+        """(loss, statistics), and with ``return_scores`` (evaluation) the discriminator's scores third."""
         del next_sentence_labels
         terms = self.terms(input_ids, token_type_ids, attention_mask, masked_positions, masked_labels,
                            sample_seed=sample_seed, mlm_loss_scale=mlm_loss_scale, disc_loss_scale=token_loss_scale,
-                           position_ids=position_ids, document_ids=document_ids)
-        return terms.generator_loss + self.discriminator_weight * terms.discriminator_loss, terms.stats
+                           position_ids=position_ids, document_ids=document_ids, return_scores=return_scores)
+        loss = terms.generator_loss + self.discriminator_weight * terms.discriminator_loss
+        return (loss, terms.stats, terms.scores) if return_scores else (loss, terms.stats)
 
 
-class ElectraFamily(Family):
+def evaluation_seed(index: int) -> int:
+    """The generator's sampling seed for evaluation micro-batch ``index``: of the index alone, so every run and
+    ``pretrain.evaluate`` corrupt the held-out rows from the same uniforms (the draws, not the samples, are fixed)."""
+    key = f"electra-evaluation/{index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+class DiscriminatorEvaluation:
+    """What ELECTRA and DeBERTa-v3 evaluate beyond their training figures: the discriminator's ROC AUC over every
+    held-out real token, from its scores (sums cannot give it)."""
+
+    evaluation_scores = True
+
+    def evaluation_inputs(self, index: int) -> dict:
+        return {"sample_seed": evaluation_seed(index), "return_scores": True}
+
+    def evaluation_summary(self, stats: torch.Tensor, scores=None) -> dict[str, float]:
+        record = Family.evaluation_summary(self, stats)
+        record["disc_auc"] = roc_auc(scores) if scores is not None else float("nan")
+        return record
+
+
+class ElectraFamily(DiscriminatorEvaluation, Family):
     name = "electra"
     stat_names = STAT_NAMES
     architecture = "ElectraForPreTraining discriminator, ElectraForMaskedLM generator in generator/"
@@ -145,7 +169,7 @@ class ElectraFamily(Family):
                 f"{count(model.discriminator):,}, each counting the embeddings they share)")
 
 
-__all__ = ["ElectraFamily", "ElectraPretrainingLoss", "sample_seed"]
+__all__ = ["DiscriminatorEvaluation", "ElectraFamily", "ElectraPretrainingLoss", "evaluation_seed", "sample_seed"]
 
 
 TRAINING = ElectraFamily  # what pretrain.families.for_config builds for model.family: electra

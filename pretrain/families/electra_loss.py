@@ -60,6 +60,8 @@ class ElectraTerms:
     generator_loss: torch.Tensor
     discriminator_loss: torch.Tensor
     stats: torch.Tensor
+    scores: torch.Tensor | None = None  # (real tokens, 2) float64: P(replaced), label; evaluation only
+
 
 
 class ElectraLoss(nn.Module):
@@ -89,9 +91,11 @@ class ElectraLoss(nn.Module):
         return terms.generator_loss + self.discriminator_weight * terms.discriminator_loss, terms.stats
 
     def terms(self, input_ids, token_type_ids, attention_mask, masked_positions, masked_labels, *, sample_seed,
-              mlm_loss_scale=None, disc_loss_scale=None, position_ids=None, document_ids=None) -> ElectraTerms:
+              mlm_loss_scale=None, disc_loss_scale=None, position_ids=None, document_ids=None,
+              return_scores=False) -> ElectraTerms:
         """The losses apart (``forward``'s arguments; ``position_ids`` and ``document_ids``: packed documents kept
-        apart in both networks, see ``models.bert.model.BertModel``): what tests and diagnostics look at."""
+        apart in both networks, see ``models.bert.model.BertModel``): what tests and diagnostics look at.
+        ``return_scores``: keep every real token's P(replaced) and label (row by row), for the evaluation's AUC."""
         documents = {"position_ids": position_ids, "document_ids": document_ids}
         gen_logits = self.model.generator(input_ids, token_type_ids, attention_mask, masked_positions,
                                           **documents)  # (N, V)
@@ -118,7 +122,10 @@ class ElectraLoss(nn.Module):
                 torch.full((), float(input_ids.shape[0]), device=input_ids.device), real.sum().float(),
                 (~torch.isfinite(total)).float(),
             ]).float()
-        return ElectraTerms(generator_loss, discriminator_loss, stats)
+            scores = None
+            if return_scores:
+                scores = torch.stack([torch.sigmoid(disc_logits[real]).double(), replaced[real].double()], dim=1)
+        return ElectraTerms(generator_loss, discriminator_loss, stats, scores)
 
 
 def summary(stats: torch.Tensor, discriminator_weight: float = DISCRIMINATOR_WEIGHT) -> dict[str, float]:
@@ -135,5 +142,24 @@ def summary(stats: torch.Tensor, discriminator_weight: float = DISCRIMINATOR_WEI
             "replaced_recall": per("replaced_correct", "replaced_tokens")}
 
 
+def roc_auc(scores) -> float:
+    """The area under the ROC curve of (score, label) rows: the Mann-Whitney rank statistic, ties given their mean
+    rank, so it needs no thresholds and equals sklearn's ``roc_auc_score``; NaN without both labels."""
+    import numpy as np
+
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1, 2)
+    values, labels = scores[:, 0], scores[:, 1] > 0.5
+    positives, negatives = int(labels.sum()), int((~labels).sum())
+    if not positives or not negatives:
+        return float("nan")
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    ranks = np.empty(len(values), dtype=np.float64)
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], len(values)]
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)  # 1-based mean rank of each tie group
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2.0) / (positives * negatives))
+
+
 __all__ = ["DISCRIMINATOR_WEIGHT", "ElectraLoss", "ElectraTerms", "STAT_NAMES", "corrupt", "sample_replacements",
-           "summary"]
+           "roc_auc", "summary"]

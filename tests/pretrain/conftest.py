@@ -22,6 +22,20 @@ def sample_dataset(tmp_path_factory, bert_vocab) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def split_dataset(tmp_path_factory, bert_vocab) -> pathlib.Path:
+    """The sample dataset with a held-out split (one book, eight Wikipedia articles): evaluation's."""
+    from common import preprocess_config as config
+    from preprocess.executors import pipeline
+
+    out = tmp_path_factory.mktemp("pretrain-split") / "dataset"
+    cfg = config.load("configs/preprocess/tiny.yaml", ["output.num_shards=3", "instances.dupe_factor=3",
+                                                       "heldout.books.documents=1", "heldout.wikipedia.documents=8"])
+    pipeline.run(cfg, wikipedia=[str(SAMPLES / "wikipedia")], books=[str(SAMPLES / "books")],
+                 tokenizer=str(bert_vocab), output=str(out), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def real_dataset(tmp_path_factory, shared_data, bert_vocab) -> pathlib.Path:
     """Phase-1 instances (seq 128) from the real Wikipedia dump slice, with bert-base-uncased's vocabulary."""
     from common import preprocess_config as config

@@ -62,8 +62,10 @@ def launch(launcher: str, nprocs: int, args: list[str], timeout: float = 300) ->
 
 
 def losses(run_dir: pathlib.Path) -> dict[int, float]:
-    """The loss of every logged step (the last record of a step wins, as after a resume)."""
-    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    """The loss of every logged step (the last record of a step wins, as after a resume); evaluation records, which
+    hold ``eval/`` figures, are not training steps."""
+    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r}
 
 
 def settings(dataset, out, *, steps: int, **more) -> list[str]:

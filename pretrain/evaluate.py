@@ -84,15 +84,12 @@ def score(model_dir: Path, data: Path, *, checkpoint: str = "last", max_rows: in
 
 
 def _check_vocabulary(model_dir: Path, manifest) -> None:
-    from common.tokenizer import load_tokenizer
+    from pretrain.recipe import other_vocabulary
 
-    for candidate in (model_dir / "tokenizer", model_dir / "vocab.txt"):
-        if candidate.exists():
-            theirs = load_tokenizer(str(candidate), lowercase=manifest.tokenizer.lowercase).identity()
-            if theirs["vocab_sha256"] != manifest.tokenizer.vocab_sha256:
-                raise ConfigError(f"{candidate} is not the vocabulary the evaluation split was made with; score it "
-                                  "on a dataset preprocessed with the model's tokenizer")
-            return
+    candidate = other_vocabulary(model_dir, manifest)
+    if candidate is not None:
+        raise ConfigError(f"{candidate} is not the vocabulary the evaluation split was made with; score it "
+                          "on a dataset preprocessed with the model's tokenizer")
 
 
 def main(argv=None) -> int:

@@ -67,16 +67,12 @@ def _init_directory(init_from: str) -> Path:
 def _check_init_tokenizer(cfg: PretrainConfig, manifest: Manifest) -> None:
     if not cfg.model.init_from:
         return
-    from common.tokenizer import load_tokenizer
+    from pretrain.recipe import other_vocabulary
 
-    directory = _init_directory(cfg.model.init_from)
-    for candidate in (directory / "tokenizer", directory / "vocab.txt"):
-        if candidate.exists():
-            theirs = load_tokenizer(str(candidate), lowercase=manifest.tokenizer.lowercase).identity()
-            if theirs["vocab_sha256"] != manifest.tokenizer.vocab_sha256:
-                raise ValueError(f"{candidate} is not the vocabulary the dataset {cfg.data.path} was made with; "
-                                 "preprocess with the checkpoint's tokenizer to continue from it")
-            return
+    candidate = other_vocabulary(_init_directory(cfg.model.init_from), manifest)
+    if candidate is not None:
+        raise ValueError(f"{candidate} is not the vocabulary the dataset {cfg.data.path} was made with; "
+                         "preprocess with the checkpoint's tokenizer to continue from it")
 
 
 def rng_state() -> dict:

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=480, help="seconds for the whole grid, final runs included")
     parser.add_argument("--timeout", type=float, default=90, help="seconds one variant at one length may take")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--phases", default=",".join(map(str, PHASES)), help="sequence lengths, of 128 and 512")
     parser.add_argument("--preset", default="large")
     parser.add_argument("--micro128", type=int, default=256)
     parser.add_argument("--micro512", type=int, default=64)
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     chosen = args.variants.split(",")
     if set(chosen) - set(VARIANTS):
         parser.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    phases = [int(seq) for seq in args.phases.split(",") if seq.strip().isdigit()]
+    if not phases or set(phases) - set(PHASES) or len(phases) != len(args.phases.split(",")):
+        parser.error(f"--phases: comma-separated, of {', '.join(map(str, PHASES))}")
     started = time.perf_counter()
     grid = {"benchmark": "pretrain-gpu-grid", "date": record.utc_now(), "command": record.command_line(),
             "preset": args.preset, "machine": record.machine_info(),
@@ -106,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     path = args.results / ("pretrain-gpu-grid-" + "".join(c if c.isalnum() else "-" for c in device.lower()) + ".json")
     with tempfile.TemporaryDirectory(prefix="gpu-grid-") as work:
-        for name, seq in [(name, seq) for name in chosen for seq in PHASES]:
-            left = args.budget - (time.perf_counter() - started) - len(PHASES) * args.timeout
+        for name, seq in [(name, seq) for name in chosen for seq in phases]:
+            left = args.budget - (time.perf_counter() - started) - len(phases) * args.timeout
             run = {"variant": name, "seq": seq}
             if left < args.timeout:
                 run["status"] = "not run: the budget keeps room for the final runs"
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             record.write_json(path, grid)  # what is known so far survives a session that ends here
             print(f"seq {seq} {name}: {run['status']}" + (f", MFU {run['mfu']:.3f}" if run.get("mfu") else ""),
                   flush=True)
-        for seq in PHASES:
+        for seq in phases:
             done = [r for r in grid["runs"] if r["seq"] == seq and r.get("status") == "ok"]
             if not done:
                 continue

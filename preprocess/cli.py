@@ -146,13 +146,14 @@ def _run_step(args, cfg, tokenizer: str, beam_args: list[str]) -> int:
 
 
 def _command_tokenizer_train(args) -> int:
-    from preprocess import inputs
+    from preprocess import readers
     from preprocess.vocab import sample_sentences, sample_sentences_by_language, train_sentencepiece
 
     cfg = config_module.load(args.config) if args.config else config_module.PreprocessConfig()
-    wiki = list(args.wikipedia) + [u for u in args.input if ".xml" in u]
-    books = list(args.books) + [u for u in args.input if ".xml" not in u]
-    files = [("wiki", u) for u in inputs.expand_inputs(wiki)] + [("book", u) for u in inputs.expand_inputs(books)]
+    paths = {"wikipedia": list(args.wikipedia), "books": list(args.books)}
+    for uri in args.input:
+        paths[readers.guess_builtin(uri)].append(uri)
+    files = readers.builtin_files(paths)
     if not files:
         raise InputError("no input: pass --input (or --wikipedia / --books)")
     started = time.time()

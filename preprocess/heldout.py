@@ -27,15 +27,10 @@ from common.errors import InputError
 from common.hashing import document_hash, stable_hash64
 from common.preprocess_config import HELDOUT_SOURCES, HeldoutConfig, InstanceConfig
 from preprocess import docstore
+from preprocess.readers import source_of
 from preprocess.layout import EVAL_DIR, HELDOUT_NAME, HELDOUT_SELECTION_NAME
 
 KEY_SPACE = 1 << 64
-_SOURCE_OF_KIND = {"wiki": "wikipedia", "book": "books"}  # document ids start with their input's kind
-
-
-def source_of(doc_id: str) -> str:
-    """The config's name of the input source a document came from (``wiki:…`` -> ``wikipedia``)."""
-    return _SOURCE_OF_KIND[doc_id.split(":", 1)[0]]
 
 
 def selection_seed(cfg: HeldoutConfig, seed: int) -> int:
@@ -171,4 +166,4 @@ def count_training(work: str, bucket: int, held_out: frozenset[int]) -> tuple:
 
 
 __all__ = ["bucket_counts", "count_training", "heldout_key", "is_heldout", "read_text_hashes", "selection_seed",
-           "source_of", "split_bucket", "text_hash", "thresholds", "trim_counts", "write_split", "write_thresholds"]
+           "split_bucket", "text_hash", "thresholds", "trim_counts", "write_split", "write_thresholds"]

@@ -26,8 +26,9 @@ from common.preprocess_config import (
     PreprocessConfig,
     SourceConfig,
 )
-from preprocess import docstore, handoff, heldout, inputs, languages
+from preprocess import docstore, handoff, heldout, languages, readers
 from preprocess.executors.part_budget import split_parts
+from preprocess.readers.inputs import source_name
 from preprocess.layout import EVAL_DIR, INDEX_NAME, bits_for, bucket_ranges
 from preprocess.stages import documents as documents_stage
 from preprocess.stages import index as index_stage
@@ -51,17 +52,17 @@ def _input_size(uri: str) -> int:
 
 
 def resolve_inputs(wikipedia: list[str], books: list[str]) -> list[tuple[str, str, int]]:
-    """(kind, uri, size in bytes) of every input file; refuses no input, unreadable inputs and clashing names."""
-    files = [("wiki", u) for u in inputs.expand_inputs(list(wikipedia))] + \
-            [("book", u) for u in inputs.expand_inputs(list(books))]
+    """(key, uri, size in bytes) of every input file (``preprocess.readers``); refuses no input, unreadable inputs and
+    clashing names."""
+    files = readers.builtin_files({"wikipedia": wikipedia, "books": books})
     if not files:
         raise InputError("no input files: pass --wikipedia and/or --books")
-    names = [inputs.source_name(u) for _, u in files]
+    names = [source_name(u) for _, u in files]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise InputError(f"input files share a name ({', '.join(dup)}): document ids come from file names, "
                          "so rename one of them")
-    return [(kind, uri, _input_size(uri)) for kind, uri in files]
+    return [(key, uri, _input_size(uri)) for key, uri in files]
 
 
 def bucket_bits_for(sized: list[tuple[str, str, int]], slices: int) -> int:
@@ -75,7 +76,7 @@ class Plan:
     """The stages of one run. Small and picklable: the local pool sends it to its worker processes.
 
     Attributes:
-        files: (kind, uri, size in bytes) of every input file.
+        files: (key, uri, size in bytes) of every input file (``preprocess.readers``).
         parts: how many parts the documents and instances stages are split into (``PreprocessConfig.parts``).
         work: where the stages meet (under ``staging``, removed when the dataset is published).
         staging: where the shards are written (the dataset's staging location).
@@ -128,7 +129,7 @@ class Plan:
         return 1 << self.bucket_bits
 
     def file_parts(self) -> list[list[tuple[str, str]]]:
-        """(kind, uri) of each part's input files: a size-balanced split (fewer parts than files at most)."""
+        """(key, uri) of each part's input files: a size-balanced split (fewer parts than files at most)."""
         return split_parts(list(self.files), min(self.parts, len(self.files)))
 
     def instance_units(self, slices: int) -> list[list[int]]:
@@ -143,7 +144,7 @@ class Plan:
 
     # Stage 1: documents
     def documents(self, part: int, lot: handoff.Lot | None) -> documents_stage.BuildDocumentStore:
-        """(kind, uri[, split]) input units -> part ``part``'s share of the document store."""
+        """(key, uri[, piece]) input units -> part ``part``'s share of the document store."""
         return documents_stage.BuildDocumentStore(self.source_cfg, self.tokenizer_uri, self.bucket_bits, self.work,
                                                   part, self.vocab_size, spread=lot is None,
                                                   multilingual=self.multilingual, heldout=self.heldout, seed=self.seed)

@@ -13,10 +13,11 @@ from common import configlib, schema, storage
 from common.errors import InputError
 from common.objectives import ObjectiveEntry
 from common.preprocess_config import InstanceConfig, PreprocessConfig
-from preprocess import docstore, inputs, shards
+from preprocess import docstore, shards
 from preprocess.executors.beamrun import WorkerLog
 from preprocess.executors.plan import Plan
 from preprocess.layout import EVAL_DIR, HELDOUT_NAME, INDEX_NAME, SHARD_PLAN_NAME
+from preprocess.readers.inputs import source_name
 from preprocess.stages.barrier import read_metas
 
 LOG = logging.getLogger("preprocess")
@@ -207,7 +208,7 @@ def _manifest(cfg, tok, sized, documents, counts, num_docs, corpus, stats, shard
         "token_dtype": schema.token_numpy_dtype(tok.vocab_size),
         "max_seq_length": cfg.instances.max_seq_length,
         "parameters": configlib.to_dict(cfg),
-        "inputs": [{"kind": kind, "name": inputs.source_name(uri), "bytes": size} for kind, uri, size in sized],
+        "inputs": [{"kind": key, "name": source_name(uri), "bytes": size} for key, uri, size in sized],
         "rows": total_rows,
         "tokens": stats.get("tokens", 0),
         "shards": shard_entries,

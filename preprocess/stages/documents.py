@@ -1,9 +1,9 @@
 """The documents stage: input files -> the tokenized document store.
 
-A file (or a byte range of a large .bz2 dump, ``preprocess.dumpsplit``) is read as documents by its reader
-(``preprocess.wikipedia``, ``preprocess.books``), each document cleaned (``preprocess.text``) and tokenized, and the
-documents written by bucket of their id's hash into the store (``preprocess.docstore``), with each part's document
-counts for the index stage.
+A file (or a piece of a large one: a byte range of a .bz2 dump, ...) is read as documents by its format's reader
+(``preprocess.readers``), each document cleaned (``preprocess.text``) and tokenized, and the documents written by
+bucket of their id's hash into the store (``preprocess.docstore``), with each part's document counts for the index
+stage.
 
 Only portable primitives are used (Create, ParDo, GroupByKey, Reshuffle), so the same pipeline runs on the
 DirectRunner, Dask, Flink, Spark and Dataflow.
@@ -19,18 +19,18 @@ from apache_beam.metrics import Metrics
 from common import schema, storage
 from common.hashing import document_hash
 from common.preprocess_config import HeldoutConfig, MultilingualConfig, SourceConfig
-from preprocess import books, docstore, dumpsplit, heldout, languages, text, wikipedia
+from preprocess import docstore, heldout, languages, readers, text
 from preprocess.records import RawDocument, Rejected
 from preprocess.stages.worker_tokenizer import UsesTokenizer
 
-DUMP_RANGE_BYTES = 64 << 20  # a larger .bz2 dump is read as byte ranges of this size, spread over the workers
+PIECE_BYTES = 64 << 20  # a larger file that its reader can cut is read in pieces of about this size, over the workers
 
 
 class BuildDocumentStore(beam.PTransform):
-    """(kind, uri[, split]) files of this part -> tokenized document store buckets and the part's document counts
+    """(key, uri[, piece]) files of this part -> tokenized document store buckets and the part's document counts
     (``docstore.counts_uri``); emits the part once they are written (nothing for a part without documents).
 
-    With ``spread`` (the default) large dumps are cut into byte ranges and files and documents are spread over
+    With ``spread`` (the default) large files are cut into pieces and files and documents are spread over
     the runner's workers. Without it reading and cleaning are one fused step, for a caller that hands each
     pipeline its own units (the local process pool). With ``multilingual`` enabled, the counts are also by language;
     with a held-out split (``heldout``, selected with ``seed``), also what its selection needs.
@@ -46,7 +46,7 @@ class BuildDocumentStore(beam.PTransform):
 
     def expand(self, files):
         if self._spread:
-            files = (files | "SplitDumps" >> beam.ParDo(SplitLargeDumps(DUMP_RANGE_BYTES))
+            files = (files | "SplitLarge" >> beam.ParDo(SplitLargeFiles(PIECE_BYTES))
                      | "SpreadFiles" >> beam.Reshuffle())  # files to different workers, not all read by one
         documents = files | "Read" >> beam.ParDo(ReadSourceFile(self._cfg))
         if self._spread:
@@ -60,49 +60,47 @@ class BuildDocumentStore(beam.PTransform):
                 | "WriteCounts" >> beam.ParDo(WritePartCounts(self._work, self._part, self._heldout)))
 
 
-class SplitLargeDumps(beam.DoFn):
-    """(kind, uri) -> the same, or for a .bz2 dump larger than ``range_bytes`` its byte ranges (kind, uri,
-    ("bytes", lo, hi)), so that several workers decompress and parse one dump (see ``preprocess.dumpsplit``)."""
+class SplitLargeFiles(beam.DoFn):
+    """(key, uri) -> the same, or for a file larger than ``piece_bytes`` that its reader can cut, its pieces (key,
+    uri, piece) of about that size, so that several workers read one file (``Reader.pieces``)."""
 
-    def __init__(self, range_bytes: int):
-        self._range_bytes = range_bytes
+    def __init__(self, piece_bytes: int):
+        self._piece_bytes = piece_bytes
 
     def process(self, element):
-        kind, uri = element[:2]
-        size = storage.size_of(uri) if len(element) == 2 and dumpsplit.splittable(kind, uri) else 0
-        pieces = dumpsplit.byte_ranges(size, size // self._range_bytes) if size > self._range_bytes else []
+        key, uri = element[:2]
+        reader = readers.reader_of(key)
+        size = storage.size_of(uri) if len(element) == 2 and reader.splittable(uri, None) else 0
+        pieces = reader.pieces(uri, size, size // self._piece_bytes, None) if size > self._piece_bytes else []
         if len(pieces) > 1:
-            yield from ((kind, uri, ("bytes", lo, hi)) for lo, hi in pieces)
+            yield from ((key, uri, piece) for _, piece in pieces)
         else:
             yield element
 
 
 class ReadSourceFile(beam.DoFn):
-    """(kind, uri[, split]) -> RawDocument | Rejected, streamed from the file.
+    """(key, uri[, piece]) -> RawDocument | Rejected, streamed from the file by its reader (``readers.reader_of``).
 
-    ``split`` selects part of a file, so that several workers share it without cleaning any document twice:
-    ("bytes", lo, hi) reads the pages of a byte range of a .bz2 dump; ("buckets", bits, lo, hi) reads the whole
-    file and passes on only the documents of buckets ``[lo, hi)``.
+    ``piece`` selects part of a file, so that several workers share it without cleaning any document twice: one of
+    the reader's own pieces (``Reader.pieces``: a byte range, row groups, ...), or ("buckets", bits, lo, hi) for a
+    file that cannot be cut: the whole file is read and only the documents of buckets ``[lo, hi)`` passed on.
     """
 
     def __init__(self, cfg: SourceConfig):
         self._cfg = cfg
         self._files = Metrics.counter("preprocess", "files_read")
-        self._headers: dict[str, bytes] = {}  # dump headers, shared by the ranges of one file
+        self._cache: dict = {}  # what a reader keeps across the pieces of a file (e.g. a dump's header)
 
     def process(self, element):
-        kind, uri, *split = element
+        key, uri, *piece = element
         self._files.inc()
-        split = split[0] if split else None
-        if split is not None and split[0] == "bytes":
-            yield from wikipedia.iter_wikipedia(uri, self._cfg, byte_range=(split[1], split[2]), headers=self._headers)
+        reader = readers.reader_of(key)
+        piece = piece[0] if piece else None
+        if piece is None or piece[0] != "buckets":
+            yield from reader.read(uri, piece, None, self._cfg, self._cache)
             return
-        reader = wikipedia.iter_wikipedia if kind == "wiki" else books.iter_book
-        if split is None:
-            yield from reader(uri, self._cfg)
-            return
-        _, bits, lo, hi = split
-        for item in reader(uri, self._cfg):
+        _, bits, lo, hi = piece
+        for item in reader.read(uri, None, None, self._cfg, self._cache):
             if lo <= docstore.bucket_of(document_hash(item.doc_id), bits) < hi:
                 yield item
 

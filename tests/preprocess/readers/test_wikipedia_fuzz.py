@@ -1,5 +1,5 @@
-"""Fuzzing the Wikipedia dump reader (preprocess.wikipedia.iter_wikipedia) and the wikitext cleaner it feeds
-(preprocess.wikitext via preprocess.text.to_document): every damaged dump gives pages or one InputError line naming the
+"""Fuzzing the Wikipedia dump reader (preprocess.readers.wikipedia.iter_wikipedia) and the wikitext cleaner it feeds
+(preprocess.readers.wikitext via preprocess.text.to_document): every damaged dump gives pages or one InputError line naming the
 file, every page gives a document or a dead letter, in time linear in its size, and nothing is written."""
 import bz2
 import gzip
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from common import processes
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess import wikipedia
+from preprocess.readers import wikipedia
+from preprocess.readers.wikitext import clean_wikitext
 from preprocess.records import RawDocument, Rejected
 from preprocess.text import Document, to_document
-from preprocess.wikitext import clean_wikitext
 from tests.fuzz_documents import FUZZ, damaged_bytes, listing
 
 CFG = SourceConfig()
@@ -116,7 +116,7 @@ def test_mangled_articles_are_cleaned_in_linear_time(tmp_path):
 _UNITS = ["<!--", "<ref name=", "[http://", "<math ", "<table ", "<pre></ref>", "<nowiki>x</ref>"]
 _CLEAN_ALL = """
 import resource, sys
-from preprocess import wikitext
+from preprocess.readers import wikitext
 
 resource.setrlimit(resource.RLIMIT_CPU, (120, 120))  # a runaway bound (SIGXCPU), not a measurement
 parse, handed = wikitext.mwparserfromhell.parse, []

@@ -2,7 +2,9 @@
 
 An input file travels through a run as ``(key, uri, size)``: ``key`` says which source it belongs to, and so which
 reader reads it (``reader_of``): ``"wiki"`` and ``"book"`` for the built-in ``--wikipedia`` and ``--books`` sources,
-``"{format}:{name}"`` for a source of the config's ``inputs:`` section. A reader
+``"{format}:{name}"`` for a source of the config's ``inputs:`` section (its ``InputSourceConfig``: ``spec_of``). The
+built-in sources' documents have ids ``wiki:…`` and ``book:…``, an ``inputs:`` source's ``{name}:…``
+(``source_of``). A reader
 
 * lists a source's files (``files``), says whether a file can be cut (``splittable``) and into which pieces
   (``pieces``: byte ranges of a .bz2 dump, row groups of a Parquet file, ...), each with its share of the work;
@@ -16,10 +18,13 @@ Adding a format is one module here that defines such a reader and one entry in `
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Iterator, Protocol, Sequence
 
-from common.preprocess_config import SourceConfig
-from preprocess.readers import books, wikipedia
+from common.errors import InputError
+from common.preprocess_config import InputSourceConfig, SourceConfig
+from preprocess.readers import books, hf_datasets, jsonl, parquet, plaintext, wikipedia
+from preprocess.readers.inputs import source_name
 from preprocess.records import RawDocument, Rejected
 
 Piece = tuple  # a reader's own description of a part of a file, e.g. ("bytes", lo, hi); None: the whole file
@@ -33,6 +38,9 @@ class Reader(Protocol):
 
     def files(self, paths: Sequence[str]) -> list[str]:
         """The files of a source given as files, directories, globs or URIs."""
+
+    def label(self, uri: str) -> str:
+        """The file's name in document ids, dead letters and the manifest (unique within a source)."""
 
     def splittable(self, uri: str, spec) -> bool:
         """Whether ``pieces`` may cut this file (without opening it)."""
@@ -53,7 +61,8 @@ class Reader(Protocol):
         """Relative cleaning work per stored byte (a plain-text byte is 1)."""
 
 
-FORMATS: dict[str, Reader] = {"wikipedia": wikipedia.READER, "books": books.READER}
+FORMATS: dict[str, Reader] = {"wikipedia": wikipedia.READER, "books": books.READER, "jsonl": jsonl.READER,
+                              "parquet": parquet.READER, "text": plaintext.READER, "datasets": hf_datasets.READER}
 BUILTIN_KEYS = {"wiki": "wikipedia", "book": "books"}  # key (and document-id prefix) -> the built-in source's name
 
 
@@ -61,6 +70,56 @@ def builtin_files(paths: dict[str, Sequence[str]]) -> list[tuple[str, str]]:
     """(key, uri) of every file of the built-in sources, given their paths by source name (``--wikipedia`` and
     ``--books``: {"wikipedia": [...], "books": [...]})."""
     return [(key, uri) for key, name in BUILTIN_KEYS.items() for uri in FORMATS[name].files(paths.get(name, ()))]
+
+
+def key_of(spec: InputSourceConfig) -> str:
+    return f"{spec.format}:{spec.name}"
+
+
+def input_files(paths: dict[str, Sequence[str]], inputs: Sequence[InputSourceConfig] = ()) -> list[tuple[str, str]]:
+    """(key, uri) of every input file: the built-in sources' (``builtin_files``), then each ``inputs:`` source's;
+    refuses files that would give two documents one id (file names shared by the built-in sources, or within a
+    source)."""
+    files = builtin_files(paths)
+    names = [source_name(uri) for _, uri in files]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"input files share a name ({', '.join(dup)}): document ids come from file names, "
+                         "so rename one of them")
+    for spec in inputs:
+        reader = FORMATS[spec.format]
+        uris = reader.files(spec.paths)
+        labels = [reader.label(uri) for uri in uris]
+        if len(set(labels)) != len(labels):
+            dup = sorted({n for n in labels if labels.count(n) > 1})
+            raise InputError(f"inputs {spec.name!r}: files share a name ({', '.join(dup)}): its document ids come "
+                             "from file names, so rename one of them or list them as two sources")
+        files += [(key_of(spec), uri) for uri in uris]
+    return files
+
+
+def spec_of(key: str, inputs: Sequence[InputSourceConfig]) -> InputSourceConfig | None:
+    """The ``inputs:`` source of ``key`` (None for the built-in sources)."""
+    if key in BUILTIN_KEYS:
+        return None
+    name = key.split(":", 1)[1]
+    return next(spec for spec in inputs if spec.name == name)
+
+
+def source_config(spec: InputSourceConfig | None, cfg: SourceConfig) -> SourceConfig:
+    """The cleaning limits of a source's documents: ``cfg`` with the source's own ``min_chars`` / ``min_sentences``."""
+    if spec is None or (spec.min_chars is None and spec.min_sentences is None):
+        return cfg
+    return dataclasses.replace(
+        cfg, min_document_chars=cfg.min_document_chars if spec.min_chars is None else spec.min_chars,
+        min_document_sentences=cfg.min_document_sentences if spec.min_sentences is None else spec.min_sentences)
+
+
+def limits_by_source(inputs: Sequence[InputSourceConfig], cfg: SourceConfig) -> dict[str, SourceConfig]:
+    """{source name: its cleaning limits} of the sources with their own (``source_config``); look documents up by
+    ``source_of(doc_id)``, the others take ``cfg``."""
+    return {spec.name: source_config(spec, cfg) for spec in inputs
+            if spec.min_chars is not None or spec.min_sentences is not None}
 
 
 def guess_builtin(uri: str) -> str:
@@ -104,4 +163,5 @@ def names_own_language(key: str) -> bool:
 
 
 __all__ = ["BUILTIN_KEYS", "FORMATS", "Piece", "Reader", "builtin_files", "cleaner", "guess_builtin", "id_language",
-           "names_own_language", "reader_of", "source_of"]
+           "input_files", "key_of", "limits_by_source", "names_own_language", "reader_of", "source_config",
+           "source_of", "spec_of"]

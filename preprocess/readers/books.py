@@ -168,6 +168,9 @@ class BooksReader:
     def files(self, paths) -> list[str]:
         return expand_inputs(list(paths))
 
+    def label(self, uri: str) -> str:
+        return source_name(uri)
+
     def splittable(self, uri: str, spec=None) -> bool:
         return False
 

@@ -285,6 +285,9 @@ class WikipediaReader:
     def files(self, paths) -> list[str]:
         return expand_inputs(list(paths))
 
+    def label(self, uri: str) -> str:
+        return source_name(uri)
+
     def splittable(self, uri: str, spec=None) -> bool:
         return uri.endswith(".bz2")  # independent blocks; other compressions must be read from their start
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
-# What smart_open's infer_from_extension does for these, with the same modules; .zst is ours (``_ZstdReader``: smart_open
-# needs Python 3.14's compression.zstd or the backports.zstd package for it), others (.lz4) go through smart_open.
+# What smart_open's infer_from_extension does for these, with the same modules; .zst is ours (``_ZstdReader``:
+# smart_open needs Python 3.14's compression.zstd or the backports.zstd package for it); .lz4 goes through smart_open.
 _LOCAL_CODECS = {".bz2": bz2.open, ".gz": gzip.open, ".xz": lzma.open}
 
 

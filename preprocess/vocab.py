@@ -7,7 +7,7 @@ from typing import Iterable, Iterator
 import sentencepiece as spm
 
 from common.hashing import rng_for
-from common.preprocess_config import MultilingualConfig, SourceConfig
+from common.preprocess_config import InputSourceConfig, MultilingualConfig, SourceConfig
 from common.tokenizer import SPECIAL_TOKENS, SentencePieceTokenizer
 from preprocess import languages, readers, text
 from preprocess.records import RawDocument
@@ -15,21 +15,25 @@ from preprocess.records import RawDocument
 _MIN_SENTENCEPIECE_VOCAB = len(SPECIAL_TOKENS) + 256 + 1  # specials + byte-fallback pieces + one more
 
 
-def _documents(files: list[tuple[str, str]], cfg: SourceConfig) -> Iterator[tuple[RawDocument, tuple[str, ...]]]:
-    """(raw document, its cleaned sentences) of every document of ``files`` ((key, uri): ``preprocess.readers``)
-    that is read; rejected records are passed over."""
+def _documents(files: list[tuple[str, str]], cfg: SourceConfig,
+               inputs: tuple[InputSourceConfig, ...]) -> Iterator[tuple[RawDocument, tuple[str, ...]]]:
+    """(raw document, its cleaned sentences) of every document of ``files`` ((key, uri): ``preprocess.readers``;
+    ``inputs``: the config's sources that the keys name) that is read; rejected records are passed over."""
     for key, uri in files:
-        for item in readers.reader_of(key).read(uri, None, None, cfg, {}):
+        spec = readers.spec_of(key, inputs)
+        limits = readers.source_config(spec, cfg)
+        for item in readers.reader_of(key).read(uri, None, spec, limits, {}):
             if isinstance(item, RawDocument):
-                yield item, getattr(text.to_document(item, cfg), "sentences", ())
+                yield item, getattr(text.to_document(item, limits), "sentences", ())
 
 
-def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_sentences: int, seed: int) -> list[str]:
+def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_sentences: int, seed: int,
+                     inputs: tuple[InputSourceConfig, ...] = ()) -> list[str]:
     """A uniform, reproducible sample (reservoir) of up to ``max_sentences`` cleaned sentences."""
     rng = rng_for(seed, "vocab-sample")
     reservoir: list[str] = []
     seen = 0
-    for _, sentences in _documents(files, cfg):
+    for _, sentences in _documents(files, cfg, inputs):
         for sentence in sentences:
             seen += 1
             if len(reservoir) < max_sentences:
@@ -42,7 +46,8 @@ def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_senten
 
 
 def sample_sentences_by_language(files: list[tuple[str, str]], cfg: SourceConfig, multilingual: MultilingualConfig,
-                                 max_sentences: int, seed: int) -> tuple[list[str], dict[str, dict]]:
+                                 max_sentences: int, seed: int,
+                                 inputs: tuple[InputSourceConfig, ...] = ()) -> tuple[list[str], dict[str, dict]]:
     """A sample of cleaned sentences whose languages are mixed as the dataset's rows are: language i gets a share
     q_i ∝ p_i^alpha of the sample (``languages.sample_quotas``), drawn from a uniform reservoir of its own sentences,
     and repeated when it has fewer sentences than its share (mBERT's smoothing of its WordPiece training data).
@@ -58,7 +63,7 @@ def sample_sentences_by_language(files: list[tuple[str, str]], cfg: SourceConfig
     reservoirs: dict[str, list[str]] = {}
     seen: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    for item, sentences in _documents(files, cfg):
+    for item, sentences in _documents(files, cfg, inputs):
         if not sentences:
             continue
         language = languages.language_for(item.doc_id, item.source, multilingual)

@@ -30,14 +30,16 @@ def estimated_cost(key: str, uri: str, size: int) -> float:
     return size * readers.reader_of(key).cost_per_byte(uri)
 
 
-def even_pieces(key: str, uri: str, size: int, count: int) -> list[tuple[float, tuple]]:
-    """A file's pieces as its reader cuts them without reading it."""
-    return readers.reader_of(key).pieces(uri, size, count, None)
+def even_pieces(key: str, uri: str, size: int, count: int, inputs=()) -> list[tuple[float, tuple]]:
+    """A file's pieces as its reader cuts them without reading it (``inputs``: the config's ``inputs:`` sources)."""
+    return readers.reader_of(key).pieces(uri, size, count, readers.spec_of(key, inputs))
 
 
-def exact_pieces(key: str, uri: str, size: int, count: int) -> list[tuple[float, tuple]]:
-    """A file's pieces with their cuts where the work is (a few small reads: a dump's block starts, ...)."""
-    return readers.reader_of(key).pieces(uri, size, count, None, exact=True)
+def exact_pieces(inputs=()):
+    """(key, uri, size, count) -> a file's pieces with their cuts where the work is (a few small reads: a dump's
+    block starts, a Parquet file's row groups, ...)."""
+    return lambda key, uri, size, count: readers.reader_of(key).pieces(uri, size, count, readers.spec_of(key, inputs),
+                                                                       exact=True)
 
 
 def plan_units(files: list[tuple[str, str, int]], slices: int, bucket_bits: int,
@@ -52,7 +54,8 @@ def plan_units(files: list[tuple[str, str, int]], slices: int, bucket_bits: int,
     finish its last page).
 
     Args:
-        pieces: (key, uri, size, count) -> the file's pieces and their shares; ``exact_pieces`` reads a little.
+        pieces: (key, uri, size, count) -> the file's pieces and their shares (``exact_pieces(inputs)`` gives a
+            run's, reading a little of each file it cuts).
     """
     ranges = bucket_ranges(1 << bucket_bits, slices)
     costs = [(estimated_cost(*f), f) for f in files]
@@ -160,7 +163,7 @@ def run_stages(plan: Plan, workers: int, options_args: list[str], bar) -> None:
     slices = max(workers, plan.parts)
     context = multiprocessing.get_context(_start_method())
     claimed = context.Value("q", 0)
-    units = plan_units(list(plan.files), slices, plan.bucket_bits, exact_pieces)
+    units = plan_units(list(plan.files), slices, plan.bucket_bits, exact_pieces(plan.inputs))
     # A slice's documents stay in its pipeline's memory until it ends: with more slices than processes (parts,
     # for a memory budget), each claims about its share; otherwise each runs until no unit is left.
     budget = None if slices == workers else sum(cost for cost, _ in units) / slices * (1 - 1e-9)

@@ -20,6 +20,7 @@ from common import schema, storage
 from common.errors import InputError
 from common.preprocess_config import (
     HeldoutConfig,
+    InputSourceConfig,
     InstanceConfig,
     MultilingualConfig,
     OutputConfig,
@@ -28,7 +29,6 @@ from common.preprocess_config import (
 )
 from preprocess import docstore, handoff, heldout, languages, readers
 from preprocess.executors.part_budget import split_parts
-from preprocess.readers.inputs import source_name
 from preprocess.layout import EVAL_DIR, INDEX_NAME, bits_for, bucket_ranges
 from preprocess.stages import documents as documents_stage
 from preprocess.stages import index as index_stage
@@ -51,17 +51,14 @@ def _input_size(uri: str) -> int:
                          "this machine's credentials may read it") from None
 
 
-def resolve_inputs(wikipedia: list[str], books: list[str]) -> list[tuple[str, str, int]]:
-    """(key, uri, size in bytes) of every input file (``preprocess.readers``); refuses no input, unreadable inputs and
-    clashing names."""
-    files = readers.builtin_files({"wikipedia": wikipedia, "books": books})
+def resolve_inputs(wikipedia: list[str], books: list[str],
+                   inputs: tuple[InputSourceConfig, ...] = ()) -> list[tuple[str, str, int]]:
+    """(key, uri, size in bytes) of every input file (``preprocess.readers.input_files``: the built-in sources', then
+    the config's ``inputs:``); refuses no input, unreadable inputs and clashing names."""
+    files = readers.input_files({"wikipedia": wikipedia, "books": books}, inputs)
     if not files:
-        raise InputError("no input files: pass --wikipedia and/or --books")
-    names = [source_name(u) for _, u in files]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise InputError(f"input files share a name ({', '.join(dup)}): document ids come from file names, "
-                         "so rename one of them")
+        raise InputError("no input files: pass --wikipedia and/or --books, or list sources under inputs: in the "
+                         "config")
     return [(key, uri, _input_size(uri)) for key, uri in files]
 
 
@@ -81,6 +78,7 @@ class Plan:
         work: where the stages meet (under ``staging``, removed when the dataset is published).
         staging: where the shards are written (the dataset's staging location).
         heldout: the held-out split (``preprocess.heldout``), built by the plan ``evaluation`` returns.
+        inputs: the config's ``inputs:`` sources, which the keys of their files name.
     """
 
     files: tuple[tuple[str, str, int], ...]
@@ -98,6 +96,7 @@ class Plan:
     output_schema: pa.Schema
     multilingual: MultilingualConfig = MultilingualConfig()
     heldout: HeldoutConfig = HeldoutConfig()
+    inputs: tuple[InputSourceConfig, ...] = ()
 
     @classmethod
     def build(cls, cfg: PreprocessConfig, files, tok, staging: str, tokenizer_uri: str, slices: int) -> Plan:
@@ -112,7 +111,7 @@ class Plan:
                    source_cfg=cfg.sources, instance_cfg=cfg.instances, output_cfg=cfg.output, seed=cfg.seed,
                    work=storage.join(staging, "_work"), staging=staging, tokenizer_uri=tokenizer_uri,
                    vocab_size=tok.vocab_size, mask_id=tok.mask_id, output_schema=output_schema,
-                   multilingual=cfg.multilingual, heldout=cfg.heldout)
+                   multilingual=cfg.multilingual, heldout=cfg.heldout, inputs=tuple(cfg.inputs))
 
     def evaluation(self) -> Plan:
         """The held-out split's plan: the index, instance and shard stages over the evaluation store that this plan's
@@ -147,7 +146,8 @@ class Plan:
         """(key, uri[, piece]) input units -> part ``part``'s share of the document store."""
         return documents_stage.BuildDocumentStore(self.source_cfg, self.tokenizer_uri, self.bucket_bits, self.work,
                                                   part, self.vocab_size, spread=lot is None,
-                                                  multilingual=self.multilingual, heldout=self.heldout, seed=self.seed)
+                                                  multilingual=self.multilingual, heldout=self.heldout, seed=self.seed,
+                                                  inputs=self.inputs)
 
     # Stage 2: index
     def index(self, lot: handoff.Lot | None) -> index_stage.IndexCorpus:

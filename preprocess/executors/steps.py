@@ -89,7 +89,7 @@ def run_step(cfg: PreprocessConfig, *, step: str | None, part: int | None, wikip
         wait_seconds = 0.0 if step is not None else DEFAULT_WAIT_SECONDS
     started = time.time()
     options, log = beam_options(list(beam_args), verbose), WorkerLog(verbose)
-    sized = resolve_inputs(wikipedia, books)
+    sized = resolve_inputs(wikipedia, books, tuple(cfg.inputs))
     tok = load_tokenizer(tokenizer, lowercase=cfg.tokenizer.lowercase)
     staging = _staging(output)
     # The tokenizer is saved to the dataset by the finish step; the other steps use private copies.

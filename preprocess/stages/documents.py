@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 
 from common import schema, storage
 from common.hashing import document_hash
-from common.preprocess_config import HeldoutConfig, MultilingualConfig, SourceConfig
+from common.preprocess_config import HeldoutConfig, InputSourceConfig, MultilingualConfig, SourceConfig
 from preprocess import docstore, heldout, languages, readers, text
 from preprocess.records import RawDocument, Rejected
 from preprocess.stages.worker_tokenizer import UsesTokenizer
@@ -32,27 +32,30 @@ class BuildDocumentStore(beam.PTransform):
 
     With ``spread`` (the default) large files are cut into pieces and files and documents are spread over
     the runner's workers. Without it reading and cleaning are one fused step, for a caller that hands each
-    pipeline its own units (the local process pool). With ``multilingual`` enabled, the counts are also by language;
-    with a held-out split (``heldout``, selected with ``seed``), also what its selection needs.
+    pipeline its own units (the local process pool). ``inputs``: the config's ``inputs:`` sources (their files'
+    keys name them). With ``multilingual`` enabled, the counts are also by language; with a held-out split
+    (``heldout``, selected with ``seed``), also what its selection needs.
     """
 
     def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size, spread: bool = True,
-                 multilingual: MultilingualConfig | None = None, heldout: HeldoutConfig | None = None, seed: int = 0):
+                 multilingual: MultilingualConfig | None = None, heldout: HeldoutConfig | None = None, seed: int = 0,
+                 inputs: tuple[InputSourceConfig, ...] = ()):
         super().__init__()
-        self._cfg, self._tokenizer_uri, self._bucket_bits = cfg, tokenizer_uri, bucket_bits
+        self._cfg, self._tokenizer_uri, self._bucket_bits, self._inputs = cfg, tokenizer_uri, bucket_bits, inputs
         self._work, self._part, self._vocab_size, self._spread = work, part, vocab_size, spread
         self._multilingual = multilingual
         self._heldout = (heldout, seed) if heldout is not None and heldout.enabled else None
 
     def expand(self, files):
         if self._spread:
-            files = (files | "SplitLarge" >> beam.ParDo(SplitLargeFiles(PIECE_BYTES))
+            files = (files | "SplitLarge" >> beam.ParDo(SplitLargeFiles(PIECE_BYTES, self._inputs))
                      | "SpreadFiles" >> beam.Reshuffle())  # files to different workers, not all read by one
-        documents = files | "Read" >> beam.ParDo(ReadSourceFile(self._cfg))
+        documents = files | "Read" >> beam.ParDo(ReadSourceFile(self._cfg, self._inputs))
         if self._spread:
             documents = documents | "Spread" >> beam.Reshuffle()
         return (documents
-                | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))
+                | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits,
+                                                                 self._inputs))
                 | "ByBucket" >> beam.GroupByKey()
                 | "WriteBuckets" >> beam.ParDo(WriteDocumentBucket(self._work, self._part, self._vocab_size,
                                                                   self._multilingual, self._heldout))
@@ -64,14 +67,14 @@ class SplitLargeFiles(beam.DoFn):
     """(key, uri) -> the same, or for a file larger than ``piece_bytes`` that its reader can cut, its pieces (key,
     uri, piece) of about that size, so that several workers read one file (``Reader.pieces``)."""
 
-    def __init__(self, piece_bytes: int):
-        self._piece_bytes = piece_bytes
+    def __init__(self, piece_bytes: int, inputs: tuple[InputSourceConfig, ...] = ()):
+        self._piece_bytes, self._inputs = piece_bytes, inputs
 
     def process(self, element):
         key, uri = element[:2]
-        reader = readers.reader_of(key)
-        size = storage.size_of(uri) if len(element) == 2 and reader.splittable(uri, None) else 0
-        pieces = reader.pieces(uri, size, size // self._piece_bytes, None) if size > self._piece_bytes else []
+        reader, spec = readers.reader_of(key), readers.spec_of(key, self._inputs)
+        size = storage.size_of(uri) if len(element) == 2 and reader.splittable(uri, spec) else 0
+        pieces = reader.pieces(uri, size, size // self._piece_bytes, spec) if size > self._piece_bytes else []
         if len(pieces) > 1:
             yield from ((key, uri, piece) for _, piece in pieces)
         else:
@@ -86,21 +89,22 @@ class ReadSourceFile(beam.DoFn):
     file that cannot be cut: the whole file is read and only the documents of buckets ``[lo, hi)`` passed on.
     """
 
-    def __init__(self, cfg: SourceConfig):
-        self._cfg = cfg
+    def __init__(self, cfg: SourceConfig, inputs: tuple[InputSourceConfig, ...] = ()):
+        self._cfg, self._inputs = cfg, inputs
         self._files = Metrics.counter("preprocess", "files_read")
         self._cache: dict = {}  # what a reader keeps across the pieces of a file (e.g. a dump's header)
 
     def process(self, element):
         key, uri, *piece = element
         self._files.inc()
-        reader = readers.reader_of(key)
+        reader, spec = readers.reader_of(key), readers.spec_of(key, self._inputs)
+        cfg = readers.source_config(spec, self._cfg)
         piece = piece[0] if piece else None
         if piece is None or piece[0] != "buckets":
-            yield from reader.read(uri, piece, None, self._cfg, self._cache)
+            yield from reader.read(uri, piece, spec, cfg, self._cache)
             return
         _, bits, lo, hi = piece
-        for item in reader.read(uri, None, None, self._cfg, self._cache):
+        for item in reader.read(uri, None, spec, cfg, self._cache):
             if lo <= docstore.bucket_of(document_hash(item.doc_id), bits) < hi:
                 yield item
 
@@ -112,19 +116,22 @@ def _rejected_tuple(rejected: Rejected) -> tuple:
 class CleanAndTokenize(UsesTokenizer):
     """RawDocument -> (bucket, ("doc", row)) ; Rejected -> (bucket, ("rejected", tuple))."""
 
-    def __init__(self, cfg: SourceConfig, tokenizer_uri: str, bucket_bits: int):
+    def __init__(self, cfg: SourceConfig, tokenizer_uri: str, bucket_bits: int,
+                 inputs: tuple[InputSourceConfig, ...] = ()):
         super().__init__(tokenizer_uri)
         self._cfg = cfg
+        self._limits = readers.limits_by_source(inputs, cfg)  # the sources with limits of their own
         self._bucket_bits = bucket_bits
         self._documents = Metrics.counter("preprocess", "documents")
         self._rejected = Metrics.counter("preprocess", "documents_rejected")
 
     def process(self, element):
+        cfg = self._limits.get(readers.source_of(element.doc_id), self._cfg) if self._limits else self._cfg
         if isinstance(element, RawDocument):
-            element = text.to_document(element, self._cfg)
+            element = text.to_document(element, cfg)
         if not isinstance(element, Rejected):
             encoded = [ids for ids in self.tokenizer.encode_batch(list(element.sentences)) if ids]
-            if len(encoded) < self._cfg.min_document_sentences:
+            if len(encoded) < cfg.min_document_sentences:
                 element = Rejected(element.source, element.doc_id, "skipped", "too_short", "after tokenization")
         bucket = docstore.bucket_of(document_hash(element.doc_id), self._bucket_bits)
         if isinstance(element, Rejected):
@@ -156,10 +163,15 @@ class WriteDocumentBucket(beam.DoFn):
         bucket, records = element
         docs = [payload for tag, payload in records if tag == "doc"]
         counts = docstore.no_counts()
+        by_source = counts["sources"]
         for source, doc_id, outcome, reason, detail in (payload for tag, payload in records if tag == "rejected"):
             counts[outcome][reason] = counts[outcome].get(reason, 0) + 1
+            of_source = by_source.setdefault(readers.source_of(doc_id), docstore.no_source_counts())
+            of_source[outcome][reason] = of_source[outcome].get(reason, 0) + 1
             if outcome == "failed":
                 counts["dead_letters"].append({"source": source, "doc_id": doc_id, "reason": reason, "detail": detail})
+        for doc in docs:
+            by_source.setdefault(readers.source_of(doc[1]), docstore.no_source_counts())["documents"] += 1
         if docs:
             counts["documents"] = len(docs)
             counts["sentences"] = sum(len(d[4]) // 4 for d in docs)

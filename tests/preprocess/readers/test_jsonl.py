@@ -102,8 +102,10 @@ def test_compressed_files_give_the_records_of_the_plain_one(tmp_path, suffix, co
     packed = tmp_path / f"crawl.jsonl{suffix}"
     packed.write_bytes(compress(data))
     assert not jsonl.READER.splittable(str(packed), None) and jsonl.READER.splittable(str(plain), None)
-    relabel = lambda records: [(r.doc_id.replace(suffix, ""), type(r).__name__, getattr(r, "reason", "")) for r in records]
-    assert relabel(_read(packed)) == relabel(_read(plain))
+    def shown(records):
+        return [(r.doc_id.replace(suffix, ""), type(r).__name__, getattr(r, "reason", "")) for r in records]
+
+    assert shown(_read(packed)) == shown(_read(plain))
 
 
 @pytest.mark.parametrize("suffix, compress", [

@@ -36,7 +36,7 @@ def _load(tmp_path, text: str, overrides=()):
 
 
 @pytest.mark.parametrize("inputs, message", [
-    ([{"name": "web", "format": "csv", "paths": ["a"]}], r"inputs\[0\]: format 'csv' is not an input format; use one of"),
+    ([{"name": "web", "format": "csv", "paths": ["a"]}], r"inputs\[0\]: format 'csv' is not an input format; use one"),
     ([{"name": "books", "format": "jsonl", "paths": ["a"]}], r"inputs\[0\]: name 'books' is a built-in source"),
     ([{"name": "web", "format": "jsonl", "paths": []}], r"inputs\[0\]: paths is empty"),
     ([{"name": "a:b", "format": "jsonl", "paths": ["a"]}], r"inputs\[0\]: name 'a:b' may hold only"),

@@ -14,7 +14,9 @@ built-in sources' documents have ids ``wiki:…`` and ``book:…``, an ``inputs:
 * says what a stored byte costs: its memory class (``preprocess.executors.part_budget``'s slopes) and its relative
   cleaning work (``preprocess.executors.local``'s balance).
 
-Adding a format is one module here that defines such a reader and one entry in ``FORMATS``.
+Adding a format is one module here that defines such a reader, one entry in ``FORMATS``, its name in
+``common.preprocess_config.INPUT_FORMATS`` (which the config checks; a test holds the two lists equal) and one test
+file.
 """
 from __future__ import annotations
 

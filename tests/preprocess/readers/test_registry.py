@@ -11,6 +11,7 @@ from common.configlib import ConfigError
 from common.errors import InputError
 from common.preprocess_config import INPUT_FORMATS, InputSourceConfig, SourceConfig
 from preprocess import readers
+from tests.preprocess.conftest import REPO_ROOT
 
 
 def test_every_config_format_has_a_reader_with_the_whole_interface():
@@ -74,3 +75,10 @@ def test_input_files_carry_their_sources_key_and_refuse_clashing_names(tmp_path)
     both = InputSourceConfig(name="web", format="jsonl", paths=[str(tmp_path / "a"), str(tmp_path / "b")])
     with pytest.raises(InputError, match=r"inputs 'web': files share a name \(part.jsonl\)"):
         readers.input_files({}, [both])
+
+
+def test_the_documented_example_of_each_format_is_a_valid_config():
+    text = (REPO_ROOT / "docs" / "preprocessing.md").read_text()
+    block = next(b.split("```", 1)[0] for b in text.split("```yaml\n")[1:] if b.startswith("inputs:"))
+    cfg = configlib.from_dict(config_module.PreprocessConfig, configlib.parse_yaml(block, "docs/preprocessing.md"))
+    assert sorted(spec.format for spec in cfg.inputs) == sorted(INPUT_FORMATS)

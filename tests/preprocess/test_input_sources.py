@@ -72,7 +72,7 @@ def test_a_jsonl_and_parquet_mixture_builds_a_dataset_that_verify_accepts(one_wo
     assert "verified" in run_cli("verify", one_worker).stdout.lower()
 
 
-def test_the_same_shards_for_one_and_two_workers(one_worker, mixture, bert_vocab):
+def test_the_same_shards_for_one_and_two_workers_and_two_parts(one_worker, mixture, bert_vocab):
     cfg = config_module.load(mixture["config"])
     sized = resolve_inputs([], [], tuple(cfg.inputs))
     pieces = [unit[2] for _, unit in local.plan_units(sized, 2, 4, local.exact_pieces(tuple(cfg.inputs)))]
@@ -80,8 +80,11 @@ def test_the_same_shards_for_one_and_two_workers(one_worker, mixture, bert_vocab
     out = mixture["root"] / "two"
     run_cli("run", "--config", mixture["config"], "--tokenizer", bert_vocab, "--output", out,
             "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
-    assert shard_hashes(out) == shard_hashes(one_worker)
-    assert (out / "dead_letters.jsonl").read_text() == (one_worker / "dead_letters.jsonl").read_text()
+    parts = mixture["root"] / "parts"
+    run_cli("run", "--config", mixture["config"], "--tokenizer", bert_vocab, "--output", parts, "--parts", "2")
+    for other in (out, parts):
+        assert shard_hashes(other) == shard_hashes(one_worker)
+        assert (other / "dead_letters.jsonl").read_text() == (one_worker / "dead_letters.jsonl").read_text()
 
 
 def test_a_source_configured_with_the_wrong_text_field_fails_in_one_line(mixture, bert_vocab, tmp_path):

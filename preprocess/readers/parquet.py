@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Iterator
 
-import pyarrow.parquet as pq
-
 from common.errors import InputError
 from common.preprocess_config import InputSourceConfig, SourceConfig
 from preprocess.readers.fields import PlainFormat, check_fields, document_of
@@ -26,7 +24,11 @@ def needed_columns(spec: InputSourceConfig, names: list[str]) -> list[str]:
     return [name for name in dict.fromkeys(wanted) if name is not None and name in names]
 
 
-def _open(uri: str, stream) -> pq.ParquetFile:
+def _open(uri: str, stream):
+    """The ``pyarrow.parquet.ParquetFile`` of ``stream`` (imported here: a run without Parquet inputs, the most,
+    does not pay for the import)."""
+    import pyarrow.parquet as pq
+
     try:
         return pq.ParquetFile(stream)
     except Exception as exc:  # ArrowInvalid: not Parquet, truncated footer, ...

@@ -112,11 +112,13 @@ def _load_preprocess(config_path, overrides, arguments):
                              "true runs each part as its own task)")
     # --parts goes into the config the job carries, so the job's steps and the renderers see the same number.
     cfg = preprocess_config.load(config_path, [*overrides, *([f"parts={parsed.parts}"] if parsed.parts else [])])
-    if not (parsed.wikipedia or parsed.books):
-        raise StageError("preprocessing needs input: give --wikipedia URI... and/or --books URI... after '--'")
+    if not (parsed.wikipedia or parsed.books or cfg.inputs):
+        raise StageError("preprocessing needs input: give --wikipedia URI... and/or --books URI... after '--', or "
+                         "list sources under inputs: in the config")
     if not (parsed.tokenizer or cfg.tokenizer.path):
         raise StageError("preprocessing needs a tokenizer: give --tokenizer PATH after '--' or set tokenizer.path")
     inputs = [("--wikipedia", uri) for uri in parsed.wikipedia] + [("--books", uri) for uri in parsed.books]
+    inputs += [(f"inputs[{index}].paths", path) for index, spec in enumerate(cfg.inputs) for path in spec.paths]
     inputs += [("--tokenizer", parsed.tokenizer or cfg.tokenizer.path)]
     return cfg, [("--output", parsed.output)], inputs
 

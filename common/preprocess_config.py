@@ -4,6 +4,7 @@ same definitions, without importing the stage."""
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field
 
 from common import configlib, sizes
@@ -146,6 +147,55 @@ class HeldoutConfig:
 HELDOUT_SOURCES = ("wikipedia", "books")  # the config's names of the input kinds ("wiki", "book" in document ids)
 
 
+INPUT_FORMATS = ("jsonl", "parquet", "text", "datasets")  # the formats of ``inputs:`` sources (preprocess.readers)
+BUILTIN_SOURCES = ("wikipedia", "books", "wiki", "book")  # --wikipedia and --books, and their document-id prefixes
+_SOURCE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # a document id's first field: no ":"
+
+
+@dataclass(frozen=True)
+class InputSourceConfig:
+    """One source of documents of the config's ``inputs:`` list, besides ``--wikipedia`` and ``--books``.
+
+    Its documents have ids ``{name}:{id}`` (with ``id_field``) or ``{name}:{file}:{position}`` (a line's byte offset,
+    a Parquet file's ``rowgroup/row``, a datasets file's row), are cleaned as plain text (whitespace normalised) and
+    filtered by ``min_chars`` / ``min_sentences`` (null: ``sources.min_document_chars`` / ``min_document_sentences``).
+    """
+
+    name: str = ""                       # the source's name: the first field of its document ids
+    format: str = ""                     # jsonl (.jsonl/.json, plain or .gz/.bz2/.xz/.zst) | parquet | text | datasets
+    paths: list[str] = field(default_factory=list)  # files, directories or globs, local or URIs
+    text_field: str = "text"             # jsonl, parquet, datasets: the field (column) that holds the text
+    id_field: str | None = None          # a field with each record's id (unique within the source)
+    title_field: str | None = None       # a field whose value becomes the document's first paragraph
+    document: str = "line"               # text: one document per line, or per file
+    min_chars: int | None = None
+    min_sentences: int | None = None
+
+    def __post_init__(self):
+        if not self.name:
+            raise ValueError("name is missing: give the source a name, e.g. name: web (its document ids start with it)")
+        if not _SOURCE_NAME.match(self.name):
+            raise ValueError(f"name {self.name!r} may hold only letters, digits, '_', '.' and '-' (document ids are "
+                             "'name:...'); choose another name")
+        if self.name in BUILTIN_SOURCES:
+            raise ValueError(f"name {self.name!r} is a built-in source's (--wikipedia and --books are 'wikipedia' and "
+                             "'books'); choose another name")
+        if self.format not in INPUT_FORMATS:
+            raise ValueError(f"format {self.format!r} is not an input format; use one of {', '.join(INPUT_FORMATS)}")
+        if not self.paths:
+            raise ValueError(f"paths is empty: list the files, directories or globs of source {self.name!r}")
+        if self.document not in ("line", "file"):
+            raise ValueError(f"document must be line or file, got {self.document!r}")
+        if self.document != "line" and self.format != "text":
+            raise ValueError(f"document applies to format text only; remove it from source {self.name!r}")
+        if not self.text_field:
+            raise ValueError("text_field is empty: name the field that holds the text, e.g. text_field: text")
+        if self.min_chars is not None and self.min_chars < 0:
+            raise ValueError(f"min_chars must be >= 0, got {self.min_chars}")
+        if self.min_sentences is not None and self.min_sentences < 1:
+            raise ValueError(f"min_sentences must be >= 1, got {self.min_sentences}")
+
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     seed: int = 12345
@@ -158,10 +208,17 @@ class PreprocessConfig:
     multilingual: MultilingualConfig = field(default_factory=MultilingualConfig)
     # Left out of the resolved config while off, so that datasets and rendered jobs without a split stay as they were.
     heldout: HeldoutConfig = field(default_factory=HeldoutConfig, metadata={"omit_when_default": True})
+    # Sources of documents besides --wikipedia and --books (preprocess.readers); left out while empty, likewise.
+    inputs: list[InputSourceConfig] = field(default_factory=list, metadata={"omit_when_default": True})
 
     def __post_init__(self):
         if self.parts < 1:
             raise ValueError(f"parts must be >= 1, got {self.parts}")
+        names = [source.name for source in self.inputs]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise ValueError(f"inputs[{index}].name {name!r} is the name of inputs[{names.index(name)}] too; "
+                                 "give each source a name of its own")
         if self.max_memory is not None:
             sizes.parse_size(self.max_memory)
 

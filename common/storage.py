@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
 import lzma
 import os
@@ -18,8 +19,57 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
-# What smart_open's infer_from_extension does for these, with the same modules; others (.zst, .lz4) go through it.
+# What smart_open's infer_from_extension does for these, with the same modules; .zst is ours (``_ZstdReader``:
+# smart_open needs Python 3.14's compression.zstd or the backports.zstd package for it); .lz4 goes through smart_open.
 _LOCAL_CODECS = {".bz2": bz2.open, ".gz": gzip.open, ".xz": lzma.open}
+
+
+class _ZstdReader(io.RawIOBase):
+    """The decompressed bytes of a zstd stream of one or more frames, read with the zstandard package (which Apache
+    Beam requires). Unlike zstandard's own stream reader, a stream that ends inside a frame raises ``EOFError`` (a
+    truncated download), and corrupt data an ``OSError`` whose message says so, as the other codecs do."""
+
+    def __init__(self, raw: IO[bytes]):
+        import zstandard
+
+        self._raw, self._zstd = raw, zstandard
+        self._frame = zstandard.ZstdDecompressor().decompressobj()
+        self._pending, self._started = b"", False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            data = self._frame.unused_data if self._frame.eof else b""
+            if self._frame.eof:
+                self._frame = self._zstd.ZstdDecompressor().decompressobj()
+                self._started = False
+            data = data or self._raw.read(1 << 20)
+            if not data:
+                if self._started:
+                    raise EOFError("the zstd stream ends inside a frame")
+                return 0
+            self._started = True
+            try:
+                self._pending = self._frame.decompress(data)
+            except self._zstd.ZstdError as exc:
+                raise OSError(f"corrupt zstd data: {exc}") from None
+        size = min(len(buffer), len(self._pending))
+        buffer[:size], self._pending = self._pending[:size], self._pending[size:]
+        return size
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
+def _open_zstd(raw: IO[bytes], mode: str, **text) -> IO:
+    if "r" not in mode:
+        raise ValueError("writing .zst files is not supported; read them only")
+    stream = io.BufferedReader(_ZstdReader(raw), 1 << 20)
+    return stream if "b" in mode else io.TextIOWrapper(stream, **text)
 
 
 def is_local(uri: str) -> bool:
@@ -98,10 +148,13 @@ def open_file(uri: str, mode: str = "rb", decompress: bool = False) -> IO:
     Text modes read and write UTF-8.
     """
     text = {} if "b" in mode else {"encoding": "utf-8"}
+    zstd = decompress and uri.lower().endswith(".zst")
+    if zstd:
+        return _open_zstd(open_file(uri, "rb"), mode, **text)
     if is_local(uri):
         path = local_path(uri)
         extension = os.path.splitext(path)[1].lower()
-        if not decompress or extension not in (".zst", ".lz4"):
+        if not decompress or extension != ".lz4":
             codec = _LOCAL_CODECS.get(extension) if decompress else None
             if codec is None:
                 return open(path, mode, **text)

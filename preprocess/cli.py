@@ -42,8 +42,9 @@ def _tokenizer_parser(sub) -> None:
     t.add_argument("--lowercase", action="store_true")
     t.add_argument("--max-sentences", type=int, default=2_000_000, help="sentences sampled for training")
     t.add_argument("--seed", type=int, default=12345)
-    t.add_argument("--config", help="preprocess YAML whose 'sources' section controls cleaning (and whose "
-                                    "'multilingual' section, when enabled, mixes the languages of the sample)")
+    t.add_argument("--config", help="preprocess YAML whose 'sources' section controls cleaning, whose 'inputs' "
+                                    "sources are sampled too, and whose 'multilingual' section, when enabled, mixes "
+                                    "the languages of the sample")
     _add_debug(t)
 
 
@@ -146,23 +147,26 @@ def _run_step(args, cfg, tokenizer: str, beam_args: list[str]) -> int:
 
 
 def _command_tokenizer_train(args) -> int:
-    from preprocess import inputs
+    from preprocess import readers
     from preprocess.vocab import sample_sentences, sample_sentences_by_language, train_sentencepiece
 
     cfg = config_module.load(args.config) if args.config else config_module.PreprocessConfig()
-    wiki = list(args.wikipedia) + [u for u in args.input if ".xml" in u]
-    books = list(args.books) + [u for u in args.input if ".xml" not in u]
-    files = [("wiki", u) for u in inputs.expand_inputs(wiki)] + [("book", u) for u in inputs.expand_inputs(books)]
+    paths = {"wikipedia": list(args.wikipedia), "books": list(args.books)}
+    for uri in args.input:
+        paths[readers.guess_builtin(uri)].append(uri)
+    inputs = tuple(cfg.inputs)
+    files = readers.input_files(paths, inputs)
     if not files:
-        raise InputError("no input: pass --input (or --wikipedia / --books)")
+        raise InputError("no input: pass --input (or --wikipedia / --books), or list sources under inputs: in the "
+                         "--config")
     started = time.time()
     if cfg.multilingual.enabled:  # the languages mixed as the dataset's rows will be (multilingual.alpha)
         sentences, mix = sample_sentences_by_language(files, cfg.sources, cfg.multilingual, args.max_sentences,
-                                                      args.seed)
+                                                      args.seed, inputs)
         print("sample by language: " + ", ".join(f"{language} {entry['sampled']:,} of {entry['sentences']:,} "
                                                  "sentences" for language, entry in mix.items()))
     else:
-        sentences = sample_sentences(files, cfg.sources, args.max_sentences, args.seed)
+        sentences = sample_sentences(files, cfg.sources, args.max_sentences, args.seed, inputs)
     tokenizer = train_sentencepiece(sentences, args.vocab_size, args.output, lowercase=args.lowercase)
     identity = tokenizer.identity()
     print(f"tokenizer: SentencePiece, {identity['vocab_size']:,} pieces, trained on {len(sentences):,} sentences "

@@ -34,7 +34,14 @@ def counts_uri(work: str, part: int) -> str:
 
 
 def no_counts() -> dict:
-    return {"documents": 0, "sentences": 0, "tokens": 0, "skipped": {}, "failed": {}, "dead_letters": []}
+    """A part's (or bucket's) document counts, and per source (its name: ``readers.source_of``) the same, without
+    the dead letters (``no_source_counts``)."""
+    return {"documents": 0, "sentences": 0, "tokens": 0, "skipped": {}, "failed": {}, "dead_letters": [],
+            "sources": {}}
+
+
+def no_source_counts() -> dict:
+    return {"documents": 0, "skipped": {}, "failed": {}}
 
 
 def add_counts(counts: list[dict]) -> dict:
@@ -160,11 +167,30 @@ def _ordered(work: str, bucket: int, columns: list[str] | None = None, drop: fro
     keep = [i for i in range(len(doc_ids)) if (i == 0 or doc_ids[i] != doc_ids[i - 1]) and doc_ids[i] not in drop]
     if len(keep) == len(doc_ids):
         return table, order, doc_ids, []
+    if "tokens" in table.column_names:
+        keep = [_first_copy(table, order, doc_ids, i) for i in keep]
     kept = set(keep)
     dropped = [i for i in range(len(doc_ids)) if i not in kept and doc_ids[i] not in drop]
     sources = table.column("source").take(pa.array(order[dropped])).to_pylist()
     duplicates = [(doc_ids[i], source) for i, source in zip(dropped, sources)]
     return table, order[keep], [doc_ids[i] for i in keep], duplicates
+
+
+def _first_copy(table: pa.Table, order, doc_ids: list[str], first: int) -> int:
+    """Of the copies of one id that start at rank ``first`` (ordered by source), the one kept: the first source's
+    copy with the smallest tokens. The parts' files hold copies of one id and source in no fixed order (it depends
+    on the workers), so the text decides, and the kept copy is the same for any workers, parts and runner."""
+    last = first
+    while last + 1 < len(doc_ids) and doc_ids[last + 1] == doc_ids[first]:
+        last += 1
+    if last == first:
+        return first
+    sources = table.column("source").take(pa.array(order[first:last + 1])).to_pylist()
+    same = [first + k for k, source in enumerate(sources) if source == sources[0]]
+    if len(same) == 1:
+        return first
+    tokens = table.column("tokens").take(pa.array(order[same])).to_pylist()
+    return same[min(range(len(same)), key=lambda k: tokens[k])]
 
 
 def bucket_ids(work: str, bucket: int, drop: frozenset[str] = frozenset()) -> tuple[list[str], list[tuple[str, str]]]:

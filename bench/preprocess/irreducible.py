@@ -3,7 +3,7 @@
     python -m bench.preprocess.irreducible --config CONFIG --tokenizer DIR --wiki DUMP... --books BOOK...
 
 Decompresses and parses the dumps, reads the books, cleans the wikitext, splits sentences and tokenizes, with
-the pipeline's own functions (``wikipedia.iter_wikipedia``, ``books.iter_book``, ``text.to_document``,
+the pipeline's own functions (the readers of ``preprocess.readers``, ``text.to_document``,
 ``encode_batch``) and nothing more: no Apache Beam, no instances, no output. It imports only what that work
 needs, so the CPU of this whole process (interpreter, imports, tokenizer load, work) is what a standalone
 program doing the work costs; ``bench.preprocess.scale`` runs it as a child and compares the pipeline's whole
@@ -22,7 +22,7 @@ def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str
     """Read + clean + split + tokenize every file in this process, timed per phase (``time.process_time``)."""
     from common import preprocess_config as config
     from common.tokenizer import keep_batches_on_this_thread, load_tokenizer
-    from preprocess import books, text, wikipedia
+    from preprocess import readers, text
     from preprocess.records import Rejected
 
     cfg = config.load(config_path).sources
@@ -31,11 +31,11 @@ def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str
     clock = time.process_time
     read_s = clean_s = tok_s = 0.0
     documents = sentences = tokens = rejected = 0
-    files = [("wiki", u) for u in wiki] + [("book", u) for u in books_]
+    files = readers.builtin_files({"wikipedia": wiki, "books": books_})
     gc.collect()
     wall0, cpu0 = time.perf_counter(), clock()
-    for kind, uri in files:
-        reader = (wikipedia.iter_wikipedia if kind == "wiki" else books.iter_book)(uri, cfg)
+    for key, uri in files:
+        reader = readers.reader_of(key).read(uri, None, None, cfg, {})
         while True:
             t0 = clock()
             raw = next(reader, None)

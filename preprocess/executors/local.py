@@ -2,8 +2,8 @@
 
 Beam's own multi-processing DirectRunner passes every element through the runner process over gRPC, which
 serialises the job on that process. Here each worker process runs whole
-in-memory pipelines: for the documents stage on input units it claims one at a time (files, byte ranges of
-large dumps), for the instances stage on a range of document buckets, so data moves only through the work
+in-memory pipelines: for the documents stage on input units it claims one at a time (files, pieces of large
+files), for the instances stage on a range of document buckets, so data moves only through the work
 files. The slices meet at the same files as the ``parts`` mode, hence the output is byte-identical to a
 single in-memory run.
 """
@@ -18,55 +18,59 @@ from concurrent.futures import ProcessPoolExecutor
 import apache_beam as beam
 
 from common import writelock
-from preprocess import dumpsplit
+from preprocess import readers
 from preprocess.executors.beamrun import beam_options, run_beam
 from preprocess.executors.plan import Plan
 from preprocess.layout import bucket_ranges
 
 
-def estimated_cost(kind: str, uri: str, size: int) -> float:
-    """Relative cleaning work of a file: a compressed dump expands as it is read, and wikitext costs more per byte
-    than book text (the factors come from the benchmark corpus)."""
-    compressed = uri.endswith((".bz2", ".gz", ".xz", ".zst"))
-    return size * (4.0 if compressed else 1.0) * (2.0 if kind == "wiki" else 1.0)
+def estimated_cost(key: str, uri: str, size: int) -> float:
+    """Relative cleaning work of a file (its reader's ``cost_per_byte``: a compressed file expands as it is read,
+    and wikitext costs more per byte than book text; the factors come from the benchmark corpus)."""
+    return size * readers.reader_of(key).cost_per_byte(uri)
+
+
+def even_pieces(key: str, uri: str, size: int, count: int, inputs=()) -> list[tuple[float, tuple]]:
+    """A file's pieces as its reader cuts them without reading it (``inputs``: the config's ``inputs:`` sources)."""
+    return readers.reader_of(key).pieces(uri, size, count, readers.spec_of(key, inputs))
+
+
+def exact_pieces(inputs=()):
+    """(key, uri, size, count) -> a file's pieces with their cuts where the work is (a few small reads: a dump's
+    block starts, a Parquet file's row groups, ...)."""
+    return lambda key, uri, size, count: readers.reader_of(key).pieces(uri, size, count, readers.spec_of(key, inputs),
+                                                                       exact=True)
 
 
 def plan_units(files: list[tuple[str, str, int]], slices: int, bucket_bits: int,
-               cut=lambda uri, size, ranges: ranges) -> list[tuple[float, tuple]]:
-    """The units of the documents stage, largest first: (estimated cost, (kind, uri, split)).
+               pieces=even_pieces) -> list[tuple[float, tuple]]:
+    """The units of the documents stage, largest first: (estimated cost, (key, uri, piece)).
 
-    A file worth more than half a slice's share is split: a .bz2 dump into byte ranges (``preprocess.dumpsplit``)
-    of at most half a share each, which the processes claim one at a time with the smaller units, so that they
-    balance; any other large file into one bucket range per slice (each read of it keeps the documents of its
-    own buckets). No document is cleaned twice. Ranges are not cut finer: each boundary costs a whole bzip2 block
-    decompressed twice (the range before it reads on to finish its last page).
+    A file worth more than half a slice's share is split: into its reader's pieces (``Reader.pieces``: a .bz2
+    dump's byte ranges, ...) of at most half a share each, which the processes claim one at a time with the
+    smaller units, so that they balance; a large file that its reader cannot cut into one bucket range per slice
+    (each read of it keeps the documents of its own buckets). No document is cleaned twice. Pieces are not cut
+    finer: for a dump each boundary costs a whole bzip2 block decompressed twice (the range before it reads on to
+    finish its last page).
 
     Args:
-        cut: (uri, size, even byte ranges) -> the ranges to use; ``block_ranges`` moves them to block starts.
+        pieces: (key, uri, size, count) -> the file's pieces and their shares (``exact_pieces(inputs)`` gives a
+            run's, reading a little of each file it cuts).
     """
     ranges = bucket_ranges(1 << bucket_bits, slices)
     costs = [(estimated_cost(*f), f) for f in files]
     share = sum(c for c, _ in costs) / slices
     units = []
-    for cost, (kind, uri, size) in costs:
+    for cost, (key, uri, size) in costs:
         large = slices > 1 and cost > share / 2
-        pieces = (cut(uri, size, dumpsplit.byte_ranges(size, math.ceil(2 * cost / share)))
-                  if large and dumpsplit.splittable(kind, uri) else [])
-        if len(pieces) > 1:
-            units.extend((cost * (hi - lo) / size, (kind, uri, ("bytes", lo, hi))) for lo, hi in pieces)
+        cut = pieces(key, uri, size, math.ceil(2 * cost / share)) if large else []
+        if len(cut) > 1:
+            units.extend((cost * fraction, (key, uri, piece)) for fraction, piece in cut)
         elif large:
-            units.extend((cost / slices, (kind, uri, ("buckets", bucket_bits, lo, hi))) for lo, hi in ranges)
+            units.extend((cost / slices, (key, uri, ("buckets", bucket_bits, lo, hi))) for lo, hi in ranges)
         else:
-            units.append((cost, (kind, uri, None)))
+            units.append((cost, (key, uri, None)))
     return sorted(units, key=lambda u: (-u[0], u[1][1], u[1][2] or ()))
-
-
-def block_ranges(uri: str, size: int, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``ranges`` of a .bz2 dump moved to block boundaries (a few small reads), so their sizes are their work."""
-    from preprocess.inputs import open_uri
-
-    with open_uri(uri, decompress=False) as raw:
-        return dumpsplit.snap_to_blocks(raw, size, ranges)
 
 
 def _run(options_args: list[str], build) -> None:
@@ -86,7 +90,7 @@ def _init_worker(claimed) -> None:
 
 
 class ClaimUnits(beam.DoFn):
-    """budget -> the next unclaimed (kind, uri, split) units of the shared list, until the list is exhausted or the
+    """budget -> the next unclaimed (key, uri, piece) units of the shared list, until the list is exhausted or the
     claimed cost reaches ``budget`` (None: no limit).
 
     Units are claimed one at a time as the fused pipeline finishes the previous one, so a process that drew
@@ -159,7 +163,7 @@ def run_stages(plan: Plan, workers: int, options_args: list[str], bar) -> None:
     slices = max(workers, plan.parts)
     context = multiprocessing.get_context(_start_method())
     claimed = context.Value("q", 0)
-    units = plan_units(list(plan.files), slices, plan.bucket_bits, block_ranges)
+    units = plan_units(list(plan.files), slices, plan.bucket_bits, exact_pieces(plan.inputs))
     # A slice's documents stay in its pipeline's memory until it ends: with more slices than processes (parts,
     # for a memory budget), each claims about its share; otherwise each runs until no unit is left.
     budget = None if slices == workers else sum(cost for cost, _ in units) / slices * (1 - 1e-9)

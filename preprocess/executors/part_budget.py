@@ -1,8 +1,9 @@
 """A memory budget for one-machine runs: ``--max-memory SIZE`` chooses the number of parts (``--parts``).
 
 The DirectRunner holds a stage's data in memory, so a run's peak grows with the input of its largest part. The
-estimate per part is a fixed base plus a factor per input byte as stored, by kind: a ``.bz2`` dump counts
-compressed (its text is about 3.6 times larger), and wikitext yields fewer tokens per byte than a book. The base
+estimate per part is a fixed base plus a factor per input byte as stored, by the memory class its reader gives the
+file (``Reader.memory_class``): a ``.bz2`` dump counts compressed (its text is about 3.6 times larger), and wikitext
+yields fewer tokens per byte than a book. The base
 is what a part needs whatever its size: the interpreter, Apache Beam's runner and the tokenizer, and the buffers
 of the instance and shard stages, which hold a bucket and a key-range group at a time.
 
@@ -21,22 +22,27 @@ from dataclasses import dataclass
 
 from common.errors import InputError
 from common.sizes import format_size
+from preprocess import readers
 
-# Peak bytes of one in-memory run per input byte, by kind, and the base every run needs (see the module docstring).
-PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 7.5, "wiki": 3.5, "book": 6.0}
+# Peak bytes of one in-memory run per input byte, by memory class, and the base every run needs (see the module
+# docstring). The first three are measured; those of the config's ``inputs:`` formats are ESTIMATES, not measured yet:
+# their text is plain, as a book's (6.0); compressed, a file counts 2.5 times that (gzip and zstd make text 3-4 times
+# smaller; a .bz2 dump counts 2.1 times its plain slope), Parquet's columns are compressed inside the file (twice
+# a book's), and a datasets directory's Arrow files hold uncompressed text, as a book.
+PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 7.5, "wiki": 3.5, "book": 6.0,
+                             "jsonl": 6.0, "jsonl_compressed": 15.0, "text": 6.0, "text_compressed": 15.0,
+                             "parquet": 12.0, "datasets": 6.0}
 BASE_PEAK_BYTES = 340 << 20
-COMPRESSED_SUFFIXES = (".bz2", ".gz", ".xz", ".zst")
 
 
-def input_kind(kind: str, uri: str) -> str:
-    if kind == "wiki":
-        return "wiki_compressed" if uri.endswith(COMPRESSED_SUFFIXES) else "wiki"
-    return "book"
+def input_kind(key: str, uri: str) -> str:
+    """The memory class of an input file (``Reader.memory_class``): the key of its slope."""
+    return readers.reader_of(key).memory_class(uri)
 
 
-def weighted_bytes(kind: str, uri: str, size: int, slopes: dict[str, float] = PEAK_BYTES_PER_INPUT_BYTE) -> float:
+def weighted_bytes(key: str, uri: str, size: int, slopes: dict[str, float] = PEAK_BYTES_PER_INPUT_BYTE) -> float:
     """What a file adds to the peak of the part that holds it."""
-    return slopes[input_kind(kind, uri)] * size
+    return slopes[input_kind(key, uri)] * size
 
 
 @dataclass(frozen=True)
@@ -53,10 +59,10 @@ class PartsChoice:
 def split_parts(files: list[tuple[str, str, int]], parts: int) -> list[list[tuple[str, str]]]:
     """Greedy size-balanced grouping of the input files (largest first, ties by name)."""
     loads = [[0, i, []] for i in range(parts)]
-    for kind, uri, size in sorted(files, key=lambda f: (-f[2], f[1])):
+    for key, uri, size in sorted(files, key=lambda f: (-f[2], f[1])):
         target = min(loads, key=lambda load: (load[0], load[1]))
         target[0] += size
-        target[2].append((kind, uri))
+        target[2].append((key, uri))
     return [sorted(load[2]) for load in loads if load[2]]
 
 
@@ -68,7 +74,7 @@ def estimated_peak(files: list[tuple[str, str, int]], parts: int,
     Args:
         slopes, base: the constants (``bench.preprocess.calibrate`` fits others with them).
     """
-    weight = {uri: weighted_bytes(kind, uri, size, slopes) for kind, uri, size in files}
+    weight = {uri: weighted_bytes(key, uri, size, slopes) for key, uri, size in files}
     heaviest = max(sum(weight[uri] for _, uri in part) for part in split_parts(files, min(parts, len(files))))
     return int(base + max(heaviest, sum(weight.values()) / parts))
 
@@ -77,7 +83,7 @@ def choose_parts(files: list[tuple[str, str, int]], budget: int) -> PartsChoice:
     """The fewest parts whose estimated peak fits ``budget``; refuses when one input file per part would not.
 
     Args:
-        files: (kind, uri, size in bytes as stored) of every input file.
+        files: (key, uri, size in bytes as stored) of every input file.
     """
     for parts in range(1, len(files) + 1):
         peak = estimated_peak(files, parts)

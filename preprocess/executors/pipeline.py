@@ -74,7 +74,7 @@ def _run(cfg: PreprocessConfig, *, wikipedia: list[str], books: list[str], token
     beam_args = list(beam_args)
     options = beam_options(beam_args, verbose)
     log = WorkerLog(verbose)
-    sized = resolve_inputs(wikipedia, books)
+    sized = resolve_inputs(wikipedia, books, tuple(cfg.inputs))
     cfg = fit_memory_budget(cfg, sized, beam_args)
     tok = load_tokenizer(tokenizer, lowercase=cfg.tokenizer.lowercase)
     staging = prepare_output(output, overwrite)

@@ -20,13 +20,14 @@ from common import schema, storage
 from common.errors import InputError
 from common.preprocess_config import (
     HeldoutConfig,
+    InputSourceConfig,
     InstanceConfig,
     MultilingualConfig,
     OutputConfig,
     PreprocessConfig,
     SourceConfig,
 )
-from preprocess import docstore, handoff, heldout, inputs, languages
+from preprocess import docstore, handoff, heldout, languages, readers
 from preprocess.executors.part_budget import split_parts
 from preprocess.layout import EVAL_DIR, INDEX_NAME, bits_for, bucket_ranges
 from preprocess.stages import documents as documents_stage
@@ -50,18 +51,15 @@ def _input_size(uri: str) -> int:
                          "this machine's credentials may read it") from None
 
 
-def resolve_inputs(wikipedia: list[str], books: list[str]) -> list[tuple[str, str, int]]:
-    """(kind, uri, size in bytes) of every input file; refuses no input, unreadable inputs and clashing names."""
-    files = [("wiki", u) for u in inputs.expand_inputs(list(wikipedia))] + \
-            [("book", u) for u in inputs.expand_inputs(list(books))]
+def resolve_inputs(wikipedia: list[str], books: list[str],
+                   inputs: tuple[InputSourceConfig, ...] = ()) -> list[tuple[str, str, int]]:
+    """(key, uri, size in bytes) of every input file (``preprocess.readers.input_files``: the built-in sources', then
+    the config's ``inputs:``); refuses no input, unreadable inputs and clashing names."""
+    files = readers.input_files({"wikipedia": wikipedia, "books": books}, inputs)
     if not files:
-        raise InputError("no input files: pass --wikipedia and/or --books")
-    names = [inputs.source_name(u) for _, u in files]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise InputError(f"input files share a name ({', '.join(dup)}): document ids come from file names, "
-                         "so rename one of them")
-    return [(kind, uri, _input_size(uri)) for kind, uri in files]
+        raise InputError("no input files: pass --wikipedia and/or --books, or list sources under inputs: in the "
+                         "config")
+    return [(key, uri, _input_size(uri)) for key, uri in files]
 
 
 def bucket_bits_for(sized: list[tuple[str, str, int]], slices: int) -> int:
@@ -75,11 +73,12 @@ class Plan:
     """The stages of one run. Small and picklable: the local pool sends it to its worker processes.
 
     Attributes:
-        files: (kind, uri, size in bytes) of every input file.
+        files: (key, uri, size in bytes) of every input file (``preprocess.readers``).
         parts: how many parts the documents and instances stages are split into (``PreprocessConfig.parts``).
         work: where the stages meet (under ``staging``, removed when the dataset is published).
         staging: where the shards are written (the dataset's staging location).
         heldout: the held-out split (``preprocess.heldout``), built by the plan ``evaluation`` returns.
+        inputs: the config's ``inputs:`` sources, which the keys of their files name.
     """
 
     files: tuple[tuple[str, str, int], ...]
@@ -97,6 +96,7 @@ class Plan:
     output_schema: pa.Schema
     multilingual: MultilingualConfig = MultilingualConfig()
     heldout: HeldoutConfig = HeldoutConfig()
+    inputs: tuple[InputSourceConfig, ...] = ()
 
     @classmethod
     def build(cls, cfg: PreprocessConfig, files, tok, staging: str, tokenizer_uri: str, slices: int) -> Plan:
@@ -111,7 +111,7 @@ class Plan:
                    source_cfg=cfg.sources, instance_cfg=cfg.instances, output_cfg=cfg.output, seed=cfg.seed,
                    work=storage.join(staging, "_work"), staging=staging, tokenizer_uri=tokenizer_uri,
                    vocab_size=tok.vocab_size, mask_id=tok.mask_id, output_schema=output_schema,
-                   multilingual=cfg.multilingual, heldout=cfg.heldout)
+                   multilingual=cfg.multilingual, heldout=cfg.heldout, inputs=tuple(cfg.inputs))
 
     def evaluation(self) -> Plan:
         """The held-out split's plan: the index, instance and shard stages over the evaluation store that this plan's
@@ -128,7 +128,7 @@ class Plan:
         return 1 << self.bucket_bits
 
     def file_parts(self) -> list[list[tuple[str, str]]]:
-        """(kind, uri) of each part's input files: a size-balanced split (fewer parts than files at most)."""
+        """(key, uri) of each part's input files: a size-balanced split (fewer parts than files at most)."""
         return split_parts(list(self.files), min(self.parts, len(self.files)))
 
     def instance_units(self, slices: int) -> list[list[int]]:
@@ -143,10 +143,11 @@ class Plan:
 
     # Stage 1: documents
     def documents(self, part: int, lot: handoff.Lot | None) -> documents_stage.BuildDocumentStore:
-        """(kind, uri[, split]) input units -> part ``part``'s share of the document store."""
+        """(key, uri[, piece]) input units -> part ``part``'s share of the document store."""
         return documents_stage.BuildDocumentStore(self.source_cfg, self.tokenizer_uri, self.bucket_bits, self.work,
                                                   part, self.vocab_size, spread=lot is None,
-                                                  multilingual=self.multilingual, heldout=self.heldout, seed=self.seed)
+                                                  multilingual=self.multilingual, heldout=self.heldout, seed=self.seed,
+                                                  inputs=self.inputs)
 
     # Stage 2: index
     def index(self, lot: handoff.Lot | None) -> index_stage.IndexCorpus:

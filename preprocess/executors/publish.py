@@ -13,7 +13,7 @@ from common import configlib, schema, storage
 from common.errors import InputError
 from common.objectives import ObjectiveEntry
 from common.preprocess_config import InstanceConfig, PreprocessConfig
-from preprocess import docstore, inputs, shards
+from preprocess import docstore, readers, shards
 from preprocess.executors.beamrun import WorkerLog
 from preprocess.executors.plan import Plan
 from preprocess.layout import EVAL_DIR, HELDOUT_NAME, INDEX_NAME, SHARD_PLAN_NAME
@@ -74,6 +74,7 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
     counts = {b: (c, d) for b, c, d in index_data["counts"]}
     num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
     documents = docstore.add_counts(list(read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
+    documents = with_duplicates(documents, [dup for _, dups in counts.values() for dup in dups])
     stats: dict = {}
     for meta in read_metas(storage.join(work, "pieces")).values():
         stats = shards.merge_counts(stats, meta["stats"])
@@ -192,12 +193,33 @@ def _instance_statistics(cfg: InstanceConfig, stats: dict, total_rows: int) -> d
     return {"instances": stats, **out}
 
 
+def with_duplicates(documents: dict, duplicates: list) -> dict:
+    """The documents' counts (``docstore.add_counts``) with the copies of a repeated id that the index dropped
+    ((doc_id, source) each): of a built-in source skipped "duplicate_id", as they always were (a dump may hold a page
+    twice); of an ``inputs:`` source failed "duplicate_id" with a dead letter each, since there the ids are the
+    records' own and a repeat is a fault of the data. Each source's count of documents is then without them."""
+    documents = {**documents, "skipped": dict(documents["skipped"]), "failed": dict(documents["failed"]),
+                 "dead_letters": list(documents["dead_letters"]),
+                 "sources": {name: {**entry, "skipped": dict(entry["skipped"]), "failed": dict(entry["failed"])}
+                             for name, entry in documents.get("sources", {}).items()}}
+    for doc_id, source in duplicates:
+        name = readers.source_of(doc_id)
+        outcome = "skipped" if doc_id.split(":", 1)[0] in readers.BUILTIN_KEYS else "failed"
+        entry = documents["sources"].setdefault(name, docstore.no_source_counts())
+        entry["documents"] -= 1
+        for counts in (documents, entry):
+            counts[outcome]["duplicate_id"] = counts[outcome].get("duplicate_id", 0) + 1
+        if outcome == "failed":
+            documents["dead_letters"].append({"source": source, "doc_id": doc_id, "reason": "duplicate_id",
+                                              "detail": f"{source}: the id repeats within source {name}; one copy "
+                                                        "is kept (the first by file name and text)"})
+    documents["dead_letters"].sort(key=lambda letter: (letter["source"], letter["doc_id"]))
+    return documents
+
+
 def _manifest(cfg, tok, sized, documents, counts, num_docs, corpus, stats, shard_entries, total_rows,
               bucket_bits, group_bits) -> dict:
     skipped, failed = dict(documents["skipped"]), dict(documents["failed"])
-    duplicates = sum(len(dups) for _, dups in counts.values())
-    if duplicates:
-        skipped["duplicate_id"] = skipped.get("duplicate_id", 0) + duplicates
     read = num_docs + sum(skipped.values()) + sum(failed.values())
     return {
         "format": schema.FORMAT_NAME,
@@ -207,13 +229,14 @@ def _manifest(cfg, tok, sized, documents, counts, num_docs, corpus, stats, shard
         "token_dtype": schema.token_numpy_dtype(tok.vocab_size),
         "max_seq_length": cfg.instances.max_seq_length,
         "parameters": configlib.to_dict(cfg),
-        "inputs": [{"kind": kind, "name": inputs.source_name(uri), "bytes": size} for kind, uri, size in sized],
+        "inputs": [{"kind": key, "name": readers.reader_of(key).label(uri), "bytes": size} for key, uri, size in sized],
         "rows": total_rows,
         "tokens": stats.get("tokens", 0),
         "shards": shard_entries,
         "layout": {"bucket_bits": bucket_bits, "group_bits": group_bits},
         "statistics": {
-            "documents": {"read": read, "used": num_docs, "skipped": skipped, "failed": failed},
+            "documents": {"read": read, "used": num_docs, "skipped": skipped, "failed": failed,
+                          "sources": dict(sorted(documents["sources"].items()))},
             "corpus": corpus,
             **_instance_statistics(cfg.instances, stats, total_rows),
         },

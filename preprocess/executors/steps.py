@@ -32,13 +32,14 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from common import configlib, schema, storage
 from common.errors import InputError
 from common.preprocess_config import PreprocessConfig
-from preprocess import docstore, inputs
+from preprocess import docstore
 from preprocess.executors import beamargs
 from preprocess.executors.beamrun import WorkerLog, beam_options, run_beam
 from preprocess.executors.evaluation import run_evaluation
 from preprocess.executors.plan import Plan, resolve_inputs
 from preprocess.executors.publish import publish_dataset, staging_for
 from preprocess.layout import INDEX_NAME
+from preprocess.readers.inputs import source_name
 from preprocess.stages.barrier import read_metas
 
 LOG = logging.getLogger("preprocess")
@@ -88,7 +89,7 @@ def run_step(cfg: PreprocessConfig, *, step: str | None, part: int | None, wikip
         wait_seconds = 0.0 if step is not None else DEFAULT_WAIT_SECONDS
     started = time.time()
     options, log = beam_options(list(beam_args), verbose), WorkerLog(verbose)
-    sized = resolve_inputs(wikipedia, books)
+    sized = resolve_inputs(wikipedia, books, tuple(cfg.inputs))
     tok = load_tokenizer(tokenizer, lowercase=cfg.tokenizer.lowercase)
     staging = _staging(output)
     # The tokenizer is saved to the dataset by the finish step; the other steps use private copies.
@@ -123,7 +124,7 @@ def _staging(output: str) -> str:
 def _claim(work: str, cfg: PreprocessConfig, sized, tok, bucket_bits: int) -> None:
     """Record which run the work directory belongs to, or check that it is this one."""
     identity = {"work_layout": WORK_LAYOUT, "parameters": configlib.to_dict(cfg), "bucket_bits": bucket_bits,
-                "inputs": [[kind, inputs.source_name(uri), size] for kind, uri, size in sized],
+                "inputs": [[key, source_name(uri), size] for key, uri, size in sized],
                 "tokenizer_vocab_sha256": tok.identity()["vocab_sha256"]}
     uri = storage.join(work, RUN_IDENTITY)
     if not storage.exists(uri):

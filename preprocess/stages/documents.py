@@ -1,9 +1,9 @@
 """The documents stage: input files -> the tokenized document store.
 
-A file (or a byte range of a large .bz2 dump, ``preprocess.dumpsplit``) is read as documents by its reader
-(``preprocess.wikipedia``, ``preprocess.books``), each document cleaned (``preprocess.text``) and tokenized, and the
-documents written by bucket of their id's hash into the store (``preprocess.docstore``), with each part's document
-counts for the index stage.
+A file (or a piece of a large one: a byte range of a .bz2 dump, ...) is read as documents by its format's reader
+(``preprocess.readers``), each document cleaned (``preprocess.text``) and tokenized, and the documents written by
+bucket of their id's hash into the store (``preprocess.docstore``), with each part's document counts for the index
+stage.
 
 Only portable primitives are used (Create, ParDo, GroupByKey, Reshuffle), so the same pipeline runs on the
 DirectRunner, Dask, Flink, Spark and Dataflow.
@@ -18,41 +18,44 @@ from apache_beam.metrics import Metrics
 
 from common import schema, storage
 from common.hashing import document_hash
-from common.preprocess_config import HeldoutConfig, MultilingualConfig, SourceConfig
-from preprocess import books, docstore, dumpsplit, heldout, languages, text, wikipedia
+from common.preprocess_config import HeldoutConfig, InputSourceConfig, MultilingualConfig, SourceConfig
+from preprocess import docstore, heldout, languages, readers, text
 from preprocess.records import RawDocument, Rejected
 from preprocess.stages.worker_tokenizer import UsesTokenizer
 
-DUMP_RANGE_BYTES = 64 << 20  # a larger .bz2 dump is read as byte ranges of this size, spread over the workers
+PIECE_BYTES = 64 << 20  # a larger file that its reader can cut is read in pieces of about this size, over the workers
 
 
 class BuildDocumentStore(beam.PTransform):
-    """(kind, uri[, split]) files of this part -> tokenized document store buckets and the part's document counts
+    """(key, uri[, piece]) files of this part -> tokenized document store buckets and the part's document counts
     (``docstore.counts_uri``); emits the part once they are written (nothing for a part without documents).
 
-    With ``spread`` (the default) large dumps are cut into byte ranges and files and documents are spread over
+    With ``spread`` (the default) large files are cut into pieces and files and documents are spread over
     the runner's workers. Without it reading and cleaning are one fused step, for a caller that hands each
-    pipeline its own units (the local process pool). With ``multilingual`` enabled, the counts are also by language;
-    with a held-out split (``heldout``, selected with ``seed``), also what its selection needs.
+    pipeline its own units (the local process pool). ``inputs``: the config's ``inputs:`` sources (their files'
+    keys name them). With ``multilingual`` enabled, the counts are also by language; with a held-out split
+    (``heldout``, selected with ``seed``), also what its selection needs.
     """
 
     def __init__(self, cfg: SourceConfig, tokenizer_uri, bucket_bits, work, part, vocab_size, spread: bool = True,
-                 multilingual: MultilingualConfig | None = None, heldout: HeldoutConfig | None = None, seed: int = 0):
+                 multilingual: MultilingualConfig | None = None, heldout: HeldoutConfig | None = None, seed: int = 0,
+                 inputs: tuple[InputSourceConfig, ...] = ()):
         super().__init__()
-        self._cfg, self._tokenizer_uri, self._bucket_bits = cfg, tokenizer_uri, bucket_bits
+        self._cfg, self._tokenizer_uri, self._bucket_bits, self._inputs = cfg, tokenizer_uri, bucket_bits, inputs
         self._work, self._part, self._vocab_size, self._spread = work, part, vocab_size, spread
         self._multilingual = multilingual
         self._heldout = (heldout, seed) if heldout is not None and heldout.enabled else None
 
     def expand(self, files):
         if self._spread:
-            files = (files | "SplitDumps" >> beam.ParDo(SplitLargeDumps(DUMP_RANGE_BYTES))
+            files = (files | "SplitLarge" >> beam.ParDo(SplitLargeFiles(PIECE_BYTES, self._inputs))
                      | "SpreadFiles" >> beam.Reshuffle())  # files to different workers, not all read by one
-        documents = files | "Read" >> beam.ParDo(ReadSourceFile(self._cfg))
+        documents = files | "Read" >> beam.ParDo(ReadSourceFile(self._cfg, self._inputs))
         if self._spread:
             documents = documents | "Spread" >> beam.Reshuffle()
         return (documents
-                | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits))
+                | "CleanTokenize" >> beam.ParDo(CleanAndTokenize(self._cfg, self._tokenizer_uri, self._bucket_bits,
+                                                                 self._inputs))
                 | "ByBucket" >> beam.GroupByKey()
                 | "WriteBuckets" >> beam.ParDo(WriteDocumentBucket(self._work, self._part, self._vocab_size,
                                                                   self._multilingual, self._heldout))
@@ -60,49 +63,48 @@ class BuildDocumentStore(beam.PTransform):
                 | "WriteCounts" >> beam.ParDo(WritePartCounts(self._work, self._part, self._heldout)))
 
 
-class SplitLargeDumps(beam.DoFn):
-    """(kind, uri) -> the same, or for a .bz2 dump larger than ``range_bytes`` its byte ranges (kind, uri,
-    ("bytes", lo, hi)), so that several workers decompress and parse one dump (see ``preprocess.dumpsplit``)."""
+class SplitLargeFiles(beam.DoFn):
+    """(key, uri) -> the same, or for a file larger than ``piece_bytes`` that its reader can cut, its pieces (key,
+    uri, piece) of about that size, so that several workers read one file (``Reader.pieces``)."""
 
-    def __init__(self, range_bytes: int):
-        self._range_bytes = range_bytes
+    def __init__(self, piece_bytes: int, inputs: tuple[InputSourceConfig, ...] = ()):
+        self._piece_bytes, self._inputs = piece_bytes, inputs
 
     def process(self, element):
-        kind, uri = element[:2]
-        size = storage.size_of(uri) if len(element) == 2 and dumpsplit.splittable(kind, uri) else 0
-        pieces = dumpsplit.byte_ranges(size, size // self._range_bytes) if size > self._range_bytes else []
+        key, uri = element[:2]
+        reader, spec = readers.reader_of(key), readers.spec_of(key, self._inputs)
+        size = storage.size_of(uri) if len(element) == 2 and reader.splittable(uri, spec) else 0
+        pieces = reader.pieces(uri, size, size // self._piece_bytes, spec) if size > self._piece_bytes else []
         if len(pieces) > 1:
-            yield from ((kind, uri, ("bytes", lo, hi)) for lo, hi in pieces)
+            yield from ((key, uri, piece) for _, piece in pieces)
         else:
             yield element
 
 
 class ReadSourceFile(beam.DoFn):
-    """(kind, uri[, split]) -> RawDocument | Rejected, streamed from the file.
+    """(key, uri[, piece]) -> RawDocument | Rejected, streamed from the file by its reader (``readers.reader_of``).
 
-    ``split`` selects part of a file, so that several workers share it without cleaning any document twice:
-    ("bytes", lo, hi) reads the pages of a byte range of a .bz2 dump; ("buckets", bits, lo, hi) reads the whole
-    file and passes on only the documents of buckets ``[lo, hi)``.
+    ``piece`` selects part of a file, so that several workers share it without cleaning any document twice: one of
+    the reader's own pieces (``Reader.pieces``: a byte range, row groups, ...), or ("buckets", bits, lo, hi) for a
+    file that cannot be cut: the whole file is read and only the documents of buckets ``[lo, hi)`` passed on.
     """
 
-    def __init__(self, cfg: SourceConfig):
-        self._cfg = cfg
+    def __init__(self, cfg: SourceConfig, inputs: tuple[InputSourceConfig, ...] = ()):
+        self._cfg, self._inputs = cfg, inputs
         self._files = Metrics.counter("preprocess", "files_read")
-        self._headers: dict[str, bytes] = {}  # dump headers, shared by the ranges of one file
+        self._cache: dict = {}  # what a reader keeps across the pieces of a file (e.g. a dump's header)
 
     def process(self, element):
-        kind, uri, *split = element
+        key, uri, *piece = element
         self._files.inc()
-        split = split[0] if split else None
-        if split is not None and split[0] == "bytes":
-            yield from wikipedia.iter_wikipedia(uri, self._cfg, byte_range=(split[1], split[2]), headers=self._headers)
+        reader, spec = readers.reader_of(key), readers.spec_of(key, self._inputs)
+        cfg = readers.source_config(spec, self._cfg)
+        piece = piece[0] if piece else None
+        if piece is None or piece[0] != "buckets":
+            yield from reader.read(uri, piece, spec, cfg, self._cache)
             return
-        reader = wikipedia.iter_wikipedia if kind == "wiki" else books.iter_book
-        if split is None:
-            yield from reader(uri, self._cfg)
-            return
-        _, bits, lo, hi = split
-        for item in reader(uri, self._cfg):
+        _, bits, lo, hi = piece
+        for item in reader.read(uri, None, spec, cfg, self._cache):
             if lo <= docstore.bucket_of(document_hash(item.doc_id), bits) < hi:
                 yield item
 
@@ -114,19 +116,22 @@ def _rejected_tuple(rejected: Rejected) -> tuple:
 class CleanAndTokenize(UsesTokenizer):
     """RawDocument -> (bucket, ("doc", row)) ; Rejected -> (bucket, ("rejected", tuple))."""
 
-    def __init__(self, cfg: SourceConfig, tokenizer_uri: str, bucket_bits: int):
+    def __init__(self, cfg: SourceConfig, tokenizer_uri: str, bucket_bits: int,
+                 inputs: tuple[InputSourceConfig, ...] = ()):
         super().__init__(tokenizer_uri)
         self._cfg = cfg
+        self._limits = readers.limits_by_source(inputs, cfg)  # the sources with limits of their own
         self._bucket_bits = bucket_bits
         self._documents = Metrics.counter("preprocess", "documents")
         self._rejected = Metrics.counter("preprocess", "documents_rejected")
 
     def process(self, element):
+        cfg = self._limits.get(readers.source_of(element.doc_id), self._cfg) if self._limits else self._cfg
         if isinstance(element, RawDocument):
-            element = text.to_document(element, self._cfg)
+            element = text.to_document(element, cfg)
         if not isinstance(element, Rejected):
             encoded = [ids for ids in self.tokenizer.encode_batch(list(element.sentences)) if ids]
-            if len(encoded) < self._cfg.min_document_sentences:
+            if len(encoded) < cfg.min_document_sentences:
                 element = Rejected(element.source, element.doc_id, "skipped", "too_short", "after tokenization")
         bucket = docstore.bucket_of(document_hash(element.doc_id), self._bucket_bits)
         if isinstance(element, Rejected):
@@ -158,10 +163,15 @@ class WriteDocumentBucket(beam.DoFn):
         bucket, records = element
         docs = [payload for tag, payload in records if tag == "doc"]
         counts = docstore.no_counts()
+        by_source = counts["sources"]
         for source, doc_id, outcome, reason, detail in (payload for tag, payload in records if tag == "rejected"):
             counts[outcome][reason] = counts[outcome].get(reason, 0) + 1
+            of_source = by_source.setdefault(readers.source_of(doc_id), docstore.no_source_counts())
+            of_source[outcome][reason] = of_source[outcome].get(reason, 0) + 1
             if outcome == "failed":
                 counts["dead_letters"].append({"source": source, "doc_id": doc_id, "reason": reason, "detail": detail})
+        for doc in docs:
+            by_source.setdefault(readers.source_of(doc[1]), docstore.no_source_counts())["documents"] += 1
         if docs:
             counts["documents"] = len(docs)
             counts["sentences"] = sum(len(d[4]) // 4 for d in docs)

@@ -111,6 +111,16 @@ def test_bad_preprocessing_arguments_are_refused(stage_arguments, message):
               "--config", "configs/preprocess/tiny.yaml", "--", *stage_arguments], message)
 
 
+def test_a_preprocessing_job_may_read_only_the_configs_inputs(tmp_path):
+    from cluster import stages
+
+    config = tmp_path / "mine.yaml"
+    config.write_text((REPO / "configs" / "preprocess" / "tiny.yaml").read_text()
+                      + "inputs:\n  - {name: web, format: jsonl, paths: ['s3://corpora/crawl/']}\n")
+    job = stages.prepare("preprocess", str(config), [], ["--output", "o", "--tokenizer", "t"])
+    assert ("inputs[0].paths", "s3://corpora/crawl/") in job.inputs and "inputs:" in job.config_text
+
+
 def test_bad_finetuning_arguments_are_refused():
     base = ["slurm", "--stage", "finetune", "--cluster", "configs/cluster/slurm_local_cpu.yaml",
             "--config", "configs/finetune/tiny.yaml", "--"]

@@ -51,7 +51,7 @@ def test_local_files_need_no_object_store_client(tmp_path):
     # smart_open imports every transport's client (boto3, google-cloud-storage) when it is imported.
     dump = tmp_path / "x.xml.bz2"
     dump.write_bytes(bz2.compress(b"<mediawiki/>"))
-    code = ("import sys; from common import storage, tokenizer; from preprocess import inputs\n"
+    code = ("import sys; from common import storage, tokenizer; from preprocess.readers import inputs\n"
             f"storage.write_json({str(tmp_path / 'a.json')!r}, [1])\n"
             f"assert storage.read_json({str(tmp_path / 'a.json')!r}) == [1]\n"
             f"assert inputs.open_uri({str(dump)!r}).read() == b'<mediawiki/>'\n"

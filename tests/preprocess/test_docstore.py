@@ -43,6 +43,21 @@ def test_bucket_of_several_parts_is_in_global_order_with_each_documents_own_toke
     assert docstore.bucket_ids(work, 0) == ([d[1] for d in expected], [])
 
 
+def test_copies_of_one_id_from_one_source_keep_the_same_copy_whatever_part_holds_which(tmp_path):
+    rng = np.random.default_rng(5)
+    first, second, third = (_document(rng, "web:key-7", "crawl.jsonl") for _ in range(3))  # one id, three texts
+    others = [_document(rng, f"web:{i}", "crawl.jsonl") for i in range(5)]
+    smallest = min((first, second, third), key=lambda d: np.frombuffer(d[3], np.uint16).tolist())
+    for arrangement in ([[first, *others], [second, third]], [[third], [second, *others], [first]],
+                        [[second, third, first, *others]]):
+        work = str(tmp_path / str(len(arrangement)))
+        _write_parts(work, arrangement)
+        loaded = docstore.load_bucket(work, 0)
+        rank = loaded.doc_ids.index("web:key-7")
+        assert loaded.document(rank)[0].tobytes() == smallest[3]
+        assert loaded.duplicates == [("web:key-7", "crawl.jsonl")] * 2 and len(loaded) == 6
+
+
 def test_a_document_id_in_two_parts_is_kept_once_and_reported(tmp_path):
     rng = np.random.default_rng(4)
     docs = [_document(rng, f"book:b{i}.txt:00000", f"b{i}.txt") for i in range(6)]

@@ -17,7 +17,8 @@ import pytest
 from common import preprocess_config as config_module
 from common.errors import DatasetFormatError
 from common.verify import verify_dataset
-from preprocess import books, text, wikipedia
+from preprocess import text
+from preprocess.readers import books, wikipedia
 from preprocess.executors import pipeline
 from preprocess.records import Rejected
 from pretrain.data import ShardedInstances, collate, open_evaluation, read_rows

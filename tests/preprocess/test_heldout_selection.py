@@ -33,6 +33,15 @@ def test_a_count_holds_out_the_same_documents_however_the_corpus_is_cut(cuts):
     assert chosen == _chosen(docstore.add_counts([heldout.bucket_counts(CFG, 7, IDS)]))
 
 
+def test_the_config_inputs_sources_are_counted_and_never_held_out_yet():
+    ids = IDS + [f"web:crawl.jsonl:{i * 80}" for i in range(50)]
+    counts = heldout.bucket_counts(CFG, 7, ids)
+    assert counts["heldout_sources"]["web"] == 50 and "web" not in counts["heldout_keys"]
+    limits = heldout.thresholds(CFG, counts)
+    assert "web" not in limits and not heldout.is_heldout(limits, 7, ids)[len(IDS):].any()
+    assert heldout.is_heldout(limits, 7, ids)[:len(IDS)].any()
+
+
 def test_a_share_is_a_threshold_on_the_seeded_key():
     chosen = {d for d in _chosen({}) if d.startswith("book:")}
     assert chosen == {d for d in IDS[400:] if stable_hash64(7, "heldout", d) < 0.1 * 2**64}

@@ -19,6 +19,7 @@ from common.errors import InputError
 from common.preprocess_config import MultilingualConfig, SourceConfig
 from preprocess import docstore, languages, vocab
 from preprocess.executors.beamrun import beam_options
+from preprocess.readers import wikipedia
 from preprocess.stages import documents
 
 ON = MultilingualConfig(enabled=True, alpha=0.7)
@@ -27,7 +28,7 @@ PROSE = ("The river rises in the northern hills. It flows south through three to
 
 
 def test_a_documents_language_comes_from_its_dump_or_from_the_config():
-    assert languages.dump_language("bgwiki") == "bg" and languages.dump_language("zh_yuewiki") == "zh_yue"
+    assert wikipedia.dump_language("bgwiki") == "bg" and wikipedia.dump_language("zh_yuewiki") == "zh_yue"
     assert languages.language_for("wiki:bgwiki:558", "bgwiki-latest.xml.bz2", ON) == "bg"
     cfg = MultilingualConfig(enabled=True, languages={"bgwiki-*": "xx", "*.txt": "en"})
     assert languages.language_for("wiki:bgwiki:558", "bgwiki-latest.xml.bz2", cfg) == "xx"  # the config wins

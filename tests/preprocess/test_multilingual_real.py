@@ -16,7 +16,8 @@ import pytest
 from common import preprocess_config as config
 from common.preprocess_config import MultilingualConfig, SourceConfig
 from common.tokenizer import load_tokenizer
-from preprocess import languages, text, vocab, wikipedia
+from preprocess import languages, text, vocab
+from preprocess.readers import wikipedia
 from preprocess.executors import pipeline
 from tests.conftest import require
 from tests.preprocess.conftest import read_manifest, run_cli, shard_hashes
@@ -58,7 +59,7 @@ def tokenizer(dumps, tmp_path_factory) -> pathlib.Path:
 
 
 def _language(doc_id: str) -> str:
-    return languages.dump_language(languages.document_group(doc_id).split(":", 1)[1])
+    return wikipedia.dump_language(languages.document_group(doc_id).split(":", 1)[1])
 
 
 def _tokens_by_language(dataset: pathlib.Path) -> collections.Counter:

@@ -117,3 +117,37 @@ def test_a_store_that_keeps_failing_ends_the_run_in_one_line_and_publishes_nothi
     assert last.startswith("error:") and "InternalError" in last and "s3://down/out" in last, last
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="down", Prefix="out/").get("Contents", [])]
     assert "out/manifest.json" not in keys and not any(k.endswith(".arrow") for k in keys), keys
+
+
+def test_the_inputs_formats_read_from_s3_as_from_local_disk(s3_env, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from common.preprocess_config import InputSourceConfig, SourceConfig
+    from preprocess.readers import FORMATS
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="mixture")
+    crawl = tmp_path / "crawl.jsonl"
+    crawl.write_text("".join(json.dumps({"text": f"Record {i}. " * (1 + i % 9)}) + "\n" for i in range(40_000)))
+    pq.write_table(pa.table({"text": [f"Row {i}. It is a row." for i in range(500)]}), tmp_path / "rows.parquet",
+                   row_group_size=100)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    with pa.OSFile(str(saved / "data-00000-of-00001.arrow"), "wb") as sink:  # as datasets' save_to_disk writes it
+        with pa.ipc.new_stream(sink, pa.schema([("text", pa.string())])) as writer:
+            writer.write_table(pa.table({"text": ["One. Two.", "Three. Four."]}))
+    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    for path in (crawl, tmp_path / "rows.parquet", saved / "data-00000-of-00001.arrow", saved / "state.json"):
+        s3.upload_file(str(path), "mixture", str(path.relative_to(tmp_path)))
+    for fmt, local, remote in (("jsonl", str(crawl), "s3://mixture/crawl.jsonl"),
+                               ("parquet", str(tmp_path / "rows.parquet"), "s3://mixture/rows.parquet"),
+                               ("datasets", str(saved), "s3://mixture/saved")):
+        reader = FORMATS[fmt]
+        spec = InputSourceConfig(name="s", format=fmt, paths=[local])
+        (local_file,), (remote_file,) = reader.files([local]), reader.files([remote])
+        size = os.path.getsize(local_file)
+        pieces = reader.pieces(remote_file, size, 3, spec) or [(1.0, None)]
+        assert (fmt == "datasets") == (len(pieces) == 1), fmt  # the jsonl file and the Parquet file are cut
+        from_s3 = [r for _, piece in pieces for r in reader.read(remote_file, piece, spec, SourceConfig(), {})]
+        assert from_s3 == list(reader.read(local_file, None, spec, SourceConfig(), {})) and from_s3, fmt

@@ -17,13 +17,14 @@ def test_a_large_dump_is_split_into_byte_ranges_and_units_come_largest_first():
     assert abs(sum(costs) - sum(local.estimated_cost(*f) for f in files)) < 1e-6 * sum(costs)
 
 
-def test_ranges_follow_the_cut_that_moves_them_to_block_starts():
+def test_units_follow_the_pieces_and_shares_the_reader_gives():
     files = [("wiki", "enwiki.xml.bz2", 2_000_000), ("book", "b.txt", 10_000)]
-    snapped = [(0, 700_000), (700_000, 2_000_000)]
-    units = local.plan_units(files, slices=2, bucket_bits=4, cut=lambda uri, size, ranges: snapped)
+    snapped = [(0.35, ("bytes", 0, 700_000)), (0.65, ("bytes", 700_000, 2_000_000))]
+    units = local.plan_units(files, slices=2, bucket_bits=4,
+                             pieces=lambda key, uri, size, count: snapped if key == "wiki" else [])
     assert sorted(e[2] for _, e in units if e[0] == "wiki") == [("bytes", 0, 700_000), ("bytes", 700_000, 2_000_000)]
     wiki_costs = sorted(c for c, e in units if e[0] == "wiki")
-    assert abs(wiki_costs[1] / wiki_costs[0] - 1_300_000 / 700_000) < 1e-9  # costed by their true sizes
+    assert abs(wiki_costs[1] / wiki_costs[0] - 1_300_000 / 700_000) < 1e-9  # costed by their shares
 
 
 def test_large_files_that_cannot_be_cut_into_ranges_are_shared_by_bucket():

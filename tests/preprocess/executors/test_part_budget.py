@@ -48,6 +48,16 @@ def test_a_compressed_dump_counts_more_per_stored_byte():
     assert compressed > plain > part_budget.BASE_PEAK_BYTES
 
 
+def test_every_readers_memory_class_has_a_slope():
+    files = [("wiki", "a.xml.bz2"), ("wiki", "a.xml"), ("book", "b.txt"), ("jsonl:web", "c.jsonl"),
+             ("jsonl:web", "c.jsonl.zst"), ("text:notes", "d.txt.gz"), ("parquet:pq", "e.parquet"),
+             ("datasets:hf", "d/data-00000-of-00001.arrow")]
+    classes = {part_budget.input_kind(key, uri) for key, uri in files}
+    assert classes <= part_budget.PEAK_BYTES_PER_INPUT_BYTE.keys() and len(classes) == len(files)
+    compressed = part_budget.estimated_peak([("jsonl:web", "c.jsonl.gz", 10 * MiB)], 1)
+    assert compressed > part_budget.estimated_peak([("jsonl:web", "c.jsonl", 10 * MiB)], 1)
+
+
 def test_a_budget_below_one_file_per_part_is_refused_in_one_line():
     smallest = part_budget.estimated_peak(FILES, len(FILES))
     with pytest.raises(InputError, match=r"max-memory .* too small .* at least") as raised:

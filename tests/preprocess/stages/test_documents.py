@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -11,10 +13,11 @@ TestPipeline.__test__ = False  # a Beam class whose name pytest would otherwise 
 
 from common import storage
 from common.hashing import document_hash
-from common.preprocess_config import InstanceConfig, SourceConfig
+from common.preprocess_config import InputSourceConfig, InstanceConfig, SourceConfig
 from common.tokenizer import load_tokenizer
 from preprocess import docstore
 from preprocess.executors.beamrun import beam_options
+from preprocess.readers import key_of
 from preprocess.records import RawDocument, Rejected
 from preprocess.stages import documents, pairs, worker_tokenizer
 
@@ -103,3 +106,31 @@ def test_build_document_store_writes_sorted_buckets_and_counts(tmp_path, bert_vo
     assert counts["tokens"] == sum(len(b.tokens) for b in loaded) and counts["sentences"] > 20
     assert sorted(p.name for p in (tmp_path / "work" / "docs").rglob("*")) == \
         sorted([f"b{b:06d}" for b in range(4)] + ["p0003.arrow"] * 4)
+    assert counts["sources"] == {"wikipedia": {"documents": 20, "skipped": {"redirect": 1}, "failed": {}}}
+
+
+def test_a_large_file_of_an_inputs_source_is_spread_in_its_readers_pieces(tmp_path):
+    path = tmp_path / "essays.parquet"
+    texts = [f"Essay {i}. {PROSE}" if i % 9 else None for i in range(60)]
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=7)
+    spec = InputSourceConfig(name="essays", format="parquet", paths=[str(path)])
+    with test_pipeline() as p:
+        units = (p | beam.Create([(key_of(spec), str(path))])
+                 | beam.ParDo(documents.SplitLargeFiles(path.stat().st_size // 5, (spec,))))
+        kinds = units | "Pieces" >> beam.Map(lambda unit: unit[2][0]) | beam.combiners.Count.PerElement()
+        assert_that(kinds, equal_to([("rowgroups", 5)]), label="five runs of row groups")
+        records = (units | beam.ParDo(documents.ReadSourceFile(SOURCES, (spec,)))
+                   | beam.Map(lambda r: (r.doc_id, type(r).__name__)))
+        assert_that(records, equal_to([(f"essays:essays.parquet:{i // 7}/{i % 7}",
+                                        "RawDocument" if i % 9 else "Rejected") for i in range(60)]),
+                    label="every row once")
+
+
+def test_a_source_with_limits_of_its_own_is_cleaned_by_them(bert_vocab):
+    spec = InputSourceConfig(name="short", format="jsonl", paths=["x"], min_chars=10, min_sentences=1)
+    raw = [RawDocument("short:a.jsonl:0", "a.jsonl", "plain", "One short sentence."),
+           RawDocument("web:a.jsonl:0", "a.jsonl", "plain", "One short sentence.")]
+    dofn = documents.CleanAndTokenize(SOURCES, str(bert_vocab), 0, (spec,))
+    dofn.setup()
+    tags = [tag for item in raw for _, (tag, _) in dofn.process(item)]
+    assert tags == ["doc", "rejected"]  # the other source keeps sources' min_document_chars and sentences

@@ -1,4 +1,4 @@
-"""preprocess.books: plain-text books read as bounded documents, on the real books and on edge cases."""
+"""preprocess.readers.books: plain-text books read as bounded documents, on the real books and on edge cases."""
 from __future__ import annotations
 
 import gzip
@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess import books
+from preprocess.readers import books
 from preprocess.records import RawDocument, Rejected
 
 CFG = SourceConfig()

@@ -1,5 +1,5 @@
-"""Tests for preprocess.wikipedia (and the open errors of preprocess.inputs that it raises) on the real data slice and
-on broken inputs made from it."""
+"""Tests for preprocess.readers.wikipedia (and the open errors of preprocess.readers.inputs that it raises) on the
+real data slice and on broken inputs made from it."""
 from __future__ import annotations
 
 import bz2
@@ -11,9 +11,9 @@ import pytest
 
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess import inputs, wikipedia
+from preprocess.readers import inputs, wikipedia
+from preprocess.readers.wikitext import clean_wikitext
 from preprocess.records import RawDocument, Rejected
-from preprocess.wikitext import clean_wikitext
 
 WIKI_NAME = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 CFG = SourceConfig()

@@ -1,4 +1,5 @@
-"""Streaming reader for plain-text books (BooksCorpus-style: one book per file, e.g. Project Gutenberg texts).
+"""Streaming reader for plain-text books (BooksCorpus-style: one book per file, e.g. Project Gutenberg texts); the
+chunking and cleaning are ``preprocess.readers.booktext``'s.
 
 A book is read line by line, twice: a first pass checks the encoding and finds the Project Gutenberg boilerplate,
 the second decodes the body and cuts it into documents of bounded size. An unreadable file raises ``InputError``;
@@ -12,9 +13,17 @@ import re
 from typing import Iterator
 
 from common.preprocess_config import SourceConfig
-from preprocess.inputs import Utf8Check, is_empty_local, open_uri, read_error, source_name
+from preprocess.readers.booktext import BookChunker, clean_book_text, split_long_line
+from preprocess.readers.inputs import (
+    Utf8Check,
+    expand_inputs,
+    is_compressed,
+    is_empty_local,
+    open_uri,
+    read_error,
+    source_name,
+)
 from preprocess.records import RawDocument, Rejected
-from preprocess.text import BookChunker, split_long_line
 
 _READ_LINE_LIMIT = 1 << 20   # a "line" longer than this is cut, so a file without newlines streams
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -145,3 +154,37 @@ def iter_book(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Rejected]:
             index += 1
     if index == 0:
         yield reject("empty_file", "no text (only whitespace or Project Gutenberg boilerplate)")
+
+
+class BooksReader:
+    """``preprocess.readers.Reader`` of plain-text books (the built-in ``--books`` source, key "book"): each book is
+    read whole (its encoding and boilerplate are decided over the whole file)."""
+
+    kind = "book"
+
+    def clean(self, text: str) -> str:
+        return clean_book_text(text)
+
+    def files(self, paths) -> list[str]:
+        return expand_inputs(list(paths))
+
+    def label(self, uri: str) -> str:
+        return source_name(uri)
+
+    def splittable(self, uri: str, spec=None) -> bool:
+        return False
+
+    def pieces(self, uri: str, size: int, count: int, spec=None, exact: bool = False) -> list[tuple[float, tuple]]:
+        return []
+
+    def read(self, uri: str, piece, spec, cfg: SourceConfig, cache: dict) -> Iterator[RawDocument | Rejected]:
+        return iter_book(uri, cfg)
+
+    def memory_class(self, uri: str) -> str:
+        return "book"
+
+    def cost_per_byte(self, uri: str) -> float:
+        return 4.0 if is_compressed(uri) else 1.0
+
+
+READER = BooksReader()

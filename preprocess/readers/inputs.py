@@ -1,5 +1,5 @@
-"""What every reader of input files shares: opening local paths and URIs, turning read errors into one clear
-message, and expanding input patterns into files (``preprocess.wikipedia`` reads dumps, ``preprocess.books`` books).
+"""What every reader of input files shares (``preprocess.readers``): opening local paths and URIs, turning read errors
+into one clear message, and expanding input patterns into files.
 
 File-level problems (unreadable URI, truncated or corrupt compression) raise ``InputError``.
 """
@@ -18,6 +18,11 @@ from common import storage
 from common.errors import InputError
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
+COMPRESSED_SUFFIXES = (".bz2", ".gz", ".xz", ".zst")  # what ``open_uri`` decompresses by extension
+
+
+def is_compressed(uri: str) -> bool:
+    return uri.endswith(COMPRESSED_SUFFIXES)
 
 
 def source_name(uri: str) -> str:

@@ -3,7 +3,7 @@ of a page's text, so memory stays bounded by that limit (and the parser's chunk)
 import tracemalloc
 
 from common.preprocess_config import SourceConfig
-from preprocess import wikipedia
+from preprocess.readers import wikipedia
 from preprocess.records import RawDocument, Rejected
 
 PAGE = "<page><title>{title}</title><ns>0</ns><id>{id}</id><revision><text>{text}</text></revision></page>"

@@ -1,7 +1,7 @@
 """Pure wikitext cleaning: an article's markup to plain prose paragraphs, with mwparserfromhell.
 
-A pure function of its argument (no I/O, no Beam), used by ``preprocess.text.to_document``. Paragraphs are separated
-by a single "\\n".
+A pure function of its argument (no I/O, no Beam): the Wikipedia reader's ``clean`` (``preprocess.readers.wikipedia``),
+which ``preprocess.text.to_document`` applies. Paragraphs are separated by a single "\\n".
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for preprocess.inputs: expanding input patterns and opening files by extension."""
+"""Tests for preprocess.readers.inputs: expanding input patterns and opening files by extension."""
 from __future__ import annotations
 
 import bz2
@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from common.errors import InputError
-from preprocess import inputs
+from preprocess.readers import inputs
 
 
 @pytest.fixture(scope="module")

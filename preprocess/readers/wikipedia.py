@@ -1,4 +1,6 @@
-"""Streaming reader for MediaWiki XML dumps (the input I/O it shares with the other readers is ``preprocess.inputs``).
+"""Streaming reader for MediaWiki XML dumps (the input I/O it shares with the other readers is
+``preprocess.readers.inputs``; its text is cleaned by ``preprocess.readers.wikitext``, and a large .bz2 dump is read in
+byte ranges cut by ``preprocess.readers.dumpsplit``).
 
 Readers never hold a whole file in memory: dumps are parsed incrementally by expat, and of a page's text at most
 ``max_document_chars + 1`` characters are kept (a longer page is counted and rejected as "too_large").
@@ -13,8 +15,9 @@ from typing import IO, Iterator
 
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess import dumpsplit
-from preprocess.inputs import Utf8Check, open_uri, read_error, source_name
+from preprocess.readers import dumpsplit
+from preprocess.readers.inputs import Utf8Check, expand_inputs, is_compressed, open_uri, read_error, source_name
+from preprocess.readers.wikitext import clean_wikitext
 from preprocess.records import RawDocument, Rejected
 
 # Expat error codes (xml.parsers.expat.errors) that mean "the input stopped in the middle".
@@ -95,7 +98,7 @@ def iter_wikipedia(uri: str, cfg: SourceConfig,
         uri: A .xml, .xml.bz2 (single or multistream) or otherwise compressed dump.
         cfg: Size limits.
         byte_range: For a .bz2 dump, only the pages of the compressed bytes ``[lo, hi)`` (see
-            ``preprocess.dumpsplit``): the ranges of a file together give each page exactly once.
+            ``preprocess.readers.dumpsplit``): the ranges of a file together give each page exactly once.
         headers: A cache of dump headers by URI that the caller keeps, so that several ranges of one file
             decompress its first block once.
 
@@ -263,3 +266,57 @@ def _page_record(page: dict, source: str, dbname: str, cfg: SourceConfig) -> Raw
     else:
         return RawDocument(doc_id=doc_id, source=source, kind="wiki", text=text)
     return Rejected(source=source, doc_id=doc_id, outcome=outcome, reason=reason, detail=detail)
+
+
+def dump_language(dbname: str) -> str:
+    """A Wikipedia's language from its database name: ``bgwiki`` -> ``bg``, ``zh_yuewiki`` -> ``zh_yue``; ""
+    for a dump that names none (our reader's placeholder ``wiki``)."""
+    return dbname[:-len("wiki")] if dbname.endswith("wiki") else dbname
+
+
+class WikipediaReader:
+    """``preprocess.readers.Reader`` of MediaWiki dumps (the built-in ``--wikipedia`` source, key "wiki")."""
+
+    kind = "wiki"
+
+    def clean(self, text: str) -> str:
+        return clean_wikitext(text)
+
+    def files(self, paths) -> list[str]:
+        return expand_inputs(list(paths))
+
+    def label(self, uri: str) -> str:
+        return source_name(uri)
+
+    def splittable(self, uri: str, spec=None) -> bool:
+        return uri.endswith(".bz2")  # independent blocks; other compressions must be read from their start
+
+    def pieces(self, uri: str, size: int, count: int, spec=None, exact: bool = False) -> list[tuple[float, tuple]]:
+        """Byte ranges of a .bz2 dump (``dumpsplit``); ``exact`` moves them to block starts (a few small reads), so
+        that their sizes are their work."""
+        if not self.splittable(uri):
+            return []
+        ranges = dumpsplit.byte_ranges(size, count)
+        if exact and len(ranges) > 1:
+            with open_uri(uri, decompress=False) as raw:
+                ranges = dumpsplit.snap_to_blocks(raw, size, ranges)
+        return [((hi - lo) / size, ("bytes", lo, hi)) for lo, hi in ranges]
+
+    def read(self, uri: str, piece, spec, cfg: SourceConfig, cache: dict) -> Iterator[RawDocument | Rejected]:
+        if piece is None:
+            return iter_wikipedia(uri, cfg)
+        _, lo, hi = piece
+        return iter_wikipedia(uri, cfg, byte_range=(lo, hi), headers=cache.setdefault("dump_headers", {}))
+
+    def memory_class(self, uri: str) -> str:
+        return "wiki_compressed" if is_compressed(uri) else "wiki"
+
+    def cost_per_byte(self, uri: str) -> float:
+        return 2.0 * (4.0 if is_compressed(uri) else 1.0)  # a compressed dump expands as it is read
+
+    def id_language(self, doc_id: str) -> str:
+        """``wiki:bgwiki:558`` -> ``bg``: a dump's documents carry its dbname."""
+        return dump_language(doc_id.split(":")[1])
+
+
+READER = WikipediaReader()

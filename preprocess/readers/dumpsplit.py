@@ -28,10 +28,6 @@ _HEADER_LIMIT = 64 << 20  # decompressed bytes searched for the first <page> (th
 MIN_RANGE_BYTES = 128 << 10  # half a bzip2 block (900 kB of text compress to about 250 kB)
 
 
-def splittable(kind: str, uri: str) -> bool:
-    return kind == "wiki" and uri.endswith(".bz2")
-
-
 def byte_ranges(size: int, pieces: int) -> list[tuple[int, int]]:
     """``pieces`` contiguous ``[lo, hi)`` ranges covering ``size`` bytes (fewer for a small file)."""
     pieces = max(1, min(pieces, size // MIN_RANGE_BYTES))
@@ -250,5 +246,5 @@ class IterReader(io.RawIOBase):
         return size
 
 
-__all__ = ["SplitError", "byte_ranges", "snap_to_blocks", "splittable", "decode_block", "dump_header", "find_magics",
+__all__ = ["SplitError", "byte_ranges", "snap_to_blocks", "decode_block", "dump_header", "find_magics",
            "iter_blocks", "range_xml", "IterReader"]

@@ -1,11 +1,11 @@
-"""Tests for preprocess.wikitext: markup removed, prose kept, pathological markup handled in linear time."""
+"""Tests for preprocess.readers.wikitext: markup removed, prose kept, pathological markup handled in linear time."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from preprocess.wikitext import clean_wikitext
+from preprocess.readers.wikitext import clean_wikitext
 
 ARTICLE = """{{Infobox country
 | name = Freedonia

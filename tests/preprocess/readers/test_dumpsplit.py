@@ -1,4 +1,4 @@
-"""Byte ranges of a bzip2 dump (preprocess.dumpsplit): every page exactly once, whatever the cut; broken files."""
+"""Byte ranges of a bzip2 dump (preprocess.readers.dumpsplit): every page exactly once, whatever the cut; broken files."""
 from __future__ import annotations
 
 import bz2
@@ -15,8 +15,8 @@ TestPipeline.__test__ = False  # a Beam class whose name pytest would otherwise 
 
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess import dumpsplit, wikipedia
-from preprocess.executors import local
+from preprocess.readers import dumpsplit, wikipedia
+from preprocess.readers.inputs import open_uri
 from preprocess.executors.beamrun import beam_options
 from preprocess.stages import documents
 
@@ -48,12 +48,27 @@ def _dump(pages: int, words_per_page: int, seed: int = 0) -> bytes:
             "</siteinfo>\n" + "".join(body) + "</mediawiki>\n").encode()
 
 
+def _snapped(uri: str, size: int, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` moved to block starts, as the reader's exact pieces are (``WikipediaReader.pieces``)."""
+    with open_uri(uri, decompress=False) as raw:
+        return dumpsplit.snap_to_blocks(raw, size, ranges)
+
+
+def test_the_readers_exact_pieces_are_block_aligned_and_cover_the_dump(real_wiki, whole_records):
+    size = os.path.getsize(real_wiki)
+    pieces = wikipedia.READER.pieces(str(real_wiki), size, 4, exact=True)
+    ranges = [piece[1:] for _, piece in pieces]
+    assert ranges == _snapped(str(real_wiki), size, dumpsplit.byte_ranges(size, 4)) and len(ranges) > 1
+    assert abs(sum(share for share, _ in pieces) - 1) < 1e-9
+    assert _read_ranges(str(real_wiki), ranges) == whole_records
+
+
 @pytest.mark.parametrize("pieces", [1, 2, 3, 7, 20])
 def test_real_dump_ranges_hold_every_page_once(real_wiki, whole_records, pieces):
     size = os.path.getsize(real_wiki)
     even = [(i * size // pieces, (i + 1) * size // pieces) for i in range(pieces)]
     assert _read_ranges(str(real_wiki), even) == whole_records
-    snapped = local.block_ranges(str(real_wiki), size, even)
+    snapped = _snapped(str(real_wiki), size, even)
     assert snapped[0][0] == 0 and snapped[-1][1] == size and len(snapped) <= pieces
     assert _read_ranges(str(real_wiki), snapped) == whole_records
 
@@ -87,7 +102,7 @@ def test_multistream_and_many_blocks(tmp_path):
     for pieces in (2, 5, 11):
         even = dumpsplit.byte_ranges(size, pieces)
         assert _read_ranges(str(path), even) == whole
-        assert _read_ranges(str(path), local.block_ranges(str(path), size, even)) == whole
+        assert _read_ranges(str(path), _snapped(str(path), size, even)) == whole
 
 
 def test_a_page_longer_than_a_block_leaves_ranges_without_pages(tmp_path):
@@ -122,10 +137,10 @@ def test_corrupt_block_read_by_ranges(tmp_path, real_wiki):
     assert "corrupt compressed data" in str(info.value) and str(bad) in str(info.value)
 
 
-def test_split_large_dumps_then_read_gives_the_whole_dump(real_wiki, whole_records):
+def test_split_large_files_then_read_gives_the_whole_dump(real_wiki, whole_records):
     uri = str(real_wiki)
     with TestPipeline(options=beam_options([])) as p:
-        units = p | beam.Create([("wiki", uri)]) | beam.ParDo(documents.SplitLargeDumps(300_000))
+        units = p | beam.Create([("wiki", uri)]) | beam.ParDo(documents.SplitLargeFiles(300_000))
         ranges = units | "Ranges" >> beam.Map(lambda unit: unit[2][0]) | beam.combiners.Count.PerElement()
         assert_that(ranges, equal_to([("bytes", 5)]), label="five ranges")
         docs = (units | beam.ParDo(documents.ReadSourceFile(CFG))

@@ -1,10 +1,9 @@
-"""Fuzzing the Wikipedia dump reader (preprocess.wikipedia.iter_wikipedia) and the wikitext cleaner it feeds
-(preprocess.wikitext via preprocess.text.to_document): every damaged dump gives pages or one InputError line naming the
+"""Fuzzing the Wikipedia dump reader (preprocess.readers.wikipedia.iter_wikipedia) and the wikitext cleaner it feeds
+(preprocess.readers.wikitext via preprocess.text.to_document): every damaged dump gives pages or one InputError line naming the
 file, every page gives a document or a dead letter, in time linear in its size, and nothing is written."""
 import bz2
 import gzip
 import html
-import pathlib
 import re
 import sys
 
@@ -15,16 +14,16 @@ from hypothesis import strategies as st
 from common import processes
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess import wikipedia
+from preprocess.readers import wikipedia
+from preprocess.readers.wikitext import clean_wikitext
 from preprocess.records import RawDocument, Rejected
 from preprocess.text import Document, to_document
-from preprocess.wikitext import clean_wikitext
 from tests.fuzz_documents import FUZZ, damaged_bytes, listing
+from tests.preprocess.conftest import REPO_ROOT, SAMPLES
 
 CFG = SourceConfig()
 NO_SHRINKING = (Phase.explicit, Phase.reuse, Phase.generate)
-DUMP = bz2.decompress((pathlib.Path(__file__).resolve().parents[2] / "samples" / "wikipedia"
-                       / "samplewiki-pages-articles.xml.bz2").read_bytes())
+DUMP = bz2.decompress((SAMPLES / "wikipedia" / "samplewiki-pages-articles.xml.bz2").read_bytes())
 # The site info and the first four pages (a redirect and articles), closed: a small valid dump to damage.
 _FOURTH_PAGE_END = [match.end() for match in re.finditer(rb"</page>", DUMP)][3]
 SMALL_DUMP = DUMP[:_FOURTH_PAGE_END] + b"\n</mediawiki>\n"
@@ -116,7 +115,7 @@ def test_mangled_articles_are_cleaned_in_linear_time(tmp_path):
 _UNITS = ["<!--", "<ref name=", "[http://", "<math ", "<table ", "<pre></ref>", "<nowiki>x</ref>"]
 _CLEAN_ALL = """
 import resource, sys
-from preprocess import wikitext
+from preprocess.readers import wikitext
 
 resource.setrlimit(resource.RLIMIT_CPU, (120, 120))  # a runaway bound (SIGXCPU), not a measurement
 parse, handed = wikitext.mwparserfromhell.parse, []
@@ -139,7 +138,7 @@ def test_unclosed_comments_tags_and_links_are_cleaned_in_linear_work():
     where a construct cannot go on, and a child limited to 120 s of CPU (minutes of rescanning per unit, were any
     quadratic again) must finish all seven."""
     result = processes.run([sys.executable, "-c", _CLEAN_ALL, *_UNITS], capture_output=True, text=True,
-                           timeout=600, cwd=pathlib.Path(__file__).resolve().parents[2])
+                           timeout=600, cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     for unit, line in zip(_UNITS, result.stdout.splitlines(), strict=True):
         size, parsed, kept = line.split()

@@ -1,0 +1,87 @@
+"""JSON lines (``format: jsonl``): one JSON object per line, in .jsonl/.json files, plain or .gz/.bz2/.xz/.zst.
+
+A file is streamed line by line (``preprocess.readers.lines``); an uncompressed one larger than a piece is cut into
+byte ranges realigned to line starts, so that one large file is read by several workers. A record's position is its
+line's byte offset. Bad records are dead letters naming the file and the line's offset: "not_utf8", "not_json",
+"not_an_object", "too_large" (a line longer than ``6 * max_document_chars`` bytes plus 64 KiB, never held), and the
+field problems of ``fields.document_of``. A text (or id) field that the file's first record does not have, when
+it parses, is an ``InputError`` at once: a source configured with the wrong field name fails in one line, not with a
+dead letter per record.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from common.preprocess_config import InputSourceConfig, SourceConfig
+from preprocess.readers import lines
+from preprocess.readers.fields import PlainFormat, check_fields, document_of, failed
+from preprocess.records import RawDocument, Rejected
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def max_line_bytes(cfg: SourceConfig) -> int:
+    """The longest line read: a text at the document limit, every character written as a \\uXXXX escape, and room
+    for the other fields."""
+    return 6 * cfg.max_document_chars + (64 << 10)
+
+
+def iter_jsonl(uri: str, spec: InputSourceConfig, cfg: SourceConfig, label: str,
+               piece: tuple | None = None) -> Iterator[RawDocument | Rejected]:
+    """The records of a JSON lines file (or of the lines that start in the byte range ``piece``).
+
+    Yields:
+        A ``RawDocument`` (kind "plain") per usable record, a failed ``Rejected`` per bad one.
+
+    Raises:
+        InputError: The file cannot be read, or its first record lacks the text or id field.
+    """
+    checked = piece is not None and piece[1] > 0  # only the read from the file's start sees its first record
+    for offset, line in lines.iter_lines(uri, piece, max_line_bytes(cfg)):
+        position, where = str(offset), f"{label} line at byte {offset}"
+        if line is lines.TOO_LONG:
+            yield failed(spec, label, position, "too_large", f"{where}: longer than {max_line_bytes(cfg)} bytes")
+            continue
+        if offset == 0 and line.startswith(_UTF8_BOM):
+            line = line[len(_UTF8_BOM):]
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            yield failed(spec, label, position, "not_utf8", f"{where}: byte {exc.start} of the line is not UTF-8")
+            continue
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so are huge integers
+            yield failed(spec, label, position, "not_json", f"{where}: {_short(exc)}")
+            continue
+        if not isinstance(record, dict):
+            yield failed(spec, label, position, "not_an_object", f"{where}: a JSON {type(record).__name__}")
+            continue
+        if not checked:
+            check_fields(uri, spec, list(record))
+            checked = True
+        yield document_of(record, spec, label, position, where)
+
+
+def _short(exc: BaseException, limit: int = 160) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class JsonLinesReader(PlainFormat):
+    """``preprocess.readers.Reader`` of JSON lines files."""
+
+    format = "jsonl"
+
+    def splittable(self, uri: str, spec) -> bool:
+        return lines.splittable(uri)
+
+    def pieces(self, uri: str, size: int, count: int, spec, exact: bool = False) -> list[tuple[float, tuple]]:
+        return lines.byte_pieces(uri, size, count)
+
+    def read(self, uri: str, piece, spec, cfg: SourceConfig, cache: dict) -> Iterator[RawDocument | Rejected]:
+        return iter_jsonl(uri, spec, cfg, self.label(uri), piece)
+
+
+READER = JsonLinesReader()
+
+__all__ = ["READER", "JsonLinesReader", "iter_jsonl", "max_line_bytes"]

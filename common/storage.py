@@ -34,13 +34,13 @@ class _ZstdReader(io.RawIOBase):
 
         self._raw, self._zstd = raw, zstandard
         self._frame = zstandard.ZstdDecompressor().decompressobj()
-        self._pending, self._started = b"", False
+        self._pending, self._offset, self._started = b"", 0, False  # decompressed bytes, and how many were read
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while not self._pending:
+        while self._offset == len(self._pending):
             data = self._frame.unused_data if self._frame.eof else b""
             if self._frame.eof:
                 self._frame = self._zstd.ZstdDecompressor().decompressobj()
@@ -52,11 +52,13 @@ class _ZstdReader(io.RawIOBase):
                 return 0
             self._started = True
             try:
-                self._pending = self._frame.decompress(data)
+                self._pending, self._offset = self._frame.decompress(data), 0
             except self._zstd.ZstdError as exc:
                 raise OSError(f"corrupt zstd data: {exc}") from None
-        size = min(len(buffer), len(self._pending))
-        buffer[:size], self._pending = self._pending[:size], self._pending[size:]
+        # An offset, not a shorter copy each time: a megabyte of input can decompress to tens of megabytes.
+        size = min(len(buffer), len(self._pending) - self._offset)
+        buffer[:size] = memoryview(self._pending)[self._offset:self._offset + size]
+        self._offset += size
         return size
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from common.preprocess_config import SourceConfig
 from preprocess.readers.booktext import BookChunker, clean_book_text, split_long_line
 from preprocess.readers.inputs import (
     Utf8Check,
-    expand_inputs,
+    WholeFileReader,
     is_compressed,
     is_empty_local,
     open_uri,
@@ -156,7 +156,7 @@ def iter_book(uri: str, cfg: SourceConfig) -> Iterator[RawDocument | Rejected]:
         yield reject("empty_file", "no text (only whitespace or Project Gutenberg boilerplate)")
 
 
-class BooksReader:
+class BooksReader(WholeFileReader):
     """``preprocess.readers.Reader`` of plain-text books (the built-in ``--books`` source, key "book"): each book is
     read whole (its encoding and boilerplate are decided over the whole file)."""
 
@@ -164,18 +164,6 @@ class BooksReader:
 
     def clean(self, text: str) -> str:
         return clean_book_text(text)
-
-    def files(self, paths) -> list[str]:
-        return expand_inputs(list(paths))
-
-    def label(self, uri: str) -> str:
-        return source_name(uri)
-
-    def splittable(self, uri: str, spec=None) -> bool:
-        return False
-
-    def pieces(self, uri: str, size: int, count: int, spec=None, exact: bool = False) -> list[tuple[float, tuple]]:
-        return []
 
     def read(self, uri: str, piece, spec, cfg: SourceConfig, cache: dict) -> Iterator[RawDocument | Rejected]:
         return iter_book(uri, cfg)

@@ -9,14 +9,16 @@ field that a file's records do not have at all is an ``InputError`` at once.
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from common.errors import InputError
 from common.preprocess_config import InputSourceConfig
-from preprocess.readers.inputs import expand_inputs, is_compressed, source_name
+from preprocess.readers import lines
+from preprocess.readers.inputs import WholeFileReader, is_compressed
 from preprocess.records import RawDocument, Rejected
 
 KIND = "plain"
+UTF8_BOM = b"\xef\xbb\xbf"
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
@@ -70,14 +72,35 @@ def check_fields(uri: str, spec: InputSourceConfig, fields: list[str]) -> None:
                              "that holds it")
 
 
+def decoded_lines(uri: str, piece: tuple | None, max_bytes: int, spec: InputSourceConfig,
+                  label: str) -> Iterator[tuple[str, str, str] | Rejected]:
+    """(position, where, text) of each line of the file (or of those that start in the byte range ``piece``:
+    ``lines.iter_lines``), a byte-order mark at the file's start dropped; a line longer than ``max_bytes`` or not
+    UTF-8 is a dead letter instead ("too_large", "not_utf8") naming the file and the line's offset."""
+    for offset, line in lines.iter_lines(uri, piece, max_bytes):
+        position, where = str(offset), f"{label} line at byte {offset}"
+        if line is lines.TOO_LONG:
+            yield failed(spec, label, position, "too_large", f"{where}: longer than {max_bytes} bytes")
+            continue
+        if offset == 0 and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM):]
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield failed(spec, label, position, "not_utf8", f"{where}: byte {exc.start} of the line is not UTF-8")
+            continue
+        yield position, where, text
+
+
 def _fields(record: Mapping) -> str:
     names = [str(name) for name in list(record)[:20]]
     return ", ".join(names) + (", ..." if len(record) > 20 else "") if names else "none"
 
 
-class PlainFormat:
+class PlainFormat(WholeFileReader):
     """What the ``inputs:`` formats' readers share (``preprocess.readers.Reader``): plain-text documents, files
-    listed by ``expand_inputs``, and the memory class ``{format}`` or ``{format}_compressed``."""
+    listed and read as ``WholeFileReader`` does unless a format cuts them, and the memory class ``{format}`` or
+    ``{format}_compressed``."""
 
     kind = KIND
     format = ""
@@ -86,19 +109,6 @@ class PlainFormat:
     def clean(self, text: str) -> str:
         return clean_plain_text(text)
 
-    def files(self, paths) -> list[str]:
-        return expand_inputs(list(paths))
-
-    def label(self, uri: str) -> str:
-        """The file's name in document ids and dead letters (unique within a source)."""
-        return source_name(uri)
-
-    def splittable(self, uri: str, spec) -> bool:
-        return False
-
-    def pieces(self, uri: str, size: int, count: int, spec, exact: bool = False) -> list[tuple[float, tuple]]:
-        return []
-
     def memory_class(self, uri: str) -> str:
         return f"{self.format}_compressed" if is_compressed(uri) else self.format
 
@@ -106,4 +116,5 @@ class PlainFormat:
         return self.compressed_cost if is_compressed(uri) else 1.0
 
 
-__all__ = ["KIND", "PlainFormat", "check_fields", "clean_plain_text", "document_of", "failed", "positional_id"]
+__all__ = ["KIND", "UTF8_BOM", "PlainFormat", "check_fields", "clean_plain_text", "decoded_lines", "document_of",
+           "failed", "positional_id"]

@@ -178,3 +178,21 @@ def expand_inputs(uris: list[str]) -> list[str]:
             raise InputError(f"{uri} matches no files; check the path or pattern")
         result.update(found)
     return sorted(result)
+
+
+class WholeFileReader:
+    """What most readers (``preprocess.readers.Reader``) share: a source's files listed by ``expand_inputs``, named by
+    their base name, and read whole (a reader that can cut its files overrides ``splittable`` and ``pieces``)."""
+
+    def files(self, paths) -> list[str]:
+        return expand_inputs(list(paths))
+
+    def label(self, uri: str) -> str:
+        """The file's name in document ids and dead letters (unique within a source)."""
+        return source_name(uri)
+
+    def splittable(self, uri: str, spec=None) -> bool:
+        return False
+
+    def pieces(self, uri: str, size: int, count: int, spec=None, exact: bool = False) -> list[tuple[float, tuple]]:
+        return []

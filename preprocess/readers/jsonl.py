@@ -15,11 +15,8 @@ from typing import Iterator
 
 from common.preprocess_config import InputSourceConfig, SourceConfig
 from preprocess.readers import lines
-from preprocess.readers.fields import PlainFormat, check_fields, document_of, failed
+from preprocess.readers.fields import PlainFormat, check_fields, decoded_lines, document_of, failed
 from preprocess.records import RawDocument, Rejected
-
-_UTF8_BOM = b"\xef\xbb\xbf"
-
 
 def max_line_bytes(cfg: SourceConfig) -> int:
     """The longest line read: a text at the document limit, every character written as a \\uXXXX escape, and room
@@ -38,18 +35,13 @@ def iter_jsonl(uri: str, spec: InputSourceConfig, cfg: SourceConfig, label: str,
         InputError: The file cannot be read, or its first record lacks the text or id field.
     """
     checked = piece is not None and piece[1] > 0  # only the read from the file's start sees its first record
-    for offset, line in lines.iter_lines(uri, piece, max_line_bytes(cfg)):
-        position, where = str(offset), f"{label} line at byte {offset}"
-        if line is lines.TOO_LONG:
-            yield failed(spec, label, position, "too_large", f"{where}: longer than {max_line_bytes(cfg)} bytes")
+    for line in decoded_lines(uri, piece, max_line_bytes(cfg), spec, label):
+        if isinstance(line, Rejected):
+            yield line
             continue
-        if offset == 0 and line.startswith(_UTF8_BOM):
-            line = line[len(_UTF8_BOM):]
+        position, where, text = line
         try:
-            record = json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            yield failed(spec, label, position, "not_utf8", f"{where}: byte {exc.start} of the line is not UTF-8")
-            continue
+            record = json.loads(text)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so are huge integers
             yield failed(spec, label, position, "not_json", f"{where}: {_short(exc)}")
             continue

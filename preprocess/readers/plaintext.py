@@ -12,11 +12,10 @@ from typing import Iterator
 
 from common.preprocess_config import InputSourceConfig, SourceConfig
 from preprocess.readers import lines
-from preprocess.readers.fields import KIND, PlainFormat, failed
+from preprocess.readers.fields import KIND, UTF8_BOM, PlainFormat, decoded_lines
 from preprocess.readers.inputs import is_empty_local, open_uri, read_error
 from preprocess.records import RawDocument, Rejected
 
-_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def max_document_bytes(cfg: SourceConfig) -> int:
@@ -27,18 +26,11 @@ def max_document_bytes(cfg: SourceConfig) -> int:
 def iter_text_lines(uri: str, spec: InputSourceConfig, cfg: SourceConfig, label: str,
                     piece: tuple | None = None) -> Iterator[RawDocument | Rejected]:
     """One document per non-blank line of the file (or of the lines that start in the byte range ``piece``)."""
-    for offset, line in lines.iter_lines(uri, piece, max_document_bytes(cfg)):
-        position, where = str(offset), f"{label} line at byte {offset}"
-        if line is lines.TOO_LONG:
-            yield failed(spec, label, position, "too_large", f"{where}: longer than {max_document_bytes(cfg)} bytes")
+    for line in decoded_lines(uri, piece, max_document_bytes(cfg), spec, label):
+        if isinstance(line, Rejected):
+            yield line
             continue
-        if offset == 0 and line.startswith(_UTF8_BOM):
-            line = line[len(_UTF8_BOM):]
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            yield failed(spec, label, position, "not_utf8", f"{where}: byte {exc.start} of the line is not UTF-8")
-            continue
+        position, _, text = line
         yield RawDocument(doc_id=f"{spec.name}:{label}:{position}", source=label, kind=KIND, text=text)
 
 
@@ -60,8 +52,8 @@ def read_text_file(uri: str, spec: InputSourceConfig, cfg: SourceConfig, label: 
                 raise read_error(uri, exc) from exc
     if len(data) > limit:
         return reject("too_large", f"more than {limit} bytes")
-    if data.startswith(_UTF8_BOM):
-        data = data[len(_UTF8_BOM):]
+    if data.startswith(UTF8_BOM):
+        data = data[len(UTF8_BOM):]
     if not data.strip():
         return reject("empty_file", "no text")
     try:

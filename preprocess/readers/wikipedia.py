@@ -16,7 +16,7 @@ from typing import IO, Iterator
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
 from preprocess.readers import dumpsplit
-from preprocess.readers.inputs import Utf8Check, expand_inputs, is_compressed, open_uri, read_error, source_name
+from preprocess.readers.inputs import Utf8Check, WholeFileReader, is_compressed, open_uri, read_error, source_name
 from preprocess.readers.wikitext import clean_wikitext
 from preprocess.records import RawDocument, Rejected
 
@@ -274,19 +274,13 @@ def dump_language(dbname: str) -> str:
     return dbname[:-len("wiki")] if dbname.endswith("wiki") else dbname
 
 
-class WikipediaReader:
+class WikipediaReader(WholeFileReader):
     """``preprocess.readers.Reader`` of MediaWiki dumps (the built-in ``--wikipedia`` source, key "wiki")."""
 
     kind = "wiki"
 
     def clean(self, text: str) -> str:
         return clean_wikitext(text)
-
-    def files(self, paths) -> list[str]:
-        return expand_inputs(list(paths))
-
-    def label(self, uri: str) -> str:
-        return source_name(uri)
 
     def splittable(self, uri: str, spec=None) -> bool:
         return uri.endswith(".bz2")  # independent blocks; other compressions must be read from their start

@@ -197,6 +197,33 @@ class InputSourceConfig:
 
 
 @dataclass(frozen=True)
+class MixtureConfig:
+    """How much of each source the rows hold (RoBERTa's, MosaicBERT's and ModernBERT's weighted mixtures), by source
+    name (``wikipedia``, ``books``, or an ``inputs:`` source's ``name``): ``weights``, each source's share of the
+    rows' tokens (normalised to sum 1; every source with documents needs one), or ``repeat``, epochs over a source
+    (copies of each document per ``dupe_factor``; 0.5 uses half of it, 3 three times; an unnamed source 1). One of the
+    two. Each document's number of copies is ``dupe_factor`` times its source's rate, rounded by a draw keyed by
+    (seed, document id) (``preprocess.mixture``), as the multilingual mix does per language."""
+
+    weights: dict[str, float] = field(default_factory=dict)
+    repeat: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.weights and self.repeat:
+            raise ValueError("mixture sets both weights and repeat: give each source's share of the tokens (weights) "
+                             "or its epochs (repeat), not both")
+        for key, values in (("weights", self.weights), ("repeat", self.repeat)):
+            for name, value in values.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                    raise ValueError(f"mixture.{key}.{name} is {value!r}: it must be a number above 0 (leave a "
+                                     "source out of the config to use none of it)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.weights or self.repeat)
+
+
+@dataclass(frozen=True)
 class PreprocessConfig:
     seed: int = 12345
     parts: int = 1                       # process the corpus in this many parts to bound memory
@@ -210,6 +237,8 @@ class PreprocessConfig:
     heldout: HeldoutConfig = field(default_factory=HeldoutConfig, metadata={"omit_when_default": True})
     # Sources of documents besides --wikipedia and --books (preprocess.readers); left out while empty, likewise.
     inputs: list[InputSourceConfig] = field(default_factory=list, metadata={"omit_when_default": True})
+    # Each source's share of the rows (preprocess.mixture); left out while empty, likewise.
+    mixture: MixtureConfig = field(default_factory=MixtureConfig, metadata={"omit_when_default": True})
 
     def __post_init__(self):
         if self.parts < 1:
@@ -221,6 +250,15 @@ class PreprocessConfig:
                                  "give each source a name of its own")
         if self.max_memory is not None:
             sizes.parse_size(self.max_memory)
+        known = ("wikipedia", "books", *names)
+        for key in ("weights", "repeat"):
+            for name in getattr(self.mixture, key):
+                if name not in known:
+                    raise ValueError(f"mixture.{key} names {name!r}, which is no source: use wikipedia, books or a "
+                                     f"name of inputs: ({', '.join(known)})")
+        if self.mixture.enabled and self.multilingual.enabled:
+            raise ValueError("mixture and multilingual.enabled are both set: a multilingual run mixes its languages "
+                             "by multilingual.alpha; remove the mixture section, or turn multilingual off")
 
 
 def load(path, overrides=()) -> PreprocessConfig:

@@ -67,10 +67,15 @@ def _summary_lines(manifest: dict, output: str) -> list[str]:
         f"held out: {evaluation['documents']:,} documents {evaluation['sources']} "
         f"(and {evaluation['text_duplicates_dropped']:,} of the same text), {evaluation['rows']:,} evaluation rows "
         f"in {len(evaluation['shards'])} shard(s) under eval/; {evaluation['tokens']:,} tokens, masked once"]
+    sources = manifest.get("sources", {})
+    mixed = [] if len(sources) < 2 else ["sources (share of the corpus -> asked -> got, of the rows' tokens): " + "; ".join(
+        f"{name} {entry['share']:.1%} -> {entry['requested_share']:.1%} -> {entry['realised_share']:.1%}"
+        for name, entry in sources.items())]
     return [
         f"documents: {docs['read']:,} read, {docs['used']:,} used, "
         f"{sum(docs['skipped'].values()):,} skipped {docs['skipped']}, {sum(docs['failed'].values()):,} failed {docs['failed']}",
         *held_out,
+        *mixed,
         f"instances: {s['instances']:,} in {s['shards']} shard(s); {s['instance_tokens']:,} tokens; "
         + "; ".join(_objective_figures(st)),
         f"corpus: {s['corpus_tokens']:,} tokens in {s['wall_seconds']:.1f} s = {s['corpus_tokens_per_second']:,.0f} tokens/s",

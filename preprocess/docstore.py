@@ -41,7 +41,9 @@ def no_counts() -> dict:
 
 
 def no_source_counts() -> dict:
-    return {"documents": 0, "skipped": {}, "failed": {}}
+    """One source's documents kept (with their sentences and tokens: ``preprocess.mixture`` weighs sources by
+    them) and skipped and failed by reason."""
+    return {"documents": 0, "sentences": 0, "tokens": 0, "skipped": {}, "failed": {}}
 
 
 def add_counts(counts: list[dict]) -> dict:

@@ -4,7 +4,7 @@ Each document's language is set per input file in the config (``multilingual.lan
 id where its format puts one there (``readers.id_language``: a Wikipedia dump's siteinfo ``dbname``, which the id
 carries: ``wiki:bgwiki:558`` is Bulgarian).
 
-The mix of languages is exponentially smoothed, as mBERT and XLM sample theirs (Conneau & Lample 2019, §3.1):
+The mix of languages is exponentially smoothed (one case of ``preprocess.mixture``), as mBERT and XLM sample theirs (Conneau & Lample 2019, §3.1):
 with p_i a language's share of the corpus (of tokens, or of sentences as XLM counts), the rows are drawn with
 q_i = p_i^α / Σ_j p_j^α. Here that is a number of copies per document, in place of ``dupe_factor``'s fixed
 number: a document of language i is used ``dupe_factor · q_i / p_i`` times in expectation, rounded up or down by a
@@ -14,15 +14,13 @@ corpus's total is kept in expectation, and no choice depends on workers, parts o
 from __future__ import annotations
 
 import fnmatch
-import math
 from typing import Iterable
 
 import numpy as np
 
 from common.errors import InputError
-from common.hashing import stable_hash64
 from common.preprocess_config import MultilingualConfig
-from preprocess import readers
+from preprocess import mixture, readers
 from preprocess.readers.inputs import source_name
 
 
@@ -91,15 +89,8 @@ def smoothed_shares(sizes: dict[str, float], alpha: float) -> dict[str, float]:
 def language_mix(counts: dict[str, dict], cfg: MultilingualConfig) -> dict[str, dict]:
     """Each language's counts with its share p (of ``cfg.basis``), its smoothed share q and its sampling rate
     q / p (the expected copies of each of its documents, per ``dupe_factor``), in language order."""
-    sizes = {language: counts[language][cfg.basis] for language in sorted(counts)}
-    total = sum(sizes.values())
-    q = smoothed_shares(sizes, cfg.alpha)
-    mix = {}
-    for language, size in sizes.items():
-        p = size / total if total else 0.0
-        mix[language] = {**counts[language], "share": round(p, 9), "sampled_share": round(q[language], 9),
-                         "rate": round(q[language] / p, 9) if p else 0.0}
-    return mix
+    sizes = {language: counts[language][cfg.basis] for language in counts}
+    return mixture.mix_entries(counts, smoothed_shares(sizes, cfg.alpha), cfg.basis, "sampled_share")
 
 
 def group_languages(groups: dict[str, dict]) -> dict[str, str]:
@@ -116,20 +107,15 @@ def group_languages(groups: dict[str, dict]) -> dict[str, str]:
 
 def document_copies(seed: int, doc_ids: list[str], languages: dict[str, str], mix: dict[str, dict],
                     dupe_factor: int) -> np.ndarray:
-    """How many times each document is used: ``dupe_factor · rate`` of its language, rounded down or up with the
-    probability of the fraction, by a uniform draw keyed by (seed, document id).
+    """How many times each document is used: ``dupe_factor · rate`` of its language (``mixture.document_copies``).
 
     Args:
         languages: {document group: language} (``group_languages``).
         mix: ``language_mix``' entries, each with its ``rate``.
     """
-    copies = np.zeros(len(doc_ids), np.int64)
-    for i, doc_id in enumerate(doc_ids):
-        expected = dupe_factor * mix[languages[document_group(doc_id)]]["rate"]
-        whole = math.floor(expected)
-        draw = stable_hash64(seed, "language-copies", doc_id) / 2.0 ** 64
-        copies[i] = whole + (draw < expected - whole)
-    return copies
+    rates = {language: entry["rate"] for language, entry in mix.items()}
+    return mixture.document_copies(seed, doc_ids, lambda doc_id: languages[document_group(doc_id)], rates,
+                                   dupe_factor)
 
 
 def sample_quotas(sizes: dict[str, float], alpha: float, total: int) -> dict[str, int]:

@@ -22,12 +22,13 @@ from common.preprocess_config import (
     HeldoutConfig,
     InputSourceConfig,
     InstanceConfig,
+    MixtureConfig,
     MultilingualConfig,
     OutputConfig,
     PreprocessConfig,
     SourceConfig,
 )
-from preprocess import docstore, handoff, heldout, languages, readers
+from preprocess import docstore, handoff, heldout, languages, mixture, readers
 from preprocess.executors.part_budget import split_parts
 from preprocess.layout import EVAL_DIR, INDEX_NAME, bits_for, bucket_ranges
 from preprocess.stages import documents as documents_stage
@@ -97,6 +98,7 @@ class Plan:
     multilingual: MultilingualConfig = MultilingualConfig()
     heldout: HeldoutConfig = HeldoutConfig()
     inputs: tuple[InputSourceConfig, ...] = ()
+    mixture: MixtureConfig = MixtureConfig()
 
     @classmethod
     def build(cls, cfg: PreprocessConfig, files, tok, staging: str, tokenizer_uri: str, slices: int) -> Plan:
@@ -107,21 +109,24 @@ class Plan:
             packed=cfg.instances.kind != "pairs")
         if cfg.multilingual.enabled:
             languages.check_inputs(files, cfg.multilingual)
+        mixture.check_sources([key for key, *_ in files], cfg.mixture)
         return cls(files=tuple(files), parts=cfg.parts, bucket_bits=bucket_bits_for(files, slices),
                    source_cfg=cfg.sources, instance_cfg=cfg.instances, output_cfg=cfg.output, seed=cfg.seed,
                    work=storage.join(staging, "_work"), staging=staging, tokenizer_uri=tokenizer_uri,
                    vocab_size=tok.vocab_size, mask_id=tok.mask_id, output_schema=output_schema,
-                   multilingual=cfg.multilingual, heldout=cfg.heldout, inputs=tuple(cfg.inputs))
+                   multilingual=cfg.multilingual, heldout=cfg.heldout, inputs=tuple(cfg.inputs),
+                   mixture=cfg.mixture)
 
     def evaluation(self) -> Plan:
         """The held-out split's plan: the index, instance and shard stages over the evaluation store that this plan's
         index stage wrote, by the same recipe but masked once (static masks, whatever the recipe's masking), into
-        shards of its own under ``EVAL_DIR``; one part, one language mix, no split of its own."""
+        shards of its own under ``EVAL_DIR``; one part, the corpus's own mix (of languages and sources), no split of
+        its own."""
         return dataclasses.replace(
             self, parts=1, work=storage.join(self.work, EVAL_DIR), staging=storage.join(self.staging, EVAL_DIR),
             instance_cfg=dataclasses.replace(self.instance_cfg, masking="static"),
             output_cfg=dataclasses.replace(self.output_cfg, num_shards=0), multilingual=MultilingualConfig(),
-            heldout=HeldoutConfig())
+            heldout=HeldoutConfig(), mixture=MixtureConfig())
 
     @property
     def num_buckets(self) -> int:
@@ -154,7 +159,7 @@ class Plan:
         """Anything -> after it, the corpus index; emits the non-empty buckets."""
         return index_stage.IndexCorpus(self.work, self.num_buckets, self.instance_cfg, spread=lot is None,
                                        multilingual=self.multilingual,
-                                       heldout=(self.heldout, self.seed, self.vocab_size))
+                                       heldout=(self.heldout, self.seed, self.vocab_size), mixture=self.mixture)
 
     def select_heldout(self) -> dict:
         """The index stage without Beam, with a held-out split: first its selection (``heldout.write_thresholds``)."""
@@ -178,7 +183,8 @@ class Plan:
 
     def write_index(self, counts: list[tuple]) -> None:
         """The index stage without Beam, second half: every bucket's counts -> the corpus index."""
-        index_stage.write_index(counts, self.work, self.num_buckets, self.instance_cfg, self.multilingual)
+        index_stage.write_index(counts, self.work, self.num_buckets, self.instance_cfg, self.multilingual,
+                                self.mixture)
 
     # Stage 3: instances (after the index)
     def instances(self, part: int, lot: handoff.Lot | None) -> beam.PTransform:

@@ -13,7 +13,7 @@ from common import configlib, schema, storage
 from common.errors import InputError
 from common.objectives import ObjectiveEntry
 from common.preprocess_config import InstanceConfig, PreprocessConfig
-from preprocess import docstore, readers, shards
+from preprocess import docstore, mixture, readers, shards
 from preprocess.executors.beamrun import WorkerLog
 from preprocess.executors.plan import Plan
 from preprocess.layout import EVAL_DIR, HELDOUT_NAME, INDEX_NAME, SHARD_PLAN_NAME
@@ -94,6 +94,7 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
                          total_rows, plan.bucket_bits, group_bits)
     if "languages" in index_data:  # a multilingual run: each language's corpus, mix and rows
         manifest["languages"] = _languages(index_data["languages"], planned)
+    manifest["sources"] = _sources(index_data.get("mixture"), documents["sources"], planned)
     if plan.heldout.enabled:
         _add_evaluation(manifest, plan, index_data)
     storage.remove_tree(work)
@@ -146,6 +147,22 @@ def _languages(mix: dict, planned) -> dict:
         out[language] = {**entry, "rows": made.get("rows", 0),
                          **({"instance_tokens": made["tokens"]} if "tokens" in made else {})}
     return out
+
+
+def _sources(mix: dict | None, counts: dict[str, dict], planned) -> dict:
+    """The manifest's ``sources``: per source its documents, sentences and tokens read, its share of the corpus,
+    the share of the rows' tokens asked for (the ``mixture`` section's, else its own share) and its rate, the rows it
+    starts and its own tokens in them, and the share of those tokens it got (``mixture.realised``)."""
+    if mix is None:
+        kept = {name: entry for name, entry in counts.items() if entry["documents"] > 0}
+        total = sum(entry["tokens"] for entry in kept.values())
+        mix = mixture.mix_entries(kept, {name: entry["tokens"] / total if total else 0.0
+                                         for name, entry in kept.items()}, "tokens")
+    made: dict = {}
+    for meta in planned:
+        made = shards.merge_counts(made, meta.get("sources", {}))
+    return {name: {key: value for key, value in entry.items() if key not in ("skipped", "failed")}
+            for name, entry in mixture.realised(mix, made).items()}
 
 
 def _fraction(numerator: float, denominator: float) -> float:

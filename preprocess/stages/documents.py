@@ -170,12 +170,15 @@ class WriteDocumentBucket(beam.DoFn):
             of_source[outcome][reason] = of_source[outcome].get(reason, 0) + 1
             if outcome == "failed":
                 counts["dead_letters"].append({"source": source, "doc_id": doc_id, "reason": reason, "detail": detail})
+        token_bytes = np.dtype(schema.token_numpy_dtype(self._vocab_size)).itemsize
         for doc in docs:
-            by_source.setdefault(readers.source_of(doc[1]), docstore.no_source_counts())["documents"] += 1
+            of_source = by_source.setdefault(readers.source_of(doc[1]), docstore.no_source_counts())
+            of_source["documents"] += 1
+            of_source["sentences"] += len(doc[4]) // 4
+            of_source["tokens"] += len(doc[3]) // token_bytes
         if docs:
             counts["documents"] = len(docs)
             counts["sentences"] = sum(len(d[4]) // 4 for d in docs)
-            token_bytes = np.dtype(schema.token_numpy_dtype(self._vocab_size)).itemsize
             counts["tokens"] = sum(len(d[3]) for d in docs) // token_bytes
             if self._multilingual is not None:
                 counts.update(languages.language_counts(docs, self._multilingual, token_bytes))

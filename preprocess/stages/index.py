@@ -8,8 +8,8 @@ import apache_beam as beam
 
 from common import storage
 from common.errors import InputError
-from common.preprocess_config import HeldoutConfig, InstanceConfig, MultilingualConfig
-from preprocess import docstore, heldout, languages, sentence_rows
+from common.preprocess_config import HeldoutConfig, InstanceConfig, MixtureConfig, MultilingualConfig
+from preprocess import docstore, heldout, languages, mixture, sentence_rows
 from preprocess.layout import HELDOUT_SELECTION_NAME, INDEX_NAME, bits_for, unit_shift
 from preprocess.stages.barrier import Barrier, read_metas, spread
 
@@ -22,14 +22,17 @@ class IndexCorpus(beam.PTransform):
     held-out split (``heldout``: (config, seed, vocabulary size)), first split it off (``preprocess.heldout``)."""
 
     def __init__(self, work: str, num_buckets: int, cfg: InstanceConfig, spread: bool = True,
-                 multilingual: MultilingualConfig | None = None, heldout: tuple[HeldoutConfig, int, int] | None = None):
+                 multilingual: MultilingualConfig | None = None, heldout: tuple[HeldoutConfig, int, int] | None = None,
+                 mixture: MixtureConfig | None = None):
         super().__init__()
+        self._mixture = mixture
         self._work, self._num_buckets, self._cfg, self._spread = work, num_buckets, cfg, spread
         self._multilingual = multilingual
         self._heldout = heldout if heldout is not None and heldout[0].enabled else None
 
     def expand(self, trigger):
         work, num_buckets, cfg, multilingual = self._work, self._num_buckets, self._cfg, self._multilingual
+        mixture_cfg = self._mixture
         after = trigger | "AfterDocuments" >> Barrier()
         if self._heldout is not None:
             after = self._split(after)
@@ -37,7 +40,8 @@ class IndexCorpus(beam.PTransform):
         return (spread(buckets, "SpreadBuckets", self._spread)
                 | "Count" >> beam.ParDo(CountBucket(work, split=self._heldout is not None))
                 | "AllCounts" >> beam.Map(lambda row: (0, row)) | "Collect" >> beam.GroupByKey()
-                | "WriteIndex" >> beam.FlatMap(lambda kv: write_index(kv[1], work, num_buckets, cfg, multilingual)))
+                | "WriteIndex" >> beam.FlatMap(lambda kv: write_index(kv[1], work, num_buckets, cfg, multilingual,
+                                                                    mixture_cfg)))
 
     def _split(self, after):
         """The held-out split: its selection, then every bucket's held-out documents copied into the evaluation
@@ -88,10 +92,10 @@ class CountBucket(beam.DoFn):
 
 
 def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
-                multilingual: MultilingualConfig | None = None) -> list[int]:
+                multilingual: MultilingualConfig | None = None, mixture_cfg: MixtureConfig | None = None) -> list[int]:
     """Bucket offsets (global document indices), corpus counts and the group layout -> index.json; for a multilingual
     run also each language's counts and sampling rate (``languages.language_mix``) and each document group's
-    language."""
+    language; with a ``mixture`` section, each source's counts, requested share and rate (``mixture.source_mix``)."""
     rows = list(rows)
     counts = {row[0]: (row[1], row[2]) for row in rows}
     offsets = [0]
@@ -119,6 +123,8 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
     if multilingual is not None and multilingual.enabled:  # the rows' expected total is the corpus's: as before
         index["languages"] = languages.language_mix(documents["languages"], multilingual)
         index["language_groups"] = languages.group_languages(documents["language_groups"])
+    if mixture_cfg is not None and mixture_cfg.enabled:  # shares of the documents read (before a held-out split)
+        index["mixture"] = mixture.source_mix(documents["sources"], mixture_cfg)
     storage.write_json(storage.join(work, INDEX_NAME), index)
     return instance_units(index, cfg)
 

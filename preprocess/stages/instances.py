@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 from common import storage
 from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig
-from preprocess import handoff, languages, layout, shards
+from preprocess import handoff, languages, layout, mixture, readers, shards
 from preprocess.batch import InstanceKeys
 from preprocess.layout import INDEX_NAME, transport_bits
 from preprocess.stages.worker_tokenizer import UsesTokenizer
@@ -56,28 +56,28 @@ class BuildsInstances(UsesTokenizer):
             self._offsets_array = np.asarray(self._index["bucket_offsets"])
 
     def _copies(self, doc_ids: list[str]) -> np.ndarray:
-        """How many times each document is used: ``dupe_factor`` each, or in a multilingual run (the index has its
-        languages) the smoothed mix's number (``languages.document_copies``)."""
+        """How many times each document is used: ``dupe_factor`` each, or the mix's number (``preprocess.mixture``)
+        where the index has one: a multilingual run's smoothed mix of languages, or the config's mix of sources."""
         self._load_index()
-        if "languages" not in self._index:
-            return np.full(len(doc_ids), self._cfg.dupe_factor, np.int64)
-        return languages.document_copies(self._seed, doc_ids, self._index["language_groups"],
-                                         self._index["languages"], self._cfg.dupe_factor)
+        if "languages" in self._index:
+            return languages.document_copies(self._seed, doc_ids, self._index["language_groups"],
+                                             self._index["languages"], self._cfg.dupe_factor)
+        if "mixture" in self._index:
+            rates = {source: entry["rate"] for source, entry in self._index["mixture"].items()}
+            return mixture.document_copies(self._seed, doc_ids, readers.source_of, rates, self._cfg.dupe_factor)
+        return np.full(len(doc_ids), self._cfg.dupe_factor, np.int64)
 
-    def _by_language(self, doc_ids: list[str], docs: np.ndarray, tokens: np.ndarray | None = None) -> dict | None:
-        """{language: {"rows": n[, "tokens": n]}} of rows whose first document is ``doc_ids[docs[i]]`` (and whose
-        ``tokens[i]`` tokens are of that language), for the manifest; None in a monolingual run."""
+    def _by_origin(self, doc_ids: list[str], docs: np.ndarray, tokens: np.ndarray | None = None) -> dict:
+        """{"sources": {source: {"rows": n[, "tokens": n]}}[, "languages": {...}]} of rows whose first document is
+        ``doc_ids[docs[i]]`` (and whose ``tokens[i]`` tokens are that document's), for the manifest; languages in
+        a multilingual run only."""
         self._load_index()
-        if "languages" not in self._index:
-            return None
-        names = sorted(self._index["languages"])
-        groups = self._index["language_groups"]
-        of_doc = np.asarray([names.index(groups[languages.document_group(d)]) for d in doc_ids], np.int64)
-        docs = np.asarray(docs, np.int64)
-        rows = np.bincount(of_doc[docs], minlength=len(names))
-        counted = np.bincount(of_doc[docs], weights=tokens, minlength=len(names)) if tokens is not None else None
-        return {name: {"rows": int(rows[i]), **({"tokens": int(counted[i])} if counted is not None else {})}
-                for i, name in enumerate(names) if rows[i]}
+        out = {"sources": mixture.group_rows(doc_ids, docs, readers.source_of, tokens)}
+        if "languages" in self._index:
+            groups = self._index["language_groups"]
+            out["languages"] = mixture.group_rows(doc_ids, docs, lambda d: groups[languages.document_group(d)],
+                                                  tokens)
+        return out
 
     def _drop(self, bucket: int) -> frozenset[str]:
         """The ids a load of ``bucket`` leaves out: those of a held-out split's text (``preprocess.heldout``)."""

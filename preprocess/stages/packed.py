@@ -57,27 +57,27 @@ class BuildPackedInstances(BuildsInstances):
         yield from self._drain(pending)
 
     def _planned(self, name: str, rows: int, built: tuple) -> None:
-        """The driver checks that every planned row reached a piece before it publishes anything. In a multilingual
-        run, also the rows and tokens by language (a row counts for its first document's language, a token for its
-        own)."""
+        """The driver checks that every planned row reached a piece before it publishes anything. Also the rows and
+        tokens by source (and language, in a multilingual run): a row counts for its first document's, a token for
+        its own document's."""
         planned = {"instances": rows}
         pieces, doc_ids = built[1], built[4]
-        by_language = self._by_language(doc_ids, pieces.doc, pieces.length)  # tokens by language
-        if by_language is not None:
-            first_docs = pieces.doc[row_bounds(pieces.row, rows)[0]] if rows else pieces.doc[:0]
-            first = self._by_language(doc_ids, first_docs)
-            planned["languages"] = {language: {"rows": first.get(language, {"rows": 0})["rows"],
-                                               "tokens": entry["tokens"]} for language, entry in by_language.items()}
+        by_tokens = self._by_origin(doc_ids, pieces.doc, pieces.length)
+        first_docs = pieces.doc[row_bounds(pieces.row, rows)[0]] if rows else pieces.doc[:0]
+        by_rows = self._by_origin(doc_ids, first_docs)
+        for kind, groups in by_tokens.items():
+            planned[kind] = {group: {"rows": by_rows[kind].get(group, {"rows": 0})["rows"], "tokens": entry["tokens"]}
+                             for group, entry in groups.items()}
         storage.write_json(storage.join(self._work, "planned", f"{name}.json"), planned)
 
     def _documents(self, bucket: int):
         """Every duplicate of every document of ``bucket``, each document in rows of its own."""
         loaded = docstore.load_bucket(self._work, bucket, self._drop(bucket))
         lengths = loaded.token_lengths
-        copies = self._copies(loaded.doc_ids)  # dupe_factor each, or the smoothed mix's (multilingual runs)
+        copies = self._copies(loaded.doc_ids)  # dupe_factor each, or the mix's (of languages or sources)
         parts = []
         for dupe in range(max(1, int(copies.max(initial=0)))):
-            used = np.flatnonzero(copies > dupe)  # every document, unless a multilingual mix thins it
+            used = np.flatnonzero(copies > dupe)  # every document, unless a mix thins it
             pieces = document_pieces(lengths[used], self._cfg.max_seq_length, dupe)
             pieces = pieces._replace(doc=used[pieces.doc])
             # A row's key: (document, duplicate, its row within the document).
@@ -111,11 +111,11 @@ class BuildPackedInstances(BuildsInstances):
         lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
         pool = np.concatenate(tokens) if tokens else np.zeros(0, np.uint16)
         doc_starts = np.cumsum(lengths) - lengths
-        copies = self._copies(doc_ids)  # dupe_factor each, or the smoothed mix's (multilingual runs)
+        copies = self._copies(doc_ids)  # dupe_factor each, or the mix's (of languages or sources)
         parts = []
         for dupe in range(max(1, int(copies.max(initial=0)))):
             order = stream_order(self._seed, doc_ids, dupe)
-            order = order[copies[order] > dupe]  # every document, unless a multilingual mix thins it
+            order = order[copies[order] > dupe]  # every document, unless a mix thins it
             pieces = stream_pieces(lengths[order], self._cfg.max_seq_length)
             pieces = pieces._replace(doc=order[pieces.doc])
             rows = int(pieces.row[-1]) + 1 if len(pieces.row) else 0

@@ -84,7 +84,7 @@ class PlanAndBuildInstances(BuildsInstances):
         plans, runs, counts = [], [], []  # runs: (document, duplicate), each with counts[i] plans in a row
         dropped = 0
         requests = []
-        copies = self._copies(loaded.doc_ids)  # dupe_factor each, or the smoothed mix's (multilingual runs)
+        copies = self._copies(loaded.doc_ids)  # dupe_factor each, or the mix's (of languages or sources)
         for rank, doc_id in enumerate(loaded.doc_ids):
             offsets = loaded.document(rank)[1]
             for dupe in range(int(copies[rank])):
@@ -106,11 +106,11 @@ class PlanAndBuildInstances(BuildsInstances):
             if len(random_next):
                 requests.append(self._requests(loaded, table[random_next], ranks[random_next], keys.take(random_next)))
         # The driver checks that every planned instance reached a piece before it publishes anything.
+        # Also the rows and their document's own tokens (segment A, and B unless random) by source (and language).
         planned = {"instances": len(plans)}
-        by_language = self._by_language(loaded.doc_ids, np.repeat(np.arange(len(loaded.doc_ids)).repeat(copies),
-                                                                   counts))
-        if by_language is not None:
-            planned["languages"] = by_language
+        if plans:
+            own = table[:, _A_END] - table[:, _A_START] + table[:, _B_END] - table[:, _B_START]
+            planned.update(self._by_origin(loaded.doc_ids, ranks, own))
         if self._cfg.sentence_objective == "sop":
             planned["sop_dropped_chunks"] = dropped
             self._dropped.inc(dropped)

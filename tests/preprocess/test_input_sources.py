@@ -104,3 +104,45 @@ def test_the_vocabulary_sample_and_the_memory_budget_read_the_new_sources(mixtur
     assert len(sentences) == 50 and all(isinstance(s, str) and s for s in sentences)
     sized = [(key_of(spec), spec.paths[0], 1 << 20), ("jsonl:web", "crawl.jsonl.gz", 1 << 20)]
     assert part_budget.estimated_peak(sized, 1) > part_budget.BASE_PEAK_BYTES + (18 << 20)
+
+
+@pytest.fixture(scope="module")
+def weighted(mixture, bert_vocab):
+    """The mixture with web text weighted 3:1 against the essays (about 1:1 in the corpus), on one worker and on two
+    workers in two parts."""
+    runs = {}
+    printed = {}
+    for name, options in (("one", []), ("two", ["--parts", "2", "--direct_num_workers", "2",
+                                                "--direct_running_mode", "multi_processing"])):
+        runs[name] = mixture["root"] / f"weighted-{name}"
+        printed[name] = run_cli("run", "--config", mixture["config"], "--tokenizer", bert_vocab, "--output",
+                                runs[name], "--set", "mixture.weights={web: 3, essays: 1}", *options).stdout
+    return {**runs, "printed": printed["one"]}
+
+
+def test_weights_give_each_source_its_share_of_the_tokens_for_any_workers_and_parts(weighted, one_worker):
+    natural = read_manifest(one_worker)["sources"]
+    assert {entry["rate"] for entry in natural.values()} == {1.0}
+    assert all(entry["requested_share"] == entry["share"] for entry in natural.values())
+    assert sum(entry["rows"] for entry in natural.values()) == read_manifest(one_worker)["rows"]
+    sources = read_manifest(weighted["one"])["sources"]
+    assert (sources["web"]["requested_share"], sources["essays"]["requested_share"]) == (0.75, 0.25)
+    assert sources["web"]["share"] == natural["web"]["share"] and 0.3 < sources["web"]["share"] < 0.7
+    assert sources["web"]["rate"] > 1 > sources["essays"]["rate"]
+    for name, entry in sources.items():  # the draw rounds each document's copies: near, not exact, on ~40 documents
+        assert abs(entry["realised_share"] - entry["requested_share"]) < 0.06, (name, entry)
+        assert abs(natural[name]["realised_share"] - natural[name]["share"]) < 0.06, (name, natural[name])
+    assert shard_hashes(weighted["two"]) == shard_hashes(weighted["one"]) != shard_hashes(one_worker)
+    web = sources["web"]
+    assert (f"web {web['share']:.1%} -> 75.0% -> {web['realised_share']:.1%}" in weighted["printed"]
+            ), weighted["printed"]
+
+
+def test_a_weighted_mixture_that_leaves_a_source_without_a_weight_is_refused_before_the_run(mixture, bert_vocab,
+                                                                                             tmp_path):
+    proc = run_cli("run", "--config", mixture["config"], "--tokenizer", bert_vocab, "--output", tmp_path / "out",
+                   "--set", "mixture.weights={web: 1}", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "mixture.weights has no weight for essays" in lines[0] and "mixture.weights.essays" in lines[0]
+    assert not (tmp_path / "out").exists()

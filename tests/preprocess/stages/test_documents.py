@@ -106,7 +106,8 @@ def test_build_document_store_writes_sorted_buckets_and_counts(tmp_path, bert_vo
     assert counts["tokens"] == sum(len(b.tokens) for b in loaded) and counts["sentences"] > 20
     assert sorted(p.name for p in (tmp_path / "work" / "docs").rglob("*")) == \
         sorted([f"b{b:06d}" for b in range(4)] + ["p0003.arrow"] * 4)
-    assert counts["sources"] == {"wikipedia": {"documents": 20, "skipped": {"redirect": 1}, "failed": {}}}
+    assert counts["sources"] == {"wikipedia": {"documents": 20, "sentences": counts["sentences"],
+                                               "tokens": counts["tokens"], "skipped": {"redirect": 1}, "failed": {}}}
 
 
 def test_a_large_file_of_an_inputs_source_is_spread_in_its_readers_pieces(tmp_path):

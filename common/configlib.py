@@ -111,6 +111,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {_shown(value)}")
+        args = typing.get_args(tp)
+        if len(args) == 2 and dataclasses.is_dataclass(args[1]):  # named sections: each value typed as its own
+            return {key: _coerce(item, args[1], f"{where}.{key}") for key, item in value.items()}
         return dict(value)
     if tp is Any:
         return value

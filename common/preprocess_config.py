@@ -104,7 +104,7 @@ class MultilingualConfig:
 
 @dataclass(frozen=True)
 class HeldoutSourceConfig:
-    """How many documents of one input source (``--wikipedia`` or ``--books``) are held out: a count (the documents
+    """How many documents of one input source (``--wikipedia``, ``--books`` or an ``inputs:`` source) are held out: a count (the documents
     with the smallest seeded keys) or a share (those whose key falls below it); at most one of the two."""
 
     documents: int = 0
@@ -123,12 +123,13 @@ class HeldoutConfig:
 
     wikipedia: HeldoutSourceConfig = field(default_factory=HeldoutSourceConfig)
     books: HeldoutSourceConfig = field(default_factory=HeldoutSourceConfig)
+    # The config's ``inputs:`` sources, by name: e.g. {web: {share: 0.001}}.
+    inputs: dict[str, HeldoutSourceConfig] = field(default_factory=dict)
     seed: int | None = None              # the selection's seed; null: the run's seed
 
     def __post_init__(self):
-        for name in HELDOUT_SOURCES:
-            source = getattr(self, name)
-            key = f"heldout.{name}"
+        for name, source in self.by_source().items():
+            key = self.key_of(name)
             if source.documents < 0 or source.share < 0.0:
                 raise ValueError(f"{key}.documents and {key}.share must be >= 0")
             if source.documents and source.share:
@@ -139,9 +140,18 @@ class HeldoutConfig:
                                  f"no training documents; set {key}.share below 1 (e.g. 0.01), or "
                                  f"{key}.documents to a count")
 
+    def by_source(self) -> dict[str, HeldoutSourceConfig]:
+        """Every source's selection by the source's name (``readers.source_of``): the built-in two, then the
+        ``inputs:`` sources named here."""
+        return {"wikipedia": self.wikipedia, "books": self.books, **self.inputs}
+
+    def key_of(self, source: str) -> str:
+        """The config key of ``source``'s selection: heldout.wikipedia, or heldout.inputs.web."""
+        return f"heldout.{source}" if source in HELDOUT_SOURCES else f"heldout.inputs.{source}"
+
     @property
     def enabled(self) -> bool:
-        return any(getattr(self, name).enabled for name in HELDOUT_SOURCES)
+        return any(source.enabled for source in self.by_source().values())
 
 
 HELDOUT_SOURCES = ("wikipedia", "books")  # the config's names of the input kinds ("wiki", "book" in document ids)
@@ -224,6 +234,15 @@ class MixtureConfig:
 
 
 @dataclass(frozen=True)
+class DedupConfig:
+    """Duplicates removed before any row is built (``preprocess.dedup``)."""
+
+    # Documents whose text (as cleaned, split and tokenized) repeats an earlier one's, across and within sources,
+    # are dropped; of each text the first by stable key (its id's hash, then its id) is kept.
+    exact: bool = False
+
+
+@dataclass(frozen=True)
 class PreprocessConfig:
     seed: int = 12345
     parts: int = 1                       # process the corpus in this many parts to bound memory
@@ -239,6 +258,7 @@ class PreprocessConfig:
     inputs: list[InputSourceConfig] = field(default_factory=list, metadata={"omit_when_default": True})
     # Each source's share of the rows (preprocess.mixture); left out while empty, likewise.
     mixture: MixtureConfig = field(default_factory=MixtureConfig, metadata={"omit_when_default": True})
+    dedup: DedupConfig = field(default_factory=DedupConfig, metadata={"omit_when_default": True})
 
     def __post_init__(self):
         if self.parts < 1:
@@ -250,6 +270,11 @@ class PreprocessConfig:
                                  "give each source a name of its own")
         if self.max_memory is not None:
             sizes.parse_size(self.max_memory)
+        for name in self.heldout.inputs:
+            if name not in names:
+                raise ValueError(f"heldout.inputs names {name!r}, which is no source of inputs: "
+                                 f"({', '.join(names) or 'none'}); the built-in ones are heldout.wikipedia and "
+                                 "heldout.books")
         known = ("wikipedia", "books", *names)
         for key in ("weights", "repeat"):
             for name in getattr(self.mixture, key):

@@ -7,6 +7,7 @@ does not depend on how many parts or buckets the run used, so the output does no
 """
 from __future__ import annotations
 
+import hashlib
 import io
 from dataclasses import dataclass
 
@@ -195,15 +196,22 @@ def _first_copy(table: pa.Table, order, doc_ids: list[str], first: int) -> int:
     return same[min(range(len(same)), key=lambda k: tokens[k])]
 
 
+def text_hash(tokens: np.ndarray) -> int:
+    """A document's text, as cleaned, sentence-split and tokenized, as 63 bits (JSON keeps them exactly)."""
+    return int.from_bytes(hashlib.blake2b(np.ascontiguousarray(tokens).tobytes(), digest_size=8).digest(),
+                          "little") >> 1
+
+
 def bucket_ids(work: str, bucket: int, drop: frozenset[str] = frozenset()) -> tuple[list[str], list[tuple[str, str]]]:
     """A bucket's document ids in global order and its dropped duplicates, without touching the tokens."""
     _, _, doc_ids, duplicates = _ordered(work, bucket, ["doc_hash", "doc_id", "source"], drop)
     return doc_ids, duplicates
 
 
-def bucket_count(work: str, bucket: int) -> tuple[int, int, list[tuple[str, str]]]:
-    """(bucket, documents after removing duplicate ids, the duplicates): one row of the corpus index."""
-    doc_ids, duplicates = bucket_ids(work, bucket)
+def bucket_count(work: str, bucket: int, drop: frozenset[str] = frozenset()) -> tuple[int, int, list[tuple[str, str]]]:
+    """(bucket, documents after removing duplicate ids and the ids in ``drop``, the duplicate ids): one row of the
+    corpus index."""
+    doc_ids, duplicates = bucket_ids(work, bucket, drop)
     return bucket, len(doc_ids), duplicates
 
 

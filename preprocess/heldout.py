@@ -1,8 +1,9 @@
 """The held-out (evaluation) split: which documents are set aside, and the store they are built from.
 
 A document's *held-out key* is a BLAKE2b of (selection seed, its id) (``common.hashing``, never ``hash()``), so it
-does not depend on the workers, parts or runner that read it. Per built-in input source (``heldout.wikipedia``,
-``heldout.books``; the config's ``inputs:`` sources are not held out yet: their documents all train) a share holds out the documents whose key is below ``share * 2**64``; a count holds out the
+does not depend on the workers, parts or runner that read it. Per input source (``heldout.wikipedia``,
+``heldout.books``, and ``heldout.inputs.{name}`` for the config's ``inputs:`` sources) a share holds out the
+documents whose key is below ``share * 2**64``; a count holds out the
 ``documents`` smallest keys: every bucket of the documents stage keeps its source's smallest keys, each part its
 merged smallest (``trim_counts``), and the index stage takes the smallest of all parts, a top-N combine that never
 sorts the corpus. Then, in the index stage (a barrier):
@@ -18,15 +19,14 @@ The evaluation store is then run through the index, instance and shard stages of
 """
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from common import storage
 from common.errors import InputError
 from common.hashing import document_hash, stable_hash64
-from common.preprocess_config import HELDOUT_SOURCES, HeldoutConfig, InstanceConfig
-from preprocess import docstore
+from common.preprocess_config import HeldoutConfig, InstanceConfig
+from preprocess import dedup, docstore
+from preprocess.docstore import text_hash
 from preprocess.readers import source_of
 from preprocess.layout import EVAL_DIR, HELDOUT_NAME, HELDOUT_SELECTION_NAME
 
@@ -42,21 +42,16 @@ def heldout_key(seed: int, doc_id: str) -> int:
     return stable_hash64(seed, "heldout", doc_id)
 
 
-def text_hash(tokens: np.ndarray) -> int:
-    """A document's text, as cleaned, sentence-split and tokenized, as 63 bits (JSON keeps them exactly)."""
-    return int.from_bytes(hashlib.blake2b(np.ascontiguousarray(tokens).tobytes(), digest_size=8).digest(),
-                          "little") >> 1
-
-
 def bucket_counts(cfg: HeldoutConfig, seed: int, doc_ids: list[str]) -> dict:
     """What the documents stage records of a bucket for the selection: documents per source, and for each source
     held out by a count its smallest keys (at most the count)."""
     keys: dict[str, list[int]] = {}
     sources: dict[str, int] = {}
+    by_source = cfg.by_source()
     for doc_id in doc_ids:
         source = source_of(doc_id)
         sources[source] = sources.get(source, 0) + 1
-        if source in HELDOUT_SOURCES and getattr(cfg, source).documents:
+        if source in by_source and by_source[source].documents:
             keys.setdefault(source, []).append(heldout_key(selection_seed(cfg, seed), doc_id))
     return trim_counts({"heldout_sources": sources, "heldout_keys": keys}, cfg)
 
@@ -65,7 +60,8 @@ def trim_counts(counts: dict, cfg: HeldoutConfig) -> dict:
     """``counts`` with each source's keys cut to its count's smallest distinct ones (merging concatenates them)."""
     if "heldout_keys" not in counts:
         return counts
-    keys = {source: sorted(set(values))[:getattr(cfg, source).documents]
+    by_source = cfg.by_source()
+    keys = {source: sorted(set(values))[:by_source[source].documents]
             for source, values in counts["heldout_keys"].items()}
     return {**counts, "heldout_keys": keys}
 
@@ -74,16 +70,16 @@ def thresholds(cfg: HeldoutConfig, counts: dict) -> dict[str, int]:
     """Per source, the key below which a document is held out, from every part's counts (``docstore.add_counts``
     of them); refuses a count that holds out every document of its source."""
     out = {}
-    for source in HELDOUT_SOURCES:
-        wanted = getattr(cfg, source)
+    for source, wanted in cfg.by_source().items():
+        key = cfg.key_of(source)
         if wanted.share:
             out[source] = int(wanted.share * KEY_SPACE)
         elif wanted.documents:
             available = counts.get("heldout_sources", {}).get(source, 0)
             if available and wanted.documents >= available:
-                raise InputError(f"heldout.{source}.documents is {wanted.documents} but the {source} inputs hold "
+                raise InputError(f"{key}.documents is {wanted.documents} but the {source} inputs hold "
                                  f"{available} documents: that leaves no training documents; lower "
-                                 f"heldout.{source}.documents (or use heldout.{source}.share)")
+                                 f"{key}.documents (or use {key}.share)")
             keys = sorted(set(counts.get("heldout_keys", {}).get(source, [])))[:wanted.documents]
             out[source] = keys[-1] + 1 if keys else 0
         else:
@@ -93,7 +89,7 @@ def thresholds(cfg: HeldoutConfig, counts: dict) -> dict[str, int]:
 
 def is_heldout(limits: dict[str, int], seed: int, doc_ids: list[str]) -> np.ndarray:
     """Which of ``doc_ids`` are held out, given ``thresholds``' limits and the selection seed (a source without a
-    limit, one of the config's ``inputs:``, holds none out)."""
+    limit holds none out)."""
     return np.fromiter((heldout_key(seed, d) < limits.get(source_of(d), 0) for d in doc_ids), bool, len(doc_ids))
 
 
@@ -110,7 +106,7 @@ def write_thresholds(work: str, cfg: HeldoutConfig, seed: int) -> dict:
 
 def split_bucket(work: str, bucket: int, selection: dict, vocab_size: int) -> dict:
     """Bucket ``bucket``'s held-out documents -> the evaluation store's bucket; their text hashes and counts."""
-    loaded = docstore.load_bucket(work, bucket)
+    loaded = docstore.load_bucket(work, bucket, dedup.dropped(work, bucket))
     chosen = np.flatnonzero(is_heldout(selection["limits"], selection["seed"], loaded.doc_ids))
     docs, hashes, sources = [], [], {}
     for rank in chosen.tolist():
@@ -136,7 +132,8 @@ def write_split(work: str, results: list[dict], cfg: InstanceConfig) -> None:
     needed = 2 if cfg.sentence_objective == "nsp" else 1  # a random next segment comes from another document
     if documents < needed:
         raise InputError(f"the held-out split has {documents} document(s) but the recipe needs at least {needed}: "
-                         "raise heldout.wikipedia / heldout.books (documents or share), or remove the heldout section")
+                         "raise heldout.wikipedia / heldout.books / heldout.inputs.NAME (documents or share), or remove "
+                         "the heldout section")
     selection = storage.read_json(storage.join(work, HELDOUT_SELECTION_NAME))
     sources: dict[str, int] = {}
     for result in results:
@@ -156,8 +153,9 @@ def read_text_hashes(work: str) -> frozenset[int]:
 
 def count_training(work: str, bucket: int, held_out: frozenset[int]) -> tuple:
     """(bucket, training documents, duplicate ids, the ids left out for the split with their sentences and tokens):
-    a row of the corpus index, without every document whose text is held out."""
-    loaded = docstore.load_bucket(work, bucket)
+    a row of the corpus index, without every document whose text is held out (nor an exact duplicate that
+    ``preprocess.dedup`` dropped)."""
+    loaded = docstore.load_bucket(work, bucket, dedup.dropped(work, bucket))
     dropped = [rank for rank in range(len(loaded)) if text_hash(loaded.document(rank)[0]) in held_out]
     ids = [loaded.doc_ids[rank] for rank in dropped]
     sentences = int(sum(loaded.sentence_ends[r] - loaded.sentence_starts[r] for r in dropped))

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 import apache_beam as beam
 
 from common import writelock
-from preprocess import readers
+from preprocess import dedup, readers
 from preprocess.executors.beamrun import beam_options, run_beam
 from preprocess.executors.plan import Plan
 from preprocess.layout import bucket_ranges
@@ -131,6 +131,16 @@ def _count_task(task) -> list[tuple]:
     return plan.count_buckets(lo, hi)
 
 
+def _dedup_keys_task(task) -> int:
+    plan, lo, hi = task
+    return plan.dedup_keys(lo, hi)
+
+
+def _duplicates_task(task) -> int:
+    plan, partition, bits = task
+    return plan.find_duplicates(partition, bits)
+
+
 def _split_task(task) -> list[dict]:
     plan, lo, hi, selection = task
     return plan.split_buckets(lo, hi, selection)
@@ -177,6 +187,10 @@ def run_stages(plan: Plan, workers: int, options_args: list[str], bar) -> None:
         bar.set_postfix_str("index")
         # The index is a few counts: no pipeline of its own (starting one here would be serial time).
         ranges = bucket_ranges(plan.num_buckets, slices)
+        if plan.dedup.exact:  # exact duplicates of text first: nothing after sees them
+            bits = dedup.partition_bits(sum(pool.map(_dedup_keys_task, [(plan, lo, hi) for lo, hi in ranges])))
+            list(pool.map(_duplicates_task, [(plan, partition, bits) for partition in range(1 << bits)]))
+            plan.merge_duplicates(bits)
         if plan.heldout.enabled:  # the held-out split first: training is counted without its text
             selection = plan.select_heldout()
             plan.write_split([result for results in pool.map(_split_task, [(plan, lo, hi, selection)

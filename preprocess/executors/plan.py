@@ -19,6 +19,7 @@ import pyarrow as pa
 from common import schema, storage
 from common.errors import InputError
 from common.preprocess_config import (
+    DedupConfig,
     HeldoutConfig,
     InputSourceConfig,
     InstanceConfig,
@@ -28,7 +29,7 @@ from common.preprocess_config import (
     PreprocessConfig,
     SourceConfig,
 )
-from preprocess import docstore, handoff, heldout, languages, mixture, readers
+from preprocess import dedup, docstore, handoff, heldout, languages, mixture, readers
 from preprocess.executors.part_budget import split_parts
 from preprocess.layout import EVAL_DIR, INDEX_NAME, bits_for, bucket_ranges
 from preprocess.stages import documents as documents_stage
@@ -99,6 +100,7 @@ class Plan:
     heldout: HeldoutConfig = HeldoutConfig()
     inputs: tuple[InputSourceConfig, ...] = ()
     mixture: MixtureConfig = MixtureConfig()
+    dedup: DedupConfig = DedupConfig()
 
     @classmethod
     def build(cls, cfg: PreprocessConfig, files, tok, staging: str, tokenizer_uri: str, slices: int) -> Plan:
@@ -115,7 +117,7 @@ class Plan:
                    work=storage.join(staging, "_work"), staging=staging, tokenizer_uri=tokenizer_uri,
                    vocab_size=tok.vocab_size, mask_id=tok.mask_id, output_schema=output_schema,
                    multilingual=cfg.multilingual, heldout=cfg.heldout, inputs=tuple(cfg.inputs),
-                   mixture=cfg.mixture)
+                   mixture=cfg.mixture, dedup=cfg.dedup)
 
     def evaluation(self) -> Plan:
         """The held-out split's plan: the index, instance and shard stages over the evaluation store that this plan's
@@ -126,7 +128,7 @@ class Plan:
             self, parts=1, work=storage.join(self.work, EVAL_DIR), staging=storage.join(self.staging, EVAL_DIR),
             instance_cfg=dataclasses.replace(self.instance_cfg, masking="static"),
             output_cfg=dataclasses.replace(self.output_cfg, num_shards=0), multilingual=MultilingualConfig(),
-            heldout=HeldoutConfig(), mixture=MixtureConfig())
+            heldout=HeldoutConfig(), mixture=MixtureConfig(), dedup=DedupConfig())
 
     @property
     def num_buckets(self) -> int:
@@ -159,7 +161,21 @@ class Plan:
         """Anything -> after it, the corpus index; emits the non-empty buckets."""
         return index_stage.IndexCorpus(self.work, self.num_buckets, self.instance_cfg, spread=lot is None,
                                        multilingual=self.multilingual,
-                                       heldout=(self.heldout, self.seed, self.vocab_size), mixture=self.mixture)
+                                       heldout=(self.heldout, self.seed, self.vocab_size), mixture=self.mixture,
+                                       exact_dedup=self.dedup.exact)
+
+    def dedup_keys(self, lo: int, hi: int) -> int:
+        """The index stage without Beam, with ``dedup.exact``: first each bucket's text keys
+        (``preprocess.dedup``); the documents they hold ..."""
+        return sum(dedup.write_keys(self.work, bucket) for bucket in range(lo, hi))
+
+    def find_duplicates(self, partition: int, bits: int) -> int:
+        """... then each range of text hashes searched for repeats ..."""
+        return dedup.find_duplicates(self.work, partition, bits, self.num_buckets)
+
+    def merge_duplicates(self, bits: int) -> dict:
+        """... and the drops merged by bucket, before the held-out split and the counts."""
+        return dedup.merge(self.work, bits)
 
     def select_heldout(self) -> dict:
         """The index stage without Beam, with a held-out split: first its selection (``heldout.write_thresholds``)."""
@@ -179,7 +195,7 @@ class Plan:
         if self.heldout.enabled:
             held_out = heldout.read_text_hashes(self.work)
             return [heldout.count_training(self.work, bucket, held_out) for bucket in range(lo, hi)]
-        return [docstore.bucket_count(self.work, bucket) for bucket in range(lo, hi)]
+        return [docstore.bucket_count(self.work, bucket, dedup.dropped(self.work, bucket)) for bucket in range(lo, hi)]
 
     def write_index(self, counts: list[tuple]) -> None:
         """The index stage without Beam, second half: every bucket's counts -> the corpus index."""

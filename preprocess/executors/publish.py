@@ -13,7 +13,7 @@ from common import configlib, schema, storage
 from common.errors import InputError
 from common.objectives import ObjectiveEntry
 from common.preprocess_config import InstanceConfig, PreprocessConfig
-from preprocess import docstore, mixture, readers, shards
+from preprocess import dedup, docstore, mixture, readers, shards
 from preprocess.executors.beamrun import WorkerLog
 from preprocess.executors.plan import Plan
 from preprocess.layout import EVAL_DIR, HELDOUT_NAME, INDEX_NAME, SHARD_PLAN_NAME
@@ -75,6 +75,7 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
     num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
     documents = docstore.add_counts(list(read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
     documents = with_duplicates(documents, [dup for _, dups in counts.values() for dup in dups])
+    documents = with_exact_duplicates(documents, dedup.read_summary(work))
     stats: dict = {}
     for meta in read_metas(storage.join(work, "pieces")).values():
         stats = shards.merge_counts(stats, meta["stats"])
@@ -120,8 +121,8 @@ def _add_evaluation(manifest: dict, plan: Plan, index_data: dict) -> None:
     stats["sop_dropped_chunks"] = sum(meta.get("sop_dropped_chunks", 0) for meta in planned)
     rows = sum(storage.read_json(storage.join(evaluation.work, SHARD_PLAN_NAME))["group_rows"])
     entries = sorted(read_metas(storage.join(evaluation.work, "shards")).values(), key=lambda e: e["name"])
-    selection = {source: {key: value for key, value in dataclasses.asdict(getattr(plan.heldout, source)).items()
-                          if value} for source in ("wikipedia", "books") if getattr(plan.heldout, source).enabled}
+    selection = {source: {key: value for key, value in dataclasses.asdict(wanted).items() if value}
+                 for source, wanted in plan.heldout.by_source().items() if wanted.enabled}
     manifest["evaluation"] = {
         "selection": {"seed": split["seed"], **selection}, "masking": evaluation.instance_cfg.masking,
         "documents": split["documents"], "sources": split["sources"],
@@ -232,6 +233,21 @@ def with_duplicates(documents: dict, duplicates: list) -> dict:
                                                         "is kept (the first by file name and text)"})
     documents["dead_letters"].sort(key=lambda letter: (letter["source"], letter["doc_id"]))
     return documents
+
+
+def with_exact_duplicates(documents: dict, summary: dict | None) -> dict:
+    """The documents' counts with the exact duplicates of text that ``preprocess.dedup`` dropped: skipped
+    "exact_duplicate", in all and per source, and each source's documents, sentences and tokens without them."""
+    if not summary:
+        return documents
+    sources = dedup.without(documents["sources"], summary)
+    for name, removed in summary["sources"].items():
+        skipped = sources[name]["skipped"] = dict(sources[name]["skipped"])
+        skipped["exact_duplicate"] = removed["documents"]
+    skipped = dict(documents["skipped"])
+    if summary["documents"]:
+        skipped["exact_duplicate"] = summary["documents"]
+    return {**documents, "skipped": skipped, "sources": sources}
 
 
 def _manifest(cfg, tok, sized, documents, counts, num_docs, corpus, stats, shard_entries, total_rows,

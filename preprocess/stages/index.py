@@ -9,7 +9,7 @@ import apache_beam as beam
 from common import storage
 from common.errors import InputError
 from common.preprocess_config import HeldoutConfig, InstanceConfig, MixtureConfig, MultilingualConfig
-from preprocess import docstore, heldout, languages, mixture, sentence_rows
+from preprocess import dedup, docstore, heldout, languages, mixture, sentence_rows
 from preprocess.layout import HELDOUT_SELECTION_NAME, INDEX_NAME, bits_for, unit_shift
 from preprocess.stages.barrier import Barrier, read_metas, spread
 
@@ -23,9 +23,9 @@ class IndexCorpus(beam.PTransform):
 
     def __init__(self, work: str, num_buckets: int, cfg: InstanceConfig, spread: bool = True,
                  multilingual: MultilingualConfig | None = None, heldout: tuple[HeldoutConfig, int, int] | None = None,
-                 mixture: MixtureConfig | None = None):
+                 mixture: MixtureConfig | None = None, exact_dedup: bool = False):
         super().__init__()
-        self._mixture = mixture
+        self._mixture, self._exact_dedup = mixture, exact_dedup
         self._work, self._num_buckets, self._cfg, self._spread = work, num_buckets, cfg, spread
         self._multilingual = multilingual
         self._heldout = heldout if heldout is not None and heldout[0].enabled else None
@@ -34,6 +34,8 @@ class IndexCorpus(beam.PTransform):
         work, num_buckets, cfg, multilingual = self._work, self._num_buckets, self._cfg, self._multilingual
         mixture_cfg = self._mixture
         after = trigger | "AfterDocuments" >> Barrier()
+        if self._exact_dedup:
+            after = self._dedup(after)
         if self._heldout is not None:
             after = self._split(after)
         buckets = after | "Buckets" >> beam.FlatMap(lambda _: range(num_buckets))
@@ -42,6 +44,21 @@ class IndexCorpus(beam.PTransform):
                 | "AllCounts" >> beam.Map(lambda row: (0, row)) | "Collect" >> beam.GroupByKey()
                 | "WriteIndex" >> beam.FlatMap(lambda kv: write_index(kv[1], work, num_buckets, cfg, multilingual,
                                                                     mixture_cfg)))
+
+    def _dedup(self, after):
+        """Exact duplicates of text (``preprocess.dedup``): every bucket's text keys, then each range of text hashes
+        searched for repeats, then the drops merged by bucket; one element once that is done."""
+        work, num_buckets = self._work, self._num_buckets
+        buckets = after | "DedupBuckets" >> beam.FlatMap(lambda _: range(num_buckets))
+        ranges = (spread(buckets, "SpreadKeys", self._spread)
+                  | "TextKeys" >> beam.Map(lambda bucket: dedup.write_keys(work, bucket))
+                  | "AllKeys" >> beam.Map(lambda count: (0, count)) | "CollectKeys" >> beam.GroupByKey()
+                  | "Ranges" >> beam.FlatMap(lambda kv: _text_ranges(sum(kv[1]))))
+        return (spread(ranges, "SpreadRanges", self._spread)
+                | "FindDuplicates" >> beam.Map(lambda task: (task[1], dedup.find_duplicates(work, *task,
+                                                                                            num_buckets)))
+                | "AllRanges" >> beam.Map(lambda found: (0, found)) | "CollectRanges" >> beam.GroupByKey()
+                | "MergeDuplicates" >> beam.Map(lambda kv: dedup.merge(work, next(iter(kv[1]))[0])))
 
     def _split(self, after):
         """The held-out split: its selection, then every bucket's held-out documents copied into the evaluation
@@ -53,6 +70,11 @@ class IndexCorpus(beam.PTransform):
                 | "SplitBucket" >> beam.ParDo(SplitBucket(work, vocab_size))
                 | "AllSplit" >> beam.Map(lambda result: (0, result)) | "CollectSplit" >> beam.GroupByKey()
                 | "WriteSplit" >> beam.Map(lambda kv: heldout.write_split(work, list(kv[1]), cfg)))
+
+
+def _text_ranges(documents: int) -> list[tuple[int, int]]:
+    bits = dedup.partition_bits(documents)
+    return [(partition, bits) for partition in range(1 << bits)]
 
 
 def _select(work: str, cfg: HeldoutConfig, seed: int, num_buckets: int) -> range:
@@ -75,7 +97,8 @@ class SplitBucket(beam.DoFn):
 
 
 class CountBucket(beam.DoFn):
-    """bucket -> (bucket, documents after removing duplicate ids, duplicates); after a held-out ``split``, without
+    """bucket -> (bucket, documents after removing duplicate ids (and exact duplicates of text that
+    ``preprocess.dedup`` dropped), duplicate ids); after a held-out ``split``, without
     the documents whose text is held out, and a fourth element naming them (``heldout.count_training``)."""
 
     def __init__(self, work: str, split: bool = False):
@@ -84,7 +107,7 @@ class CountBucket(beam.DoFn):
 
     def process(self, bucket):
         if not self._split:
-            yield docstore.bucket_count(self._work, bucket)
+            yield docstore.bucket_count(self._work, bucket, dedup.dropped(self._work, bucket))
             return
         if self._held_out is None:
             self._held_out = heldout.read_text_hashes(self._work)
@@ -104,7 +127,8 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
     documents = docstore.add_counts(list(read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
     corpus = {"sentences": documents["sentences"], "tokens": documents["tokens"]}
     left_out = {row[0]: row[3] for row in rows if len(row) > 3 and row[3]["ids"]}  # a held-out split's
-    for entry in left_out.values():
+    duplicates = dedup.read_summary(work)  # exact duplicates of text, dropped before the split
+    for entry in [*left_out.values(), *([duplicates] if duplicates else [])]:
         corpus = {key: corpus[key] - entry[key] for key in corpus}
     needed = 2 if cfg.sentence_objective == "nsp" else 1  # a random next segment comes from another document
     if offsets[-1] < needed:
@@ -114,6 +138,8 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
     estimated_rows = corpus["tokens"] * cfg.dupe_factor / max(1, cfg.max_seq_length - 3)
     index = {"bucket_offsets": offsets, "group_bits": min(20, bits_for(estimated_rows / ROWS_PER_GROUP)),
              "corpus": corpus, "counts": sorted([b, c, d] for b, (c, d) in counts.items())}
+    if duplicates and duplicates["buckets"]:  # the buckets whose later loads leave exact duplicates out
+        index["dedup_buckets"] = duplicates["buckets"]
     if left_out:  # the ids each later load of a bucket leaves out (``heldout.count_training``)
         index["heldout_dropped"] = {str(bucket): entry["ids"] for bucket, entry in sorted(left_out.items())}
     if cfg.kind == "full_sentences":
@@ -124,7 +150,7 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
         index["languages"] = languages.language_mix(documents["languages"], multilingual)
         index["language_groups"] = languages.group_languages(documents["language_groups"])
     if mixture_cfg is not None and mixture_cfg.enabled:  # shares of the documents read (before a held-out split)
-        index["mixture"] = mixture.source_mix(documents["sources"], mixture_cfg)
+        index["mixture"] = mixture.source_mix(dedup.without(documents["sources"], duplicates), mixture_cfg)
     storage.write_json(storage.join(work, INDEX_NAME), index)
     return instance_units(index, cfg)
 

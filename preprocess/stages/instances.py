@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 from common import storage
 from common.masking import MaskingVocab
 from common.preprocess_config import InstanceConfig
-from preprocess import handoff, languages, layout, mixture, readers, shards
+from preprocess import dedup, handoff, languages, layout, mixture, readers, shards
 from preprocess.batch import InstanceKeys
 from preprocess.layout import INDEX_NAME, transport_bits
 from preprocess.stages.worker_tokenizer import UsesTokenizer
@@ -54,6 +54,8 @@ class BuildsInstances(UsesTokenizer):
         if self._index is None:
             self._index = storage.read_json(storage.join(self._work, INDEX_NAME))
             self._offsets_array = np.asarray(self._index["bucket_offsets"])
+            self._dedup_buckets = frozenset(self._index.get("dedup_buckets", ()))
+            self._duplicates: dict[int, frozenset[str]] = {}
 
     def _copies(self, doc_ids: list[str]) -> np.ndarray:
         """How many times each document is used: ``dupe_factor`` each, or the mix's number (``preprocess.mixture``)
@@ -80,9 +82,15 @@ class BuildsInstances(UsesTokenizer):
         return out
 
     def _drop(self, bucket: int) -> frozenset[str]:
-        """The ids a load of ``bucket`` leaves out: those of a held-out split's text (``preprocess.heldout``)."""
+        """The ids a load of ``bucket`` leaves out: those of a held-out split's text (``preprocess.heldout``) and
+        exact duplicates of an earlier document's text (``preprocess.dedup``)."""
         self._load_index()
-        return frozenset(self._index.get("heldout_dropped", {}).get(str(bucket), ()))
+        drop = frozenset(self._index.get("heldout_dropped", {}).get(str(bucket), ()))
+        if bucket in self._dedup_buckets:
+            if bucket not in self._duplicates:
+                self._duplicates[bucket] = dedup.dropped(self._work, bucket)
+            drop |= self._duplicates[bucket]
+        return drop
 
     def _offsets(self) -> list[int]:
         """Global index of each bucket's first document, plus the corpus size."""

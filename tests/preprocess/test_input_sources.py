@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
 from common import preprocess_config as config_module
 from common.preprocess_config import InputSourceConfig, SourceConfig
 from preprocess import vocab
-from preprocess.executors import local, part_budget
+from preprocess.executors import local, part_budget, pipeline
 from preprocess.executors.plan import resolve_inputs
 from preprocess.readers import key_of
 from tests.preprocess.conftest import REPO_ROOT, SAMPLES, read_manifest, run_cli, shard_hashes
@@ -146,3 +148,43 @@ def test_a_weighted_mixture_that_leaves_a_source_without_a_weight_is_refused_bef
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "mixture.weights has no weight for essays" in lines[0] and "mixture.weights.essays" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_an_inputs_source_is_held_out_and_its_texts_elsewhere_leave_training(mixture, bert_vocab, tmp_path):
+    """heldout.inputs.web holds out 4 web documents; a text source repeating every web text (one per line, other
+    ids) loses exactly the copies of those 4 from training, and keeps the rest."""
+    web_texts = [json.loads(line)["text"] for line in (mixture["root"] / "crawl" / "part-0.jsonl").read_text()
+                 .splitlines() if line.startswith('{"url"') and '"text"' in line]
+    web_texts = web_texts[:3] + web_texts[4:]  # less the line whose id repeats (a dead letter: duplicate_id)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("".join(text + "\n" for text in web_texts))
+    offsets = np.cumsum([0] + [len((text + "\n").encode()) for text in web_texts])[:-1]
+    config = tmp_path / "split.yaml"
+    config.write_text(mixture["config"].read_text() + f"  - {{name: notes, format: text, paths: ['{notes}']}}\n")
+    cfg = config_module.load(config, ["heldout.inputs={web: {documents: 4}}", "output.provenance=true"])
+    manifest = pipeline.run(cfg, wikipedia=[], books=[], tokenizer=str(bert_vocab), output=str(tmp_path / "out"),
+                            progress=False)
+    evaluation = manifest["evaluation"]
+    assert evaluation["sources"] == {"web": 4} and evaluation["selection"]["web"] == {"documents": 4}
+    assert evaluation["text_duplicates_dropped"] == 4
+    held = {d for d in _ids(tmp_path / "out", evaluation["shards"])}
+    train = _ids(tmp_path / "out", manifest["shards"])
+    assert len(held) == 4 and all(d.startswith("web:") for d in held) and not held & train
+    urls = [json.loads(line)["url"] for line in (mixture["root"] / "crawl" / "part-0.jsonl").read_text()
+            .splitlines() if line.startswith('{"url"') and '"text"' in line]
+    urls = urls[:3] + urls[4:]
+    twins = {f"notes:notes.txt:{offsets[urls.index(d.split(':', 1)[1])]}" for d in held}
+    notes_trained = {d for d in train if d.startswith("notes:")}
+    assert not twins & notes_trained and len(notes_trained) == len(web_texts) - 4
+
+
+def _ids(dataset, entries) -> set[str]:
+    tables = [ipc.open_file(pa.memory_map(str(dataset / e["name"]))).read_all() for e in entries]
+    return {d for t in tables for name in ("doc_a", "doc_b") for d in t.column(name).to_pylist() if d}
+
+
+def test_heldout_inputs_must_name_a_source_of_inputs(mixture):
+    with pytest.raises(config_module.configlib.ConfigError, match=r"heldout\.inputs names 'news', which is no "):
+        config_module.load(mixture["config"], ["heldout.inputs={news: {share: 0.1}}"])
+    with pytest.raises(config_module.configlib.ConfigError, match=r"heldout\.inputs\.web\.share is 1\.0"):
+        config_module.load(mixture["config"], ["heldout.inputs={web: {share: 1}}"])

@@ -15,7 +15,7 @@ from typing import IO, Iterator
 
 from common.errors import InputError
 from common.preprocess_config import SourceConfig
-from preprocess.readers import dumpsplit
+from preprocess.readers import dumpsplit, parquet, wikimedia
 from preprocess.readers.inputs import Utf8Check, WholeFileReader, is_compressed, open_uri, read_error, source_name
 from preprocess.readers.wikitext import clean_wikitext
 from preprocess.records import RawDocument, Rejected
@@ -275,7 +275,8 @@ def dump_language(dbname: str) -> str:
 
 
 class WikipediaReader(WholeFileReader):
-    """``preprocess.readers.Reader`` of MediaWiki dumps (the built-in ``--wikipedia`` source, key "wiki")."""
+    """``preprocess.readers.Reader`` of MediaWiki dumps (the built-in ``--wikipedia`` source, key "wiki"), and of
+    wikimedia/wikipedia Parquet files (``.parquet``: ``preprocess.readers.wikimedia``)."""
 
     kind = "wiki"
 
@@ -283,13 +284,16 @@ class WikipediaReader(WholeFileReader):
         return clean_wikitext(text)
 
     def splittable(self, uri: str, spec=None) -> bool:
-        return uri.endswith(".bz2")  # independent blocks; other compressions must be read from their start
+        # .bz2: independent blocks (other compressions must be read from their start); Parquet: row groups
+        return uri.endswith(".bz2") or wikimedia.is_wikimedia(uri)
 
     def pieces(self, uri: str, size: int, count: int, spec=None, exact: bool = False) -> list[tuple[float, tuple]]:
         """Byte ranges of a .bz2 dump (``dumpsplit``); ``exact`` moves them to block starts (a few small reads), so
         that their sizes are their work."""
         if not self.splittable(uri):
             return []
+        if wikimedia.is_wikimedia(uri):
+            return parquet.group_runs(parquet.row_groups(uri), count)
         ranges = dumpsplit.byte_ranges(size, count)
         if exact and len(ranges) > 1:
             with open_uri(uri, decompress=False) as raw:
@@ -297,15 +301,21 @@ class WikipediaReader(WholeFileReader):
         return [((hi - lo) / size, ("bytes", lo, hi)) for lo, hi in ranges]
 
     def read(self, uri: str, piece, spec, cfg: SourceConfig, cache: dict) -> Iterator[RawDocument | Rejected]:
+        if wikimedia.is_wikimedia(uri):
+            return wikimedia.iter_wikimedia(uri, piece)
         if piece is None:
             return iter_wikipedia(uri, cfg)
         _, lo, hi = piece
         return iter_wikipedia(uri, cfg, byte_range=(lo, hi), headers=cache.setdefault("dump_headers", {}))
 
     def memory_class(self, uri: str) -> str:
+        if wikimedia.is_wikimedia(uri):
+            return parquet.READER.memory_class(uri)
         return "wiki_compressed" if is_compressed(uri) else "wiki"
 
     def cost_per_byte(self, uri: str) -> float:
+        if wikimedia.is_wikimedia(uri):
+            return parquet.READER.cost_per_byte(uri)
         return 2.0 * (4.0 if is_compressed(uri) else 1.0)  # a compressed dump expands as it is read
 
     def id_language(self, doc_id: str) -> str:

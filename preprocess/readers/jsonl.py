@@ -4,7 +4,8 @@ A file is streamed line by line (``preprocess.readers.lines``); an uncompressed 
 byte ranges realigned to line starts, so that one large file is read by several workers. A record's position is its
 line's byte offset. Bad records are dead letters naming the file and the line's offset: "not_utf8", "not_json",
 "not_an_object", "too_large" (a line longer than ``6 * max_document_chars`` bytes plus 64 KiB, never held), and the
-field problems of ``fields.document_of``. A text (or id) field that the file's first record does not have, when
+field problems of ``fields.document_of``. A file that is one JSON document (an array of records, or pretty-printed)
+is an ``InputError`` at once. A text (or id) field that the file's first record does not have, when
 it parses, is an ``InputError`` at once: a source configured with the wrong field name fails in one line, not with a
 dead letter per record.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
+from common.errors import InputError
 from common.preprocess_config import InputSourceConfig, SourceConfig
 from preprocess.readers import lines
 from preprocess.readers.fields import PlainFormat, check_fields, decoded_lines, document_of, failed
@@ -40,11 +42,15 @@ def iter_jsonl(uri: str, spec: InputSourceConfig, cfg: SourceConfig, label: str,
             yield line
             continue
         position, where, text = line
+        if not checked and text.strip() in ("[", "{"):
+            raise _not_json_lines(uri, "a pretty-printed JSON document")
         try:
             record = json.loads(text)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so are huge integers
             yield failed(spec, label, position, "not_json", f"{where}: {_short(exc)}")
             continue
+        if not checked and isinstance(record, list):
+            raise _not_json_lines(uri, "a JSON array")
         if not isinstance(record, dict):
             yield failed(spec, label, position, "not_an_object", f"{where}: a JSON {type(record).__name__}")
             continue
@@ -52,6 +58,12 @@ def iter_jsonl(uri: str, spec: InputSourceConfig, cfg: SourceConfig, label: str,
             check_fields(uri, spec, list(record))
             checked = True
         yield document_of(record, spec, label, position, where)
+
+
+def _not_json_lines(uri: str, what: str) -> InputError:
+    """A file that is one JSON document, not one object per line: one line at once, not a dead letter per line."""
+    return InputError(f"{uri}: {what}, not JSON lines (one object per line): rewrite it as JSON lines, e.g. "
+                      f"jq -c '.[]' FILE > FILE.jsonl for an array of records")
 
 
 def _short(exc: BaseException, limit: int = 160) -> str:

@@ -170,3 +170,17 @@ def test_the_readers_pieces_of_a_large_file_give_its_records_once(tmp_path, coun
     whole = [(r.doc_id, r.text) for r in _read(path)]
     assert len(whole) == 30_000
     assert [(r.doc_id, r.text) for _, piece in pieces for r in _read(path, piece=piece)] == whole
+
+
+@pytest.mark.parametrize("content, what", [
+    ("[\n  " + json.dumps({"text": PROSE}) + ",\n  " + json.dumps({"text": PROSE}) + "\n]\n", "a pretty-printed JSON"),
+    (json.dumps([{"text": PROSE}, {"text": PROSE}]) + "\n", "a JSON array"),
+    ("{\n  \"text\": " + json.dumps(PROSE) + "\n}\n", "a pretty-printed JSON"),
+])
+def test_a_file_that_is_one_json_document_fails_at_once_in_one_line(tmp_path, content, what):
+    path = tmp_path / "records.json"
+    path.write_text(content)
+    with pytest.raises(InputError) as raised:
+        _read(path)
+    message = raised.value.message
+    assert "\n" not in message and message.startswith(f"{path}: {what}") and "not JSON lines" in message

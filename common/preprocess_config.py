@@ -240,6 +240,23 @@ class DedupConfig:
     # Documents whose text (as cleaned, split and tokenized) repeats an earlier one's, across and within sources,
     # are dropped; of each text the first by stable key (its id's hash, then its id) is kept.
     exact: bool = False
+    # Near copies too (null: not): documents whose word shingles' MinHash estimate of Jaccard similarity with an
+    # earlier one's is at least this (e.g. 0.8), found by LSH (preprocess.neardup, through datasketch).
+    near_threshold: float | None = None
+    num_perm: int = 128                  # MinHash values per document
+    shingle_words: int = 5               # words per shingle
+
+    def __post_init__(self):
+        if self.near_threshold is not None and not 0.0 < self.near_threshold <= 1.0:
+            raise ValueError(f"dedup.near_threshold must be in (0, 1] (e.g. 0.8), got {self.near_threshold}")
+        if not 16 <= self.num_perm <= 1024:
+            raise ValueError(f"dedup.num_perm must be in [16, 1024] (128 is usual), got {self.num_perm}")
+        if self.shingle_words < 1:
+            raise ValueError(f"dedup.shingle_words must be >= 1 (5 is usual), got {self.shingle_words}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.exact or self.near_threshold is not None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Exact duplicates removed across and within sources (``dedup.exact``), in the index stage, before any document is
-counted, held out or built into rows.
+"""Duplicates removed across and within sources (``dedup.exact``, and near copies with ``dedup.near_threshold``),
+in the index stage, before any document is counted, held out or built into rows.
 
 A document's text is compared as the documents stage stored it: cleaned (whitespace normalised, control characters
 dropped), split into sentences and tokenized (with an uncased vocabulary, case-folded too), as a 63-bit BLAKE2b of
@@ -8,20 +8,27 @@ its tokens (``heldout.text_hash``). Of the documents of one text, the first in t
 workers, parts or runner. The documents are bucketed by id, so copies of one text sit in different buckets; the
 work goes in three steps that each hold a bounded share of the corpus:
 
-1. ``write_keys``: each bucket's (text hash, id, source, sentences, tokens), sorted by text hash -> ``dedup/keys``;
+1. ``write_keys``: each bucket's (text hash, id, sentences, tokens), sorted by text hash, and for near copies each
+   document's MinHash signature and LSH band hashes (``preprocess.neardup``) -> ``dedup/keys``;
 2. ``find_duplicates``: each of ``2**bits`` ranges of text hashes (``partition_bits``: at most about
-   ``ROWS_PER_PARTITION`` documents each) read from every bucket's keys; its drops -> ``dedup/drops``;
-3. ``merge``: the drops by bucket (``dedup/bNNNNNN.json``, which every later load of the bucket leaves out:
+   ``ROWS_PER_PARTITION`` documents each) read from every bucket's keys; its drops -> ``dedup/drops``; and
+   ``find_near``, per band and range of its hashes: documents whose band agrees with the first of that band (by
+   stable key) and whose signatures agree on ``near_threshold`` of their values, as pairs -> ``dedup/near``;
+3. ``merge``: the near pairs joined into groups (each keeps its first document by stable key), and every drop by
+   bucket (``dedup/bNNNNNN.json``, which every later load of the bucket leaves out:
    ``dropped``) and their counts per source (``dedup/summary.json``).
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pyarrow as pa
 
 from common import storage
 from common.hashing import document_hash
-from preprocess import docstore
+from common.preprocess_config import DedupConfig
+from preprocess import docstore, neardup
 from preprocess.docstore import text_hash
 from preprocess.layout import bits_for
 from preprocess.readers import source_of
@@ -40,12 +47,17 @@ def _drops_uri(work: str, partition: int) -> str:
     return storage.join(work, DEDUP_DIR, "drops", f"t{partition:06d}.arrow")
 
 
+def _near_uri(work: str, band: int, partition: int) -> str:
+    return storage.join(work, DEDUP_DIR, "near", f"b{band:03d}-t{partition:06d}.arrow")
+
+
 def _bucket_uri(work: str, bucket: int) -> str:
     return storage.join(work, DEDUP_DIR, f"b{bucket:06d}.json")
 
 
-def write_keys(work: str, bucket: int) -> int:
-    """Step 1: bucket ``bucket``'s text keys, sorted by text hash; returns its number of documents."""
+def write_keys(work: str, bucket: int, cfg: DedupConfig, seed: int, tokenizer_uri: str) -> int:
+    """Step 1: bucket ``bucket``'s text keys, sorted by text hash (with ``cfg.near_threshold``, also each document's
+    MinHash signature and LSH band hashes: ``preprocess.neardup``); returns its number of documents."""
     loaded = docstore.load_bucket(work, bucket)
     if not len(loaded):
         return 0
@@ -53,11 +65,43 @@ def write_keys(work: str, bucket: int) -> int:
                          len(loaded))
     order = np.argsort(hashes, kind="stable")
     sentences = loaded.sentence_ends - loaded.sentence_starts
-    table = pa.table({"text_hash": hashes[order], "doc_id": pa.array([loaded.doc_ids[i] for i in order.tolist()]),
-                      "sentences": sentences[order].astype(np.int64),
-                      "tokens": loaded.token_lengths[order].astype(np.int64)})
-    docstore.write_table(_keys_uri(work, bucket), table)
+    columns = {"text_hash": hashes[order], "doc_id": pa.array([loaded.doc_ids[i] for i in order.tolist()]),
+               "sentences": sentences[order].astype(np.int64), "tokens": loaded.token_lengths[order].astype(np.int64)}
+    if cfg.near_threshold is not None:
+        continuation = _continuation(tokenizer_uri)
+        signatures = np.stack([neardup.signature(neardup.shingles(loaded.document(rank)[0], continuation,
+                                                                  cfg.shingle_words), cfg.num_perm, seed)
+                               for rank in order.tolist()])
+        bands = neardup.band_hashes(signatures, *neardup.lsh_shape(cfg.near_threshold, cfg.num_perm))
+        columns["signature"] = pa.FixedSizeListArray.from_arrays(pa.array(signatures.ravel()), cfg.num_perm)
+        columns["bands"] = pa.FixedSizeListArray.from_arrays(pa.array(bands.ravel()), bands.shape[1])
+    docstore.write_table(_keys_uri(work, bucket), pa.table(columns))
     return len(loaded)
+
+
+@functools.lru_cache(maxsize=4)
+def _continuation(tokenizer_uri: str) -> np.ndarray:
+    from common.tokenizer import load_tokenizer
+
+    return np.asarray(load_tokenizer(tokenizer_uri).is_continuation, bool)
+
+
+def tasks(documents: int, cfg: DedupConfig) -> list[tuple]:
+    """Step 2's tasks for a store of ``documents`` documents: ("exact", range, bits) for each range of text hashes,
+    and with near duplicates ("near", band, range, bits) for each band and range of its hashes."""
+    bits = partition_bits(documents)
+    out = [("exact", partition, bits) for partition in range(1 << bits)] if cfg.exact else []
+    if cfg.near_threshold is not None:
+        bands, _ = neardup.lsh_shape(cfg.near_threshold, cfg.num_perm)
+        out += [("near", band, partition, bits) for band in range(bands) for partition in range(1 << bits)]
+    return out
+
+
+def run_task(work: str, task: tuple, num_buckets: int, cfg: DedupConfig) -> tuple[int, int]:
+    """One of ``tasks``' tasks; returns (its bits, what it found)."""
+    if task[0] == "exact":
+        return task[2], find_duplicates(work, task[1], task[2], num_buckets)
+    return task[3], find_near(work, task[1], task[2], task[3], num_buckets, cfg.near_threshold)
 
 
 def partition_bits(documents: int) -> int:
@@ -97,10 +141,67 @@ def find_duplicates(work: str, partition: int, bits: int, num_buckets: int) -> i
     return len(later)
 
 
-def merge(work: str, bits: int) -> dict:
+def find_near(work: str, band: int, partition: int, bits: int, num_buckets: int, threshold: float) -> int:
+    """Step 2, near copies: the documents whose band ``band`` hash falls in range ``partition`` and equals another's;
+    each is paired with the first of its band (by stable key) where their signatures agree on ``threshold`` of their
+    values -> ``dedup/near``; returns the pairs."""
+    lo, hi = partition << (_HASH_BITS - bits), (partition + 1) << (_HASH_BITS - bits)
+    pieces = []
+    for bucket in range(num_buckets):
+        uri = _keys_uri(work, bucket)
+        if not storage.exists(uri):
+            continue
+        table = docstore.read_table(uri)
+        width = table.schema.field("bands").type.list_size
+        hashes = table.column("bands").combine_chunks().flatten().to_numpy().reshape(-1, width)[:, band]
+        chosen = np.flatnonzero((hashes >= lo) & (hashes < hi))
+        if len(chosen):
+            pieces.append(table.select(["doc_id", "signature", "sentences", "tokens"]).take(pa.array(chosen))
+                          .append_column("band", pa.array(hashes[chosen]))
+                          .append_column("bucket", pa.array(np.full(len(chosen), bucket, np.int64))))
+    if not pieces:
+        return 0
+    table = pa.concat_tables(pieces)
+    _, inverse, counts = np.unique(table.column("band").to_numpy(), return_inverse=True, return_counts=True)
+    table = table.take(pa.array(np.flatnonzero(counts[inverse] > 1)))
+    if not table.num_rows:
+        return 0
+    doc_ids, hashes = table.column("doc_id").to_pylist(), table.column("band").to_numpy().tolist()
+    num_perm = table.schema.field("signature").type.list_size
+    signatures = table.column("signature").combine_chunks().flatten().to_numpy().reshape(-1, num_perm)
+    info = [table.column(name).to_pylist() for name in ("bucket", "sentences", "tokens")]
+    order = sorted(range(len(doc_ids)), key=lambda i: (hashes[i], document_hash(doc_ids[i]), doc_ids[i]))
+    pairs: dict[str, list] = {name: [] for name in ("keep_id", "keep_bucket", "keep_sentences", "keep_tokens",
+                                                  "doc_id", "bucket", "sentences", "tokens")}
+    first = order[0]
+    for k, i in enumerate(order):
+        if k and hashes[i] != hashes[order[k - 1]]:
+            first = i
+        elif k and neardup.similar(signatures[first], signatures[i]) >= threshold:
+            for prefix, row in (("keep_", first), ("", i)):
+                pairs[f"{prefix}id" if prefix else "doc_id"].append(doc_ids[row])
+                for name, values in zip(("bucket", "sentences", "tokens"), info):
+                    pairs[prefix + name].append(values[row])
+    if pairs["doc_id"]:
+        docstore.write_table(_near_uri(work, band, partition), pa.table(pairs))
+    return len(pairs["doc_id"])
+
+
+def merge(work: str, bits: int, cfg: DedupConfig) -> dict:
     """Step 3: every range's drops -> each bucket's dropped ids, and their counts per source (the summary)."""
     by_bucket: dict[int, list[str]] = {}
     sources: dict[str, dict] = {}
+
+    def drop(kind: str, doc_id: str, bucket: int, sentences: int, tokens: int) -> None:
+        by_bucket.setdefault(bucket, []).append(doc_id)
+        entry = sources.setdefault(source_of(doc_id), {"documents": 0, "sentences": 0, "tokens": 0, "exact": 0,
+                                                       "near": 0})
+        entry["documents"] += 1
+        entry[kind] += 1
+        entry["sentences"] += sentences
+        entry["tokens"] += tokens
+
+    exact: set[str] = set()
     for partition in range(1 << bits):
         uri = _drops_uri(work, partition)
         if not storage.exists(uri):
@@ -108,11 +209,11 @@ def merge(work: str, bits: int) -> dict:
         table = docstore.read_table(uri)
         for bucket, doc_id, sentences, tokens in zip(*(table.column(name).to_pylist() for name in
                                                        ("bucket", "doc_id", "sentences", "tokens"))):
-            by_bucket.setdefault(bucket, []).append(doc_id)
-            entry = sources.setdefault(source_of(doc_id), {"documents": 0, "sentences": 0, "tokens": 0})
-            entry["documents"] += 1
-            entry["sentences"] += sentences
-            entry["tokens"] += tokens
+            exact.add(doc_id)
+            drop("exact", doc_id, bucket, sentences, tokens)
+    if cfg.near_threshold is not None:
+        for doc_id, row in _near_drops(work, bits, cfg, exact):
+            drop("near", doc_id, *row)
     for bucket, ids in by_bucket.items():
         storage.write_json(_bucket_uri(work, bucket), {"ids": sorted(ids)})
     summary = {"documents": sum(e["documents"] for e in sources.values()),
@@ -121,6 +222,41 @@ def merge(work: str, bits: int) -> dict:
                "buckets": sorted(by_bucket), "sources": dict(sorted(sources.items()))}
     storage.write_json(storage.join(work, DEDUP_DIR, SUMMARY_NAME), summary)
     return summary
+
+
+def _near_drops(work: str, bits: int, cfg: DedupConfig, exact: set[str]):
+    """(id, (bucket, sentences, tokens)) of every near copy: the near pairs of every band and range joined into
+    groups (union-find), each group keeping its first document by stable key that exact duplicates left."""
+    parent: dict[str, str] = {}
+    rows: dict[str, tuple] = {}
+
+    def root(doc_id: str) -> str:
+        while parent.setdefault(doc_id, doc_id) != doc_id:
+            parent[doc_id] = parent[parent[doc_id]]
+            doc_id = parent[doc_id]
+        return doc_id
+
+    bands, _ = neardup.lsh_shape(cfg.near_threshold, cfg.num_perm)
+    for band in range(bands):
+        for partition in range(1 << bits):
+            uri = _near_uri(work, band, partition)
+            if not storage.exists(uri):
+                continue
+            table = docstore.read_table(uri).to_pydict()
+            for k in range(len(table["doc_id"])):
+                keep, other = table["keep_id"][k], table["doc_id"][k]
+                rows[keep] = (table["keep_bucket"][k], table["keep_sentences"][k], table["keep_tokens"][k])
+                rows[other] = (table["bucket"][k], table["sentences"][k], table["tokens"][k])
+                a, b = root(keep), root(other)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    groups: dict[str, list[str]] = {}
+    for doc_id in rows:
+        groups.setdefault(root(doc_id), []).append(doc_id)
+    for members in groups.values():
+        left = sorted((d for d in members if d not in exact), key=lambda d: (document_hash(d), d))
+        for doc_id in left[1:]:
+            yield doc_id, rows[doc_id]
 
 
 def read_summary(work: str) -> dict | None:
@@ -147,5 +283,5 @@ def dropped(work: str, bucket: int) -> frozenset[str]:
     return frozenset(storage.read_json(uri)["ids"]) if storage.exists(uri) else frozenset()
 
 
-__all__ = ["DEDUP_DIR", "ROWS_PER_PARTITION", "dropped", "find_duplicates", "merge", "partition_bits",
-           "read_summary", "without", "write_keys"]
+__all__ = ["DEDUP_DIR", "ROWS_PER_PARTITION", "dropped", "find_duplicates", "find_near", "merge",
+           "partition_bits", "read_summary", "run_task", "tasks", "without", "write_keys"]

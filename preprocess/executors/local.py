@@ -136,9 +136,9 @@ def _dedup_keys_task(task) -> int:
     return plan.dedup_keys(lo, hi)
 
 
-def _duplicates_task(task) -> int:
-    plan, partition, bits = task
-    return plan.find_duplicates(partition, bits)
+def _duplicates_task(task) -> tuple[int, int]:
+    plan, dedup_task = task
+    return plan.find_duplicates(dedup_task)
 
 
 def _split_task(task) -> list[dict]:
@@ -187,10 +187,11 @@ def run_stages(plan: Plan, workers: int, options_args: list[str], bar) -> None:
         bar.set_postfix_str("index")
         # The index is a few counts: no pipeline of its own (starting one here would be serial time).
         ranges = bucket_ranges(plan.num_buckets, slices)
-        if plan.dedup.exact:  # exact duplicates of text first: nothing after sees them
-            bits = dedup.partition_bits(sum(pool.map(_dedup_keys_task, [(plan, lo, hi) for lo, hi in ranges])))
-            list(pool.map(_duplicates_task, [(plan, partition, bits) for partition in range(1 << bits)]))
-            plan.merge_duplicates(bits)
+        if plan.dedup.enabled:  # duplicates of text first: nothing after sees them
+            documents = sum(pool.map(_dedup_keys_task, [(plan, lo, hi) for lo, hi in ranges]))
+            tasks = dedup.tasks(documents, plan.dedup)
+            list(pool.map(_duplicates_task, [(plan, task) for task in tasks]))
+            plan.merge_duplicates(dedup.partition_bits(documents))
         if plan.heldout.enabled:  # the held-out split first: training is counted without its text
             selection = plan.select_heldout()
             plan.write_split([result for results in pool.map(_split_task, [(plan, lo, hi, selection)

@@ -162,20 +162,21 @@ class Plan:
         return index_stage.IndexCorpus(self.work, self.num_buckets, self.instance_cfg, spread=lot is None,
                                        multilingual=self.multilingual,
                                        heldout=(self.heldout, self.seed, self.vocab_size), mixture=self.mixture,
-                                       exact_dedup=self.dedup.exact)
+                                       dedup=(self.dedup, self.seed, self.tokenizer_uri))
 
     def dedup_keys(self, lo: int, hi: int) -> int:
-        """The index stage without Beam, with ``dedup.exact``: first each bucket's text keys
+        """The index stage without Beam, with a ``dedup`` section: first each bucket's text keys
         (``preprocess.dedup``); the documents they hold ..."""
-        return sum(dedup.write_keys(self.work, bucket) for bucket in range(lo, hi))
+        return sum(dedup.write_keys(self.work, bucket, self.dedup, self.seed, self.tokenizer_uri)
+                   for bucket in range(lo, hi))
 
-    def find_duplicates(self, partition: int, bits: int) -> int:
-        """... then each range of text hashes searched for repeats ..."""
-        return dedup.find_duplicates(self.work, partition, bits, self.num_buckets)
+    def find_duplicates(self, task: tuple) -> tuple[int, int]:
+        """... then each of ``dedup.tasks``: a range of text hashes (or of a band's) searched for repeats ..."""
+        return dedup.run_task(self.work, task, self.num_buckets, self.dedup)
 
     def merge_duplicates(self, bits: int) -> dict:
         """... and the drops merged by bucket, before the held-out split and the counts."""
-        return dedup.merge(self.work, bits)
+        return dedup.merge(self.work, bits, self.dedup)
 
     def select_heldout(self) -> dict:
         """The index stage without Beam, with a held-out split: first its selection (``heldout.write_thresholds``)."""

@@ -236,17 +236,19 @@ def with_duplicates(documents: dict, duplicates: list) -> dict:
 
 
 def with_exact_duplicates(documents: dict, summary: dict | None) -> dict:
-    """The documents' counts with the exact duplicates of text that ``preprocess.dedup`` dropped: skipped
-    "exact_duplicate", in all and per source, and each source's documents, sentences and tokens without them."""
+    """The documents' counts with the duplicates of text that ``preprocess.dedup`` dropped: skipped
+    "exact_duplicate" and "near_duplicate", in all and per source, and each source's documents, sentences and tokens
+    without them."""
     if not summary:
         return documents
     sources = dedup.without(documents["sources"], summary)
-    for name, removed in summary["sources"].items():
-        skipped = sources[name]["skipped"] = dict(sources[name]["skipped"])
-        skipped["exact_duplicate"] = removed["documents"]
     skipped = dict(documents["skipped"])
-    if summary["documents"]:
-        skipped["exact_duplicate"] = summary["documents"]
+    for name, removed in summary["sources"].items():
+        of_source = sources[name]["skipped"] = dict(sources[name]["skipped"])
+        for kind in ("exact", "near"):
+            if removed[kind]:
+                of_source[f"{kind}_duplicate"] = removed[kind]
+                skipped[f"{kind}_duplicate"] = skipped.get(f"{kind}_duplicate", 0) + removed[kind]
     return {**documents, "skipped": skipped, "sources": sources}
 
 

@@ -8,7 +8,7 @@ import apache_beam as beam
 
 from common import storage
 from common.errors import InputError
-from common.preprocess_config import HeldoutConfig, InstanceConfig, MixtureConfig, MultilingualConfig
+from common.preprocess_config import DedupConfig, HeldoutConfig, InstanceConfig, MixtureConfig, MultilingualConfig
 from preprocess import dedup, docstore, heldout, languages, mixture, sentence_rows
 from preprocess.layout import HELDOUT_SELECTION_NAME, INDEX_NAME, bits_for, unit_shift
 from preprocess.stages.barrier import Barrier, read_metas, spread
@@ -23,9 +23,10 @@ class IndexCorpus(beam.PTransform):
 
     def __init__(self, work: str, num_buckets: int, cfg: InstanceConfig, spread: bool = True,
                  multilingual: MultilingualConfig | None = None, heldout: tuple[HeldoutConfig, int, int] | None = None,
-                 mixture: MixtureConfig | None = None, exact_dedup: bool = False):
+                 mixture: MixtureConfig | None = None, dedup: tuple[DedupConfig, int, str] | None = None):
         super().__init__()
-        self._mixture, self._exact_dedup = mixture, exact_dedup
+        self._mixture = mixture
+        self._dedup = dedup if dedup is not None and dedup[0].enabled else None  # (config, seed, tokenizer URI)
         self._work, self._num_buckets, self._cfg, self._spread = work, num_buckets, cfg, spread
         self._multilingual = multilingual
         self._heldout = heldout if heldout is not None and heldout[0].enabled else None
@@ -34,8 +35,8 @@ class IndexCorpus(beam.PTransform):
         work, num_buckets, cfg, multilingual = self._work, self._num_buckets, self._cfg, self._multilingual
         mixture_cfg = self._mixture
         after = trigger | "AfterDocuments" >> Barrier()
-        if self._exact_dedup:
-            after = self._dedup(after)
+        if self._dedup is not None:
+            after = self._deduplicate(after)
         if self._heldout is not None:
             after = self._split(after)
         buckets = after | "Buckets" >> beam.FlatMap(lambda _: range(num_buckets))
@@ -45,20 +46,20 @@ class IndexCorpus(beam.PTransform):
                 | "WriteIndex" >> beam.FlatMap(lambda kv: write_index(kv[1], work, num_buckets, cfg, multilingual,
                                                                     mixture_cfg)))
 
-    def _dedup(self, after):
-        """Exact duplicates of text (``preprocess.dedup``): every bucket's text keys, then each range of text hashes
-        searched for repeats, then the drops merged by bucket; one element once that is done."""
+    def _deduplicate(self, after):
+        """Duplicates of text (``preprocess.dedup``): every bucket's text keys, then each range of hashes searched
+        for repeats (and near copies, by band), then the drops merged by bucket; one element once that is done."""
         work, num_buckets = self._work, self._num_buckets
+        cfg, seed, tokenizer_uri = self._dedup
         buckets = after | "DedupBuckets" >> beam.FlatMap(lambda _: range(num_buckets))
-        ranges = (spread(buckets, "SpreadKeys", self._spread)
-                  | "TextKeys" >> beam.Map(lambda bucket: dedup.write_keys(work, bucket))
-                  | "AllKeys" >> beam.Map(lambda count: (0, count)) | "CollectKeys" >> beam.GroupByKey()
-                  | "Ranges" >> beam.FlatMap(lambda kv: _text_ranges(sum(kv[1]))))
-        return (spread(ranges, "SpreadRanges", self._spread)
-                | "FindDuplicates" >> beam.Map(lambda task: (task[1], dedup.find_duplicates(work, *task,
-                                                                                            num_buckets)))
-                | "AllRanges" >> beam.Map(lambda found: (0, found)) | "CollectRanges" >> beam.GroupByKey()
-                | "MergeDuplicates" >> beam.Map(lambda kv: dedup.merge(work, next(iter(kv[1]))[0])))
+        tasks = (spread(buckets, "SpreadKeys", self._spread)
+                 | "TextKeys" >> beam.Map(lambda bucket: dedup.write_keys(work, bucket, cfg, seed, tokenizer_uri))
+                 | "AllKeys" >> beam.Map(lambda count: (0, count)) | "CollectKeys" >> beam.GroupByKey()
+                 | "Tasks" >> beam.FlatMap(lambda kv: dedup.tasks(sum(kv[1]), cfg)))
+        return (spread(tasks, "SpreadTasks", self._spread)
+                | "FindDuplicates" >> beam.Map(lambda task: dedup.run_task(work, task, num_buckets, cfg))
+                | "AllFound" >> beam.Map(lambda found: (0, found)) | "CollectFound" >> beam.GroupByKey()
+                | "MergeDuplicates" >> beam.Map(lambda kv: dedup.merge(work, next(iter(kv[1]))[0], cfg)))
 
     def _split(self, after):
         """The held-out split: its selection, then every bucket's held-out documents copied into the evaluation
@@ -70,11 +71,6 @@ class IndexCorpus(beam.PTransform):
                 | "SplitBucket" >> beam.ParDo(SplitBucket(work, vocab_size))
                 | "AllSplit" >> beam.Map(lambda result: (0, result)) | "CollectSplit" >> beam.GroupByKey()
                 | "WriteSplit" >> beam.Map(lambda kv: heldout.write_split(work, list(kv[1]), cfg)))
-
-
-def _text_ranges(documents: int) -> list[tuple[int, int]]:
-    bits = dedup.partition_bits(documents)
-    return [(partition, bits) for partition in range(1 << bits)]
 
 
 def _select(work: str, cfg: HeldoutConfig, seed: int, num_buckets: int) -> range:

@@ -1,6 +1,7 @@
-"""Exact duplicates removed (``dedup.exact``, preprocess.dedup): a corpus of three sources with planted copies, of
-one source's texts in another and of a line within one, and a near copy that must stay. The count removed, the
-copy kept (the first by stable key), no distinct document lost, and the same shards on Beam's runner, in two
+"""Duplicates removed (``dedup.exact``, ``dedup.near_threshold``; preprocess.dedup): a corpus of two sources with
+planted copies, of one source's texts in another and of a line within one, and near copies one word apart, which
+exact removal keeps and near removal takes. The count removed, the copy kept (the first by stable key), no distinct
+document lost, and the same shards on Beam's runner, in two
 parts and on the local pool of two processes."""
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ def corpus(tmp_path_factory):
     paragraphs = _paragraphs()
     web, own = paragraphs[:30], paragraphs[30:50]
     (root / "web.jsonl").write_text("".join(json.dumps({"url": f"u{i}", "text": t}) + "\n" for i, t in enumerate(web)))
-    near = web[7].replace(" the ", " a ", 1)  # one word changed: not an exact copy
-    assert near != web[7]
-    notes = own + web[:CROSS] + [own[3], near]  # copies of 5 web texts, one note twice
+    # Near copies, one word changed (not exact copies): of web texts 7, 9, 11 and of note 5.
+    near = {f"web:u{i}": web[i].replace(" the ", " a ", 1) for i in (7, 9, 11)}
+    near["note 5"] = own[5].replace(" and ", " or ", 1)
+    assert all(copy not in web + own for copy in near.values())
+    notes = own + web[:CROSS] + [own[3]] + list(near.values())  # copies of 5 web texts, one note twice
     (root / "notes.txt").write_text("".join(line + "\n" for line in notes))
     offsets, at = [], 0
     for line in notes:
@@ -46,7 +49,10 @@ def corpus(tmp_path_factory):
         "inputs:\n"
         f"  - {{name: web, format: jsonl, paths: ['{root / 'web.jsonl'}'], id_field: url}}\n"
         f"  - {{name: notes, format: text, paths: ['{root / 'notes.txt'}']}}\n"))
-    return {"root": root, "config": config, "texts": ids, "near": near}
+    originals = {**{key: key for key in near if key.startswith("web:")},
+                 "note 5": f"notes:notes.txt:{offsets[5]}"}
+    copies = {originals[key]: f"notes:notes.txt:{offsets[notes.index(copy)]}" for key, copy in near.items()}
+    return {"root": root, "config": config, "texts": ids, "near": near, "near_pairs": copies}
 
 
 def _run(corpus, bert_vocab, name, overrides=("dedup.exact=true",), beam_args=()):
@@ -85,7 +91,7 @@ def test_exact_copies_across_and_within_sources_are_removed_keeping_the_first_by
     assert sum(entry["documents"] for entry in documents["sources"].values()) == len(kept)
     trained = _ids(out, manifest)
     assert trained == kept  # every distinct text once, the near copy among them, no dropped copy
-    assert any(texts[d] == corpus["near"] for d in trained)
+    assert all(any(texts[d] == copy for d in trained) for copy in corpus["near"].values())
     assert manifest["statistics"]["corpus"]["tokens"] == manifest["summary"]["corpus_tokens"]
 
 
@@ -112,3 +118,32 @@ def test_many_ranges_of_text_hashes_find_the_same_copies_as_one(corpus, deduplic
     assert dedup.partition_bits(len(corpus["texts"])) == 4
     assert shard_hashes(ranged) == shard_hashes(out)
     assert ranged_manifest["statistics"]["documents"] == manifest["statistics"]["documents"]
+
+
+def test_near_copies_are_removed_keeping_the_first_by_stable_key_on_beam_and_the_pool(corpus, deduplicated,
+                                                                                      bert_vocab):
+    """MinHash LSH at 0.7: each one-word-changed copy (Jaccard of 5-word shingles about 0.85) loses to the first of
+    its pair by stable key; nothing else goes beyond the exact copies."""
+    exact_out, exact_manifest = deduplicated
+    exact_kept = _ids(exact_out, exact_manifest)
+    later = {max(pair, key=lambda d: (document_hash(d), d)) for pair in corpus["near_pairs"].items()}
+    overrides = ("dedup.exact=true", "dedup.near_threshold=0.7")
+    out, manifest = _run(corpus, bert_vocab, "near", overrides=overrides)
+    documents = manifest["statistics"]["documents"]
+    assert documents["skipped"]["exact_duplicate"] == CROSS + 1
+    assert documents["skipped"]["near_duplicate"] == len(later) == 4
+    assert _ids(out, manifest) == exact_kept - later
+    per_source = sum(entry["skipped"].get("near_duplicate", 0) for entry in documents["sources"].values())
+    assert per_source == 4
+    pooled, pooled_manifest = _run(corpus, bert_vocab, "near-pool", overrides=overrides, beam_args=[
+        "--direct_num_workers", "2", "--direct_running_mode", "multi_processing"])
+    assert shard_hashes(pooled) == shard_hashes(out)
+    assert pooled_manifest["statistics"]["documents"] == documents
+
+
+def test_the_near_threshold_is_checked():
+    for value in (0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=r"dedup\.near_threshold must be in \(0, 1\]"):
+            config_module.DedupConfig(near_threshold=value)
+    with pytest.raises(ValueError, match=r"dedup\.num_perm must be in \[16, 1024\]"):
+        config_module.DedupConfig(num_perm=4)

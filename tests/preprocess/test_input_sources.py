@@ -188,3 +188,5 @@ def test_heldout_inputs_must_name_a_source_of_inputs(mixture):
         config_module.load(mixture["config"], ["heldout.inputs={news: {share: 0.1}}"])
     with pytest.raises(config_module.configlib.ConfigError, match=r"heldout\.inputs\.web\.share is 1\.0"):
         config_module.load(mixture["config"], ["heldout.inputs={web: {share: 1}}"])
+    with pytest.raises(config_module.configlib.ConfigError, match=r"heldout\.inputs\.web.*'sharee'"):
+        config_module.load(mixture["config"], ["heldout.inputs={web: {sharee: 0.1}}"])  # each entry a typed section

@@ -93,7 +93,7 @@ class SplitBucket(beam.DoFn):
 
 
 class CountBucket(beam.DoFn):
-    """bucket -> (bucket, documents after removing duplicate ids (and exact duplicates of text that
+    """bucket -> (bucket, documents after removing duplicate ids (and the duplicates of text that
     ``preprocess.dedup`` dropped), duplicate ids); after a held-out ``split``, without
     the documents whose text is held out, and a fourth element naming them (``heldout.count_training``)."""
 
@@ -123,7 +123,7 @@ def write_index(rows, work: str, num_buckets: int, cfg: InstanceConfig,
     documents = docstore.add_counts(list(read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
     corpus = {"sentences": documents["sentences"], "tokens": documents["tokens"]}
     left_out = {row[0]: row[3] for row in rows if len(row) > 3 and row[3]["ids"]}  # a held-out split's
-    duplicates = dedup.read_summary(work)  # exact duplicates of text, dropped before the split
+    duplicates = dedup.read_summary(work)  # duplicates of text (exact, near), dropped before the split
     for entry in [*left_out.values(), *([duplicates] if duplicates else [])]:
         corpus = {key: corpus[key] - entry[key] for key in corpus}
     needed = 2 if cfg.sentence_objective == "nsp" else 1  # a random next segment comes from another document

@@ -104,8 +104,9 @@ class MultilingualConfig:
 
 @dataclass(frozen=True)
 class HeldoutSourceConfig:
-    """How many documents of one input source (``--wikipedia``, ``--books`` or an ``inputs:`` source) are held out: a count (the documents
-    with the smallest seeded keys) or a share (those whose key falls below it); at most one of the two."""
+    """How many documents of one input source (``--wikipedia``, ``--books`` or an ``inputs:`` source) are held out:
+    a count (the documents with the smallest seeded keys) or a share (those whose key falls below it); at most one of
+    the two."""
 
     documents: int = 0
     share: float = 0.0

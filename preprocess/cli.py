@@ -68,9 +68,11 @@ def _summary_lines(manifest: dict, output: str) -> list[str]:
         f"(and {evaluation['text_duplicates_dropped']:,} of the same text), {evaluation['rows']:,} evaluation rows "
         f"in {len(evaluation['shards'])} shard(s) under eval/; {evaluation['tokens']:,} tokens, masked once"]
     sources = manifest.get("sources", {})
-    mixed = [] if len(sources) < 2 else ["sources (share of the corpus -> asked -> got, of the rows' tokens): " + "; ".join(
-        f"{name} {entry['share']:.1%} -> {entry['requested_share']:.1%} -> {entry['realised_share']:.1%}"
-        for name, entry in sources.items())]
+    shares = "; ".join(f"{name} {entry['share']:.1%} -> {entry['requested_share']:.1%} -> "
+                       f"{entry['realised_share']:.1%}" for name, entry in sources.items())
+    mixed = []
+    if len(sources) > 1:
+        mixed.append(f"sources (share of the corpus -> asked -> got, of the rows' tokens): {shares}")
     return [
         f"documents: {docs['read']:,} read, {docs['used']:,} used, "
         f"{sum(docs['skipped'].values()):,} skipped {docs['skipped']}, {sum(docs['failed'].values()):,} failed {docs['failed']}",

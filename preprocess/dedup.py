@@ -3,7 +3,7 @@ in the index stage, before any document is counted, held out or built into rows.
 
 A document's text is compared as the documents stage stored it: cleaned (whitespace normalised, control characters
 dropped), split into sentences and tokenized (with an uncased vocabulary, case-folded too), as a 63-bit BLAKE2b of
-its tokens (``heldout.text_hash``). Of the documents of one text, the first in the store's global order (its id's
+its tokens (``docstore.text_hash``). Of the documents of one text, the first in the store's global order (its id's
 ``document_hash``, then its id: a stable key of source and id) is kept and the others are dropped, whatever the
 workers, parts or runner. The documents are bucketed by id, so copies of one text sit in different buckets; the
 work goes in three steps that each hold a bounded share of the corpus:
@@ -35,8 +35,9 @@ from preprocess.readers import source_of
 
 DEDUP_DIR = "dedup"
 SUMMARY_NAME = "summary.json"
-ROWS_PER_PARTITION = 1 << 22  # ~4M documents' keys (about 200 MiB with their ids) at once, at most
+ROWS_PER_PARTITION = 1 << 22  # ~4M documents' keys held at once, at most (an estimate: ~64 bytes each with an id)
 _HASH_BITS = 63
+_PAIR_FIELDS = ("doc_id", "bucket", "sentences", "tokens")  # of each side of a near pair ("keep_" the first's)
 
 
 def _keys_uri(work: str, bucket: int) -> str:
@@ -109,79 +110,78 @@ def partition_bits(documents: int) -> int:
     return bits_for(documents / ROWS_PER_PARTITION)
 
 
-def find_duplicates(work: str, partition: int, bits: int, num_buckets: int) -> int:
-    """Step 2: the documents of text-hash range ``partition`` (of ``2**bits``) that repeat an earlier one's text;
-    returns how many."""
+def _repeated_in_range(work: str, num_buckets: int, partition: int, bits: int, hashes_of, columns: list[str]):
+    """Every bucket's keys whose hash (``hashes_of(table)``) falls in range ``partition`` of ``2**bits`` and is
+    another's too, as (a table of ``columns`` with their ``bucket``, the hashes, the rows' order by (hash, stable
+    key)); None where no hash repeats. Rows of hashes held once are never sorted."""
     lo, hi = partition << (_HASH_BITS - bits), (partition + 1) << (_HASH_BITS - bits)
-    pieces = []
+    pieces, found = [], []
     for bucket in range(num_buckets):
         uri = _keys_uri(work, bucket)
         if not storage.exists(uri):
             continue
         table = docstore.read_table(uri)
-        hashes = table.column("text_hash").to_numpy()
-        start, end = np.searchsorted(hashes, [lo, hi])
-        if end > start:
-            pieces.append(table.slice(start, end - start).append_column("bucket", pa.array(
-                np.full(end - start, bucket, np.int64))))
+        hashes = hashes_of(table)
+        chosen = np.flatnonzero((hashes >= lo) & (hashes < hi))
+        if len(chosen):
+            pieces.append(table.select(columns).take(pa.array(chosen)).append_column(
+                "bucket", pa.array(np.full(len(chosen), bucket, np.int64))))
+            found.append(hashes[chosen])
     if not pieces:
-        return 0
-    table = pa.concat_tables(pieces)
-    _, inverse, counts = np.unique(table.column("text_hash").to_numpy(), return_inverse=True, return_counts=True)
-    repeated = np.flatnonzero(counts[inverse] > 1)  # only texts held more than once: the rest are never sorted
+        return None
+    hashes = np.concatenate(found)
+    _, inverse, counts = np.unique(hashes, return_inverse=True, return_counts=True)
+    repeated = np.flatnonzero(counts[inverse] > 1)
     if not len(repeated):
-        return 0
-    table = table.take(pa.array(repeated))
-    hashes = table.column("text_hash").to_numpy().tolist()
+        return None
+    table, hashes = pa.concat_tables(pieces).take(pa.array(repeated)), hashes[repeated].tolist()
     doc_ids = table.column("doc_id").to_pylist()
-    # The store's global order within one text: the id's hash, then the id (ids are unique, so no tie is left).
+    # The store's global order within one hash: the id's hash, then the id (ids are unique, so no tie is left).
     order = sorted(range(len(doc_ids)), key=lambda i: (hashes[i], document_hash(doc_ids[i]), doc_ids[i]))
+    return table, hashes, order
+
+
+def find_duplicates(work: str, partition: int, bits: int, num_buckets: int) -> int:
+    """Step 2: the documents of text-hash range ``partition`` (of ``2**bits``) that repeat an earlier one's text;
+    returns how many."""
+    found = _repeated_in_range(work, num_buckets, partition, bits, lambda t: t.column("text_hash").to_numpy(),
+                               ["doc_id", "sentences", "tokens"])
+    if found is None:
+        return 0
+    table, hashes, order = found
     later = [order[k] for k in range(1, len(order)) if hashes[order[k]] == hashes[order[k - 1]]]
     docstore.write_table(_drops_uri(work, partition), table.take(pa.array(later, pa.int64())))
     return len(later)
+
+
+def _band(band: int):
+    def hashes_of(table: pa.Table) -> np.ndarray:
+        width = table.schema.field("bands").type.list_size
+        return table.column("bands").combine_chunks().flatten().to_numpy().reshape(-1, width)[:, band]
+    return hashes_of
 
 
 def find_near(work: str, band: int, partition: int, bits: int, num_buckets: int, threshold: float) -> int:
     """Step 2, near copies: the documents whose band ``band`` hash falls in range ``partition`` and equals another's;
     each is paired with the first of its band (by stable key) where their signatures agree on ``threshold`` of their
     values -> ``dedup/near``; returns the pairs."""
-    lo, hi = partition << (_HASH_BITS - bits), (partition + 1) << (_HASH_BITS - bits)
-    pieces = []
-    for bucket in range(num_buckets):
-        uri = _keys_uri(work, bucket)
-        if not storage.exists(uri):
-            continue
-        table = docstore.read_table(uri)
-        width = table.schema.field("bands").type.list_size
-        hashes = table.column("bands").combine_chunks().flatten().to_numpy().reshape(-1, width)[:, band]
-        chosen = np.flatnonzero((hashes >= lo) & (hashes < hi))
-        if len(chosen):
-            pieces.append(table.select(["doc_id", "signature", "sentences", "tokens"]).take(pa.array(chosen))
-                          .append_column("band", pa.array(hashes[chosen]))
-                          .append_column("bucket", pa.array(np.full(len(chosen), bucket, np.int64))))
-    if not pieces:
+    found = _repeated_in_range(work, num_buckets, partition, bits, _band(band),
+                               ["doc_id", "signature", "sentences", "tokens"])
+    if found is None:
         return 0
-    table = pa.concat_tables(pieces)
-    _, inverse, counts = np.unique(table.column("band").to_numpy(), return_inverse=True, return_counts=True)
-    table = table.take(pa.array(np.flatnonzero(counts[inverse] > 1)))
-    if not table.num_rows:
-        return 0
-    doc_ids, hashes = table.column("doc_id").to_pylist(), table.column("band").to_numpy().tolist()
+    table, hashes, order = found
     num_perm = table.schema.field("signature").type.list_size
     signatures = table.column("signature").combine_chunks().flatten().to_numpy().reshape(-1, num_perm)
-    info = [table.column(name).to_pylist() for name in ("bucket", "sentences", "tokens")]
-    order = sorted(range(len(doc_ids)), key=lambda i: (hashes[i], document_hash(doc_ids[i]), doc_ids[i]))
-    pairs: dict[str, list] = {name: [] for name in ("keep_id", "keep_bucket", "keep_sentences", "keep_tokens",
-                                                  "doc_id", "bucket", "sentences", "tokens")}
+    values = {name: table.column(name).to_pylist() for name in _PAIR_FIELDS}
+    pairs: dict[str, list] = {prefix + name: [] for prefix in ("keep_", "") for name in _PAIR_FIELDS}
     first = order[0]
-    for k, i in enumerate(order):
-        if k and hashes[i] != hashes[order[k - 1]]:
+    for k, i in enumerate(order[1:], 1):
+        if hashes[i] != hashes[order[k - 1]]:
             first = i
-        elif k and neardup.similar(signatures[first], signatures[i]) >= threshold:
+        elif neardup.similar(signatures[first], signatures[i]) >= threshold:
             for prefix, row in (("keep_", first), ("", i)):
-                pairs[f"{prefix}id" if prefix else "doc_id"].append(doc_ids[row])
-                for name, values in zip(("bucket", "sentences", "tokens"), info):
-                    pairs[prefix + name].append(values[row])
+                for name in _PAIR_FIELDS:
+                    pairs[prefix + name].append(values[name][row])
     if pairs["doc_id"]:
         docstore.write_table(_near_uri(work, band, partition), pa.table(pairs))
     return len(pairs["doc_id"])
@@ -244,9 +244,9 @@ def _near_drops(work: str, bits: int, cfg: DedupConfig, exact: set[str]):
                 continue
             table = docstore.read_table(uri).to_pydict()
             for k in range(len(table["doc_id"])):
-                keep, other = table["keep_id"][k], table["doc_id"][k]
-                rows[keep] = (table["keep_bucket"][k], table["keep_sentences"][k], table["keep_tokens"][k])
-                rows[other] = (table["bucket"][k], table["sentences"][k], table["tokens"][k])
+                keep, other = table["keep_doc_id"][k], table["doc_id"][k]
+                for prefix, doc_id in (("keep_", keep), ("", other)):
+                    rows[doc_id] = tuple(table[prefix + name][k] for name in _PAIR_FIELDS[1:])
                 a, b = root(keep), root(other)
                 if a != b:
                     parent[max(a, b)] = min(a, b)
@@ -266,7 +266,7 @@ def read_summary(work: str) -> dict | None:
 
 
 def without(sources: dict[str, dict], summary: dict | None) -> dict[str, dict]:
-    """Per-source document counts (``docstore``'s) less the exact duplicates the summary names (none: as they are)."""
+    """Per-source document counts (``docstore``'s) less the duplicates the summary names (none: as they are)."""
     if not summary:
         return sources
     out = {}

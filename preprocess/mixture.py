@@ -57,8 +57,8 @@ def check_sources(keys: list[str], cfg: MixtureConfig) -> None:
 
 def source_mix(counts: dict[str, dict], cfg: MixtureConfig) -> dict[str, dict]:
     """The sources' mix (``mix_entries`` of tokens) for ``cfg``: weights normalised to shares, or repeat counts as
-    rates with the shares they give (a source not named is read once). ``InputError`` for a source with documents
-    and no weight, or a weighted source without documents.
+    rates with the shares they give (a source not named is read once). ``InputError`` for a weighted source without
+    documents (one read without a weight was refused before the run: ``check_sources``).
 
     Args:
         counts: {source: {documents, sentences, tokens, ...}} (``docstore``'s per-source counts), sources without
@@ -66,10 +66,6 @@ def source_mix(counts: dict[str, dict], cfg: MixtureConfig) -> dict[str, dict]:
     """
     counts = {name: entry for name, entry in counts.items() if entry.get("documents", 0) > 0}
     if cfg.weights:
-        missing = sorted(set(counts) - set(cfg.weights))
-        if missing:
-            raise InputError(f"mixture.weights has no weight for {', '.join(missing)}, which the inputs hold documents "
-                             f"of: add mixture.weights.{missing[0]} (a share of the tokens), or remove its inputs")
         empty = sorted(set(cfg.weights) - set(counts))
         if empty:
             raise InputError(f"mixture.weights.{empty[0]}: the inputs hold no documents of source {empty[0]!r}, so "

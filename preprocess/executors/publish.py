@@ -75,7 +75,7 @@ def publish_dataset(cfg: PreprocessConfig, tok, plan: Plan, output: str, started
     num_docs, corpus, group_bits = index_data["bucket_offsets"][-1], index_data["corpus"], index_data["group_bits"]
     documents = docstore.add_counts(list(read_metas(storage.join(work, docstore.COUNTS_DIR)).values()))
     documents = with_duplicates(documents, [dup for _, dups in counts.values() for dup in dups])
-    documents = with_exact_duplicates(documents, dedup.read_summary(work))
+    documents = with_text_duplicates(documents, dedup.read_summary(work))
     stats: dict = {}
     for meta in read_metas(storage.join(work, "pieces")).values():
         stats = shards.merge_counts(stats, meta["stats"])
@@ -235,7 +235,7 @@ def with_duplicates(documents: dict, duplicates: list) -> dict:
     return documents
 
 
-def with_exact_duplicates(documents: dict, summary: dict | None) -> dict:
+def with_text_duplicates(documents: dict, summary: dict | None) -> dict:
     """The documents' counts with the duplicates of text that ``preprocess.dedup`` dropped: skipped
     "exact_duplicate" and "near_duplicate", in all and per source, and each source's documents, sentences and tokens
     without them."""

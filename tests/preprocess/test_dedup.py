@@ -122,8 +122,8 @@ def test_many_ranges_of_text_hashes_find_the_same_copies_as_one(corpus, deduplic
 
 def test_near_copies_are_removed_keeping_the_first_by_stable_key_on_beam_and_the_pool(corpus, deduplicated,
                                                                                       bert_vocab):
-    """MinHash LSH at 0.7: each one-word-changed copy (Jaccard of 5-word shingles about 0.85) loses to the first of
-    its pair by stable key; nothing else goes beyond the exact copies."""
+    """MinHash LSH at 0.7: each one-word-changed copy (Jaccard of 5-word shingles near 0.9) loses to the first of its
+    pair by stable key; nothing else goes beyond the exact copies."""
     exact_out, exact_manifest = deduplicated
     exact_kept = _ids(exact_out, exact_manifest)
     later = {max(pair, key=lambda d: (document_hash(d), d)) for pair in corpus["near_pairs"].items()}

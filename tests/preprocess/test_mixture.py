@@ -35,7 +35,7 @@ def test_repeat_counts_are_epochs_and_a_source_not_named_is_read_once():
 
 def test_a_source_read_without_a_weight_or_weighted_without_documents_is_refused_naming_it():
     with pytest.raises(InputError, match=r"no weight for wikipedia.*mixture\.weights\.wikipedia"):
-        mixture.source_mix(COUNTS, MixtureConfig(weights={"books": 1, "web": 1}))
+        mixture.check_sources(["book", "wiki", "jsonl:web"], MixtureConfig(weights={"books": 1, "web": 1}))
     with pytest.raises(InputError, match=r"mixture\.weights\.empty: the inputs hold no documents"):
         mixture.source_mix(COUNTS, MixtureConfig(weights={"books": 1, "wikipedia": 1, "web": 1, "empty": 1}))
     with pytest.raises(InputError, match=r"no weight for books, which this run reads"):  # before the run

@@ -27,6 +27,9 @@ def child_env(tree: Path = REPO) -> dict:
     """The environment of a measured child: ``tree``'s packages first on the path (``tree`` may be another
     checkout of the project, measured against this one)."""
     env = dict(os.environ)
+    # Measured as an installed program runs: with its modules' bytecode cached (the first run writes it), not
+    # compiled from source in every process (seconds per Apache Beam process).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPATH"] = os.pathsep.join([str(tree)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
@@ -56,6 +59,7 @@ class TreeSampler(threading.Thread):
         self.samples = 0
         self.cpu: dict[tuple[int, float], float] = {}
         self.names: dict[tuple[int, float], str] = {}
+        self.peak_rss_of: dict[tuple[int, float], int] = {}  # each process's own peak
         self.own_cpu = 0.0
 
     def run(self):
@@ -82,6 +86,7 @@ class TreeSampler(threading.Thread):
                     continue
                 rss += mem.rss
                 alive += 1
+                self.peak_rss_of[key] = max(self.peak_rss_of.get(key, 0), mem.rss)
                 self.cpu[key] = cpu.user + cpu.system
             self.samples += 1
             self.peak_rss = max(self.peak_rss, rss)
@@ -173,7 +178,8 @@ def run_measured(cmd: list[str], log: Path, timeout: float = RUN_TIMEOUT, env: d
         "sampled_tree_cpu_s": round(sum(sampler.cpu.values()), 3),
         "processes_seen": len(sampler.cpu),
         # Per process, in start order (last sampled CPU): shows how the work spread over the workers.
-        "process_cpu_s": [{"cmd": sampler.names[key], "cpu_s": round(cpu, 2)}
+        "process_cpu_s": [{"cmd": sampler.names[key], "cpu_s": round(cpu, 2),
+                           "sampled_peak_rss_bytes": sampler.peak_rss_of.get(key, 0)}
                           for key, cpu in sorted(sampler.cpu.items(), key=lambda kv: kv[0][1]) if cpu >= 0.05],
         "peak_concurrent_processes": sampler.peak_processes,
         # The tree's sum is at least its largest process's high-water mark, which sampling can miss.

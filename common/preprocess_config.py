@@ -160,7 +160,7 @@ HELDOUT_SOURCES = ("wikipedia", "books")  # the config's names of the input kind
 
 INPUT_FORMATS = ("jsonl", "parquet", "text", "datasets")  # the formats of ``inputs:`` sources (preprocess.readers)
 BUILTIN_SOURCES = ("wikipedia", "books", "wiki", "book")  # --wikipedia and --books, and their document-id prefixes
-_SOURCE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # a document id's first field: no ":"
+_SOURCE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # a document id's first field: no ":", nor "@" (before a language)
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,8 @@ class InputSourceConfig:
     """One source of documents of the config's ``inputs:`` list, besides ``--wikipedia`` and ``--books``.
 
     Its documents have ids ``{name}:{id}`` (with ``id_field``) or ``{name}:{file}:{position}`` (a line's byte offset,
-    a Parquet file's ``rowgroup/row``, a datasets file's row), are cleaned as plain text (whitespace normalised) and
+    a Parquet file's ``rowgroup/row``, a datasets file's row), ``{name}@{language}:...`` with ``language_field`` (the
+    language a multilingual run gives the document: ``preprocess.languages``), are cleaned as plain text (whitespace normalised) and
     filtered by ``min_chars`` / ``min_sentences`` (null: ``sources.min_document_chars`` / ``min_document_sentences``).
     """
 
@@ -178,6 +179,7 @@ class InputSourceConfig:
     text_field: str = "text"             # jsonl, parquet, datasets: the field (column) that holds the text
     id_field: str | None = None          # a field with each record's id (unique within the source)
     title_field: str | None = None       # a field whose value becomes the document's first paragraph
+    language_field: str | None = None    # a field with each record's language code (en, pt-BR, zh_Hans, ...)
     document: str = "line"               # text: one document per line, or per file
     min_chars: int | None = None
     min_sentences: int | None = None
@@ -201,6 +203,8 @@ class InputSourceConfig:
             raise ValueError(f"document applies to format text only; remove it from source {self.name!r}")
         if not self.text_field:
             raise ValueError("text_field is empty: name the field that holds the text, e.g. text_field: text")
+        if self.language_field is not None and not self.language_field:
+            raise ValueError("language_field is empty: name the field that holds each record's language, or remove it")
         if self.min_chars is not None and self.min_chars < 0:
             raise ValueError(f"min_chars must be >= 0, got {self.min_chars}")
         if self.min_sentences is not None and self.min_sentences < 1:

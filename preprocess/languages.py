@@ -1,8 +1,8 @@
 """Several languages in one dataset (multilingual BERT, XLM's masked-LM data), as pure functions.
 
 Each document's language is set per input file in the config (``multilingual.languages``) or read from the document
-id where its format puts one there (``readers.id_language``: a Wikipedia dump's siteinfo ``dbname``, which the id
-carries: ``wiki:bgwiki:558`` is Bulgarian).
+id where its source puts one there (``readers.id_language``: a Wikipedia dump's siteinfo ``dbname``, which the id
+carries: ``wiki:bgwiki:558`` is Bulgarian; a record's ``language_field``: ``web@bg:17``).
 
 The mix of languages is exponentially smoothed (one case of ``preprocess.mixture``), as mBERT and XLM sample theirs (Conneau & Lample 2019, §3.1):
 with p_i a language's share of the corpus (of tokens, or of sentences as XLM counts), the rows are drawn with
@@ -14,19 +14,20 @@ corpus's total is kept in expectation, and no choice depends on workers, parts o
 from __future__ import annotations
 
 import fnmatch
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from common.errors import InputError
-from common.preprocess_config import MultilingualConfig
+from common.preprocess_config import InputSourceConfig, MultilingualConfig
 from preprocess import mixture, readers
 from preprocess.readers.inputs import source_name
 
 
 def document_group(doc_id: str) -> str:
-    """The part of a document id that names where it came from: ``wiki:<dbname>`` or ``book:<file name>``
-    (``wiki:bgwiki:558`` -> ``wiki:bgwiki``). Every document of a group has one language."""
+    """The part of a document id that names where it came from: ``wiki:<dbname>``, ``book:<file name>``,
+    ``{name}@{language}:<file>`` (``wiki:bgwiki:558`` -> ``wiki:bgwiki``). Every document of a group has one
+    language."""
     return doc_id.rsplit(":", 1)[0]
 
 
@@ -50,11 +51,11 @@ def language_for(doc_id: str, source: str, cfg: MultilingualConfig) -> str:
     return language
 
 
-def check_inputs(files: Iterable[tuple], cfg: MultilingualConfig) -> None:
+def check_inputs(files: Iterable[tuple], cfg: MultilingualConfig, inputs: Sequence[InputSourceConfig] = ()) -> None:
     """Before a run: every input that does not name its language itself (a book, ...) needs one from the config
-    (dumps may name their own)."""
+    (dumps may name their own, as may ``inputs:`` sources with a ``language_field``)."""
     for key, uri, *_ in files:
-        if not readers.names_own_language(key) and configured_language(source_name(uri), cfg) is None:
+        if not readers.names_own_language(key, inputs) and configured_language(source_name(uri), cfg) is None:
             raise InputError(f"{uri}: a {readers.reader_of(key).kind} input of a multilingual run needs a language: "
                              f"add its file name to multilingual.languages in the config, e.g. {{'{source_name(uri)}': en}}")
 

@@ -1,8 +1,9 @@
 """The irreducible work of preprocessing, done standalone: read + clean + split + tokenize, nothing else.
 
-    python -m bench.preprocess.irreducible --config CONFIG --tokenizer DIR --wiki DUMP... --books BOOK...
+    python -m bench.preprocess.irreducible --config CONFIG --tokenizer DIR [--wiki DUMP...] [--books BOOK...]
 
-Decompresses and parses the dumps, reads the books, cleans the wikitext, splits sentences and tokenizes, with
+Decompresses and parses the dumps, reads the books and the config's ``inputs:`` sources (JSON lines, ...), cleans
+the wikitext, splits sentences and tokenizes, with
 the pipeline's own functions (the readers of ``preprocess.readers``, ``text.to_document``,
 ``encode_batch``) and nothing more: no Apache Beam, no instances, no output. It imports only what that work
 needs, so the CPU of this whole process (interpreter, imports, tokenizer load, work) is what a standalone
@@ -25,17 +26,20 @@ def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str
     from preprocess import readers, text
     from preprocess.records import Rejected
 
-    cfg = config.load(config_path).sources
+    full = config.load(config_path)
+    cfg, inputs = full.sources, tuple(full.inputs)
     keep_batches_on_this_thread()  # as the pipeline's workers encode
     tok = load_tokenizer(tokenizer)
     clock = time.process_time
     read_s = clean_s = tok_s = 0.0
     documents = sentences = tokens = rejected = 0
-    files = readers.builtin_files({"wikipedia": wiki, "books": books_})
+    files = readers.input_files({"wikipedia": wiki, "books": books_}, inputs)
     gc.collect()
     wall0, cpu0 = time.perf_counter(), clock()
     for key, uri in files:
-        reader = readers.reader_of(key).read(uri, None, None, cfg, {})
+        spec = readers.spec_of(key, inputs)
+        limits = readers.source_config(spec, cfg)
+        reader = readers.reader_of(key).read(uri, None, spec, limits, {})
         while True:
             t0 = clock()
             raw = next(reader, None)
@@ -46,7 +50,7 @@ def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str
             if isinstance(raw, Rejected):
                 rejected += 1
                 continue
-            doc = text.to_document(raw, cfg)
+            doc = text.to_document(raw, limits)
             t2 = clock()
             clean_s += t2 - t1
             if isinstance(doc, Rejected):
@@ -55,7 +59,7 @@ def measure(wiki: list[str], books_: list[str], tokenizer: str, config_path: str
             # As the pipeline's CleanAndTokenize: empty encodings dropped, short documents skipped.
             encoded = [ids for ids in tok.encode_batch(list(doc.sentences)) if ids]
             tok_s += clock() - t2
-            if len(encoded) < cfg.min_document_sentences:
+            if len(encoded) < limits.min_document_sentences:
                 rejected += 1
                 continue
             documents += 1

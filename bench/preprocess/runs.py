@@ -26,12 +26,14 @@ QUIET_WAIT = 10.0   # seconds to wait for other processes to calm down before a 
 @dataclass(frozen=True)
 class Setting:
     """What every run of one benchmark shares: the input files (``{"wiki": [...], "books": [...]}``), the tokenizer,
-    the scratch directory (outputs under ``out/``, logs under ``logs/``) and the wait for a quiet machine."""
+    the scratch directory (outputs under ``out/``, logs under ``logs/``), the wait for a quiet machine and the
+    config (its ``inputs:`` sources are inputs too)."""
 
     inputs: dict
     tokenizer: Path
     work: Path
     quiet_wait: float = QUIET_WAIT
+    config: str = CONFIG
 
     @property
     def logs(self) -> Path:
@@ -49,10 +51,18 @@ def mib(n: float) -> float:
 def pipeline_cmd(setting: Setting, output: Path, args: list[str], launcher: list[str] | None = None) -> list[str]:
     """``python -m preprocess run`` (or ``launcher`` + ``run``) of the benchmark's config on its inputs, with Beam's
     ``args``."""
-    inputs = setting.inputs
-    return [*(launcher or [sys.executable, "-m", "preprocess"]), "run", "--config", CONFIG,
-            "--wikipedia", *inputs["wiki"], "--books", *inputs["books"], "--tokenizer", str(setting.tokenizer),
-            "--output", str(output), "--overwrite", *args]
+    return [*(launcher or [sys.executable, "-m", "preprocess"]), "run", "--config", setting.config,
+            *builtin_args(setting.inputs), "--tokenizer", str(setting.tokenizer), "--output", str(output),
+            "--overwrite", *args]
+
+
+def builtin_args(inputs: dict, flags: tuple[str, str] = ("--wikipedia", "--books")) -> list[str]:
+    """The flags that pass the dumps and books of ``inputs`` (none for an empty list)."""
+    out = []
+    for flag, key in zip(flags, ("wiki", "books")):
+        if inputs.get(key):
+            out += [flag, *inputs[key]]
+    return out
 
 
 def run_pipeline(setting: Setting, output: Path, args: list[str], log: Path, tree: Path = REPO,
@@ -101,9 +111,8 @@ def startup_cost(log: Path, runs: int = 3) -> dict:
 def irreducible(setting: Setting, log: Path) -> dict:
     """The irreducible work done standalone: ``python -m bench.preprocess.irreducible`` as a child process, measured like the
     pipeline's process tree. Its own report splits off the CPU of the work itself and its phases."""
-    inputs = setting.inputs
-    cmd = [sys.executable, "-m", "bench.preprocess.irreducible", "--config", str(REPO / CONFIG),
-           "--tokenizer", str(setting.tokenizer), "--wiki", *inputs["wiki"], "--books", *inputs["books"]]
+    cmd = [sys.executable, "-m", "bench.preprocess.irreducible", "--config", str(REPO / setting.config),
+           "--tokenizer", str(setting.tokenizer), *builtin_args(setting.inputs, ("--wiki", "--books"))]
     load_before = wait_for_quiet(setting.quiet_wait)
     run = run_measured(cmd, log)
     work = json.loads([line for line in log.read_text().splitlines() if line.startswith("{")][-1])

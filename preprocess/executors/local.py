@@ -20,7 +20,7 @@ import apache_beam as beam
 from common import writelock
 from preprocess import dedup, readers
 from preprocess.executors.beamrun import beam_options, run_beam
-from preprocess.executors.plan import Plan
+from preprocess.executors.plan import Plan, bucket_bits_for
 from preprocess.layout import bucket_ranges
 
 
@@ -71,6 +71,24 @@ def plan_units(files: list[tuple[str, str, int]], slices: int, bucket_bits: int,
         else:
             units.append((cost, (key, uri, None)))
     return sorted(units, key=lambda u: (-u[0], u[1][1], u[1][2] or ()))
+
+
+def unit_shares(files: list[tuple[str, str, int]], inputs=()):
+    """slices -> (uri, the share of its file) of each unit ``plan_units`` cuts for that many slices, with the
+    readers' even pieces (what ``part_budget.pool_peak`` weighs; a Parquet file's footer is read once)."""
+    costs = {uri: estimated_cost(key, uri, size) for key, uri, size in files}
+    cut: dict[tuple, list] = {}
+
+    def pieces(key: str, uri: str, size: int, count: int) -> list:
+        if (uri, count) not in cut:
+            cut[uri, count] = even_pieces(key, uri, size, count, inputs)
+        return cut[uri, count]
+
+    def shares(slices: int) -> list[tuple[str, float]]:
+        units = plan_units(files, slices, bucket_bits_for(files, slices), pieces)
+        return [(uri, cost / costs[uri] if costs[uri] else 1.0) for cost, (_, uri, _) in units]
+
+    return shares
 
 
 def _run(options_args: list[str], build) -> None:
@@ -174,9 +192,9 @@ def run_stages(plan: Plan, workers: int, options_args: list[str], bar) -> None:
     context = multiprocessing.get_context(_start_method())
     claimed = context.Value("q", 0)
     units = plan_units(list(plan.files), slices, plan.bucket_bits, exact_pieces(plan.inputs))
-    # A slice's documents stay in its pipeline's memory until it ends: with more slices than processes (parts,
-    # for a memory budget), each claims about its share; otherwise each runs until no unit is left.
-    budget = None if slices == workers else sum(cost for cost, _ in units) / slices * (1 - 1e-9)
+    # A slice's documents stay in its pipeline's memory until it ends: with parts (for a memory budget), each
+    # claims about its share (part_budget.pool_peak counts on it); otherwise each runs until no unit is left.
+    budget = None if plan.parts == 1 else sum(cost for cost, _ in units) / slices * (1 - 1e-9)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
                              initargs=(claimed,)) as pool:
         bar.set_postfix_str(f"documents, {slices} slices on {workers} processes")

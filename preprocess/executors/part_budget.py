@@ -15,10 +15,16 @@ cuts its rows by the corpus's key-range groups up to 512 transport groups (``pre
 so below that count it also grows a little with the whole corpus, which the split runs cover; the peak per stored
 byte of one part falls as the input grows. The plain-XML slope is older and was not measured again. The smallest
 number of parts whose estimate fits is chosen; the output does not depend on it.
+
+Beam's runners hold a part's files whole, so there no part can be lighter than its heaviest file
+(``estimated_peak``). The local pool (``executors.local``) cuts large files into units, pieces of a file or its
+bucket ranges, which its slices claim until each holds its share: there a part holds less than its share plus its
+largest unit (``pool_peak``), so one large file, even a compressed one, fits a budget as well as many small ones.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from common.errors import InputError
 from common.sizes import format_size
@@ -33,6 +39,7 @@ PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 7.5, "wiki": 3.5, "book": 6.0,
                              "jsonl": 6.0, "jsonl_compressed": 15.0, "text": 6.0, "text_compressed": 15.0,
                              "parquet": 12.0, "datasets": 6.0}
 BASE_PEAK_BYTES = 340 << 20
+MAX_POOL_PARTS = 1024  # the local pool's parts are tried up to this many
 
 
 def input_kind(key: str, uri: str) -> str:
@@ -79,17 +86,50 @@ def estimated_peak(files: list[tuple[str, str, int]], parts: int,
     return int(base + max(heaviest, sum(weight.values()) / parts))
 
 
-def choose_parts(files: list[tuple[str, str, int]], budget: int) -> PartsChoice:
-    """The fewest parts whose estimated peak fits ``budget``; refuses when one input file per part would not.
+Units = Callable[[int], list[tuple[str, float]]]  # slices -> (uri, the share of its file) of each unit
+
+
+def pool_peak(files: list[tuple[str, str, int]], parts: int, processes: int, units_of: Units,
+              slopes: dict[str, float] = PEAK_BYTES_PER_INPUT_BYTE, base: int = BASE_PEAK_BYTES) -> int:
+    """The local pool's estimate: with one part a process may claim every unit (the whole input); with more, each of
+    ``max(processes, parts)`` slices claims units until it holds its share, so it ends below its share plus the
+    largest unit.
+
+    Args:
+        units_of: the units the pool cuts for a number of slices (``executors.local.plan_units``), each as its
+            file's uri and the share of that file it holds.
+    """
+    weight = {uri: weighted_bytes(key, uri, size, slopes) for key, uri, size in files}
+    total = sum(weight.values())
+    if parts == 1:
+        return int(base + total)
+    slices = max(processes, parts)
+    largest = max((weight[uri] * share for uri, share in units_of(slices)), default=0.0)
+    return int(base + total / slices + largest)
+
+
+def choose_parts(files: list[tuple[str, str, int]], budget: int, processes: int = 0,
+                 units_of: Units | None = None) -> PartsChoice:
+    """The fewest parts whose estimated peak fits ``budget``; refuses when none does (on Beam's runners, one input
+    file per part; in the local pool, ``MAX_POOL_PARTS``).
 
     Args:
         files: (key, uri, size in bytes as stored) of every input file.
+        processes, units_of: the local pool's worker processes and its units (``pool_peak``); 0 for Beam's runners.
     """
-    for parts in range(1, len(files) + 1):
-        peak = estimated_peak(files, parts)
+    pool = processes > 0 and units_of is not None
+    most = MAX_POOL_PARTS if pool else len(files)
+    peaks = []
+    for parts in range(1, most + 1):
+        peak = pool_peak(files, parts, processes, units_of) if pool else estimated_peak(files, parts)
         if peak <= budget:
             return PartsChoice(parts, peak, budget)
-    peak = estimated_peak(files, len(files))
+        peaks.append(peak)
+    fewest = min(range(most), key=lambda i: (peaks[i], i))
+    if pool:
+        raise InputError(f"max-memory {format_size(budget)} per worker process is too small for these inputs: even "
+                         f"{fewest + 1} parts need an estimated {format_size(peaks[fewest])} each; raise --max-memory "
+                         f"to at least that times the processes, or run fewer worker processes")
     raise InputError(f"max-memory {format_size(budget)} is too small for these inputs: even one input file per part "
-                     f"({len(files)} parts) needs an estimated {format_size(peak)}; raise --max-memory to at least "
+                     f"({len(files)} parts) needs an estimated {format_size(peaks[-1])}; raise --max-memory to at least "
                      f"that, or split the largest input file")

@@ -42,12 +42,15 @@ LOG = logging.getLogger("preprocess")
 def fit_memory_budget(cfg: PreprocessConfig, sized: list[tuple[str, str, int]],
                       beam_args: list[str]) -> PreprocessConfig:
     """``cfg`` with the parts that ``max_memory`` asks for (unchanged without it); logs the choice. The local pool
-    runs one part per worker process at a time, so each process gets its share of the budget."""
+    runs one part per worker process at a time, so each process gets its share of the budget, and it cuts large
+    files into units (``part_budget.pool_peak``)."""
     if cfg.max_memory is None:
         return cfg
-    processes = max(1, beamargs.local_pool_size(beam_args))
+    pool = beamargs.local_pool_size(beam_args)
+    processes = max(1, pool)
     budget = sizes.parse_size(cfg.max_memory)
-    choice = part_budget.choose_parts(sized, budget // processes)
+    units_of = local.unit_shares(sized, tuple(cfg.inputs)) if pool else None
+    choice = part_budget.choose_parts(sized, budget // processes, pool, units_of)
     LOG.info("%s%s", choice.describe(), f", {processes} worker processes" if processes > 1 else "")
     return dataclasses.replace(cfg, parts=choice.parts)
 

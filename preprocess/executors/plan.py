@@ -110,7 +110,7 @@ class Plan:
             "max_seq_length": cfg.instances.max_seq_length, "vocab_sha256": tok.identity()["vocab_sha256"]},
             packed=cfg.instances.kind != "pairs")
         if cfg.multilingual.enabled:
-            languages.check_inputs(files, cfg.multilingual)
+            languages.check_inputs(files, cfg.multilingual, tuple(cfg.inputs))
         mixture.check_sources([key for key, *_ in files], cfg.mixture)
         return cls(files=tuple(files), parts=cfg.parts, bucket_bits=bucket_bits_for(files, slices),
                    source_cfg=cfg.sources, instance_cfg=cfg.instances, output_cfg=cfg.output, seed=cfg.seed,

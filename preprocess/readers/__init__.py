@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 from common.errors import InputError
 from common.preprocess_config import InputSourceConfig, SourceConfig
 from preprocess.readers import books, hf_datasets, jsonl, parquet, plaintext, wikipedia
+from preprocess.readers.fields import LANGUAGE_MARK
 from preprocess.readers.inputs import source_name
 from preprocess.records import RawDocument, Rejected
 
@@ -145,22 +146,28 @@ def cleaner(kind: str) -> Callable[[str], str]:
 
 def source_of(doc_id: str) -> str:
     """The name of the source a document came from, by its id's first field: ``wiki:…`` -> ``wikipedia``,
-    ``book:…`` -> ``books``, ``{name}:…`` -> ``name`` (a source of the config's ``inputs:``)."""
-    prefix = doc_id.split(":", 1)[0]
+    ``book:…`` -> ``books``, ``{name}:…`` and ``{name}@{language}:…`` -> ``name`` (a source of the config's
+    ``inputs:``)."""
+    prefix = doc_id.split(":", 1)[0].split(LANGUAGE_MARK, 1)[0]
     return BUILTIN_KEYS.get(prefix, prefix)
 
 
 def id_language(doc_id: str) -> str | None:
-    """The language a document's id names, where its format puts one there (a Wikipedia dump's dbname); else None."""
+    """The language a document's id names, where its source puts one there (a Wikipedia dump's dbname, an
+    ``inputs:`` source's ``language_field``: ``web@de:…``); else None."""
     prefix = doc_id.split(":", 1)[0]
+    if LANGUAGE_MARK in prefix:
+        return prefix.split(LANGUAGE_MARK, 1)[1]
     reader = FORMATS.get(BUILTIN_KEYS.get(prefix, ""))
     language_of = getattr(reader, "id_language", None)
     return language_of(doc_id) if language_of is not None else None
 
 
-def names_own_language(key: str) -> bool:
+def names_own_language(key: str, inputs: Sequence[InputSourceConfig] = ()) -> bool:
     """Whether the files of ``key`` may name their documents' language themselves (a multilingual run then needs no
-    ``multilingual.languages`` pattern for them)."""
+    ``multilingual.languages`` pattern for them): dumps, and ``inputs:`` sources with a ``language_field``."""
+    if key not in BUILTIN_KEYS:
+        return spec_of(key, inputs).language_field is not None
     return hasattr(reader_of(key), "id_language")
 
 

@@ -2,7 +2,9 @@
 their documents' ids and kind, a record's fields turned into a document or a dead letter, and the plain-text cleaner.
 
 A source's documents have ids ``{name}:{id}`` (with ``id_field``) or ``{name}:{file}:{position}``, so that a
-document's key is its source and id (or position) whatever the workers, pieces or runner; their kind is "plain".
+document's key is its source and id (or position) whatever the workers, pieces or runner; with ``language_field``
+the first field is ``{name}@{language}``, so that the id says its language (``readers.id_language``) wherever
+the document goes. Their kind is "plain".
 A bad record is a failed ``Rejected`` (a dead letter naming the file and the position) and the run goes on; a text
 field that a file's records do not have at all is an ``InputError`` at once.
 """
@@ -20,6 +22,8 @@ from preprocess.records import RawDocument, Rejected
 KIND = "plain"
 UTF8_BOM = b"\xef\xbb\xbf"
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_LANGUAGE_RE = re.compile(r"[A-Za-z0-9_-]{1,32}")  # a code (en, pt-BR, zh_Hans, eng_Latn): never ":" or "@"
+LANGUAGE_MARK = "@"  # between a source's name and its document's language in an id's first field
 
 
 def clean_plain_text(text: str) -> str:
@@ -41,7 +45,8 @@ def failed(spec: InputSourceConfig, label: str, position: str, reason: str, deta
 def document_of(record: Mapping, spec: InputSourceConfig, label: str, position: str,
                 where: str) -> RawDocument | Rejected:
     """A record (field name -> value) as a raw document, or as a dead letter: "missing_text_field", "null_text",
-    "not_a_string" (the text), "missing_id" (``id_field`` absent or null). ``where`` names the record in the
+    "not_a_string" (the text), "missing_id" (``id_field`` absent or null), "bad_language" (``language_field``
+    absent, null or not a language code). ``where`` names the record in the
     dead letter's detail ("data.jsonl line at byte 812", "part-0.parquet row group 2, row 17")."""
     if spec.text_field not in record:
         return failed(spec, label, position, "missing_text_field",
@@ -52,12 +57,19 @@ def document_of(record: Mapping, spec: InputSourceConfig, label: str, position: 
     if not isinstance(text, str):
         return failed(spec, label, position, "not_a_string",
                       f"{where}: {spec.text_field!r} is not a string ({type(text).__name__})")
-    doc_id = positional_id(spec, label, position)
+    prefix = spec.name
+    if spec.language_field is not None:
+        language = record.get(spec.language_field)
+        if not isinstance(language, str) or not _LANGUAGE_RE.fullmatch(language.strip()):
+            return failed(spec, label, position, "bad_language",
+                          f"{where}: {spec.language_field!r} is not a language code ({_shown(language)})")
+        prefix = f"{spec.name}{LANGUAGE_MARK}{language.strip()}"
+    doc_id = f"{prefix}:{label}:{position}"
     if spec.id_field is not None:
         value = record.get(spec.id_field)
         if value is None or isinstance(value, (dict, list)):
             return failed(spec, label, position, "missing_id", f"{where}: no usable {spec.id_field!r} (id_field)")
-        doc_id = f"{spec.name}:{value}"
+        doc_id = f"{prefix}:{value}"
     if spec.title_field is not None and isinstance(record.get(spec.title_field), str):
         text = f"{record[spec.title_field]}\n{text}"  # the title as the document's first paragraph
     return RawDocument(doc_id=doc_id, source=label, kind=KIND, text=text)
@@ -65,7 +77,8 @@ def document_of(record: Mapping, spec: InputSourceConfig, label: str, position: 
 
 def check_fields(uri: str, spec: InputSourceConfig, fields: list[str]) -> None:
     """Refuse, in one line, a file whose records (its schema, or its first record) lack the text or id field."""
-    for key, name in (("text_field", spec.text_field), ("id_field", spec.id_field)):
+    for key, name in (("text_field", spec.text_field), ("id_field", spec.id_field),
+                      ("language_field", spec.language_field)):
         if name is not None and name not in fields:
             raise InputError(f"{uri}: no field {name!r} in its records (the first record's fields: "
                              f"{', '.join(map(str, fields)) or 'none'}); set inputs {spec.name!r} {key} to the field "
@@ -74,7 +87,7 @@ def check_fields(uri: str, spec: InputSourceConfig, fields: list[str]) -> None:
 
 def decoded_lines(uri: str, piece: tuple | None, max_bytes: int, spec: InputSourceConfig,
                   label: str) -> Iterator[tuple[str, str, str] | Rejected]:
-    """(position, where, text) of each line of the file (or of those that start in the byte range ``piece``:
+    """(position, where, text) of each line of the file (or of those that ``piece`` owns:
     ``lines.iter_lines``), a byte-order mark at the file's start dropped; a line longer than ``max_bytes`` or not
     UTF-8 is a dead letter instead ("too_large", "not_utf8") naming the file and the line's offset."""
     for offset, line in lines.iter_lines(uri, piece, max_bytes):
@@ -90,6 +103,11 @@ def decoded_lines(uri: str, piece: tuple | None, max_bytes: int, spec: InputSour
             yield failed(spec, label, position, "not_utf8", f"{where}: byte {exc.start} of the line is not UTF-8")
             continue
         yield position, where, text
+
+
+def _shown(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _fields(record: Mapping) -> str:
@@ -116,5 +134,5 @@ class PlainFormat(WholeFileReader):
         return self.compressed_cost if is_compressed(uri) else 1.0
 
 
-__all__ = ["KIND", "UTF8_BOM", "PlainFormat", "check_fields", "clean_plain_text", "decoded_lines", "document_of",
+__all__ = ["KIND", "LANGUAGE_MARK", "UTF8_BOM", "PlainFormat", "check_fields", "clean_plain_text", "decoded_lines", "document_of",
            "failed", "positional_id"]

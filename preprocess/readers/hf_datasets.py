@@ -73,7 +73,8 @@ def iter_arrow_stream(uri: str, spec: InputSourceConfig, label: str) -> Iterator
                              "directory is damaged — save it again") from exc
         names = reader.schema.names
         check_fields(uri, spec, names)
-        columns = [n for n in dict.fromkeys([spec.text_field, spec.id_field, spec.title_field]) if n in names]
+        columns = [n for n in dict.fromkeys([spec.text_field, spec.id_field, spec.title_field,
+                                                   spec.language_field]) if n in names]
         row = 0
         try:
             for batch in reader:

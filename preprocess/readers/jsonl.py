@@ -1,7 +1,8 @@
 """JSON lines (``format: jsonl``): one JSON object per line, in .jsonl/.json files, plain or .gz/.bz2/.xz/.zst.
 
-A file is streamed line by line (``preprocess.readers.lines``); an uncompressed one larger than a piece is cut into
-byte ranges realigned to line starts, so that one large file is read by several workers. A record's position is its
+A file is streamed line by line (``preprocess.readers.lines``); one larger than a piece is cut, so that several
+workers read it: an uncompressed file into byte ranges realigned to line starts, a compressed one into stride pieces
+of its decompressed stream. A record's position is its
 line's byte offset. Bad records are dead letters naming the file and the line's offset: "not_utf8", "not_json",
 "not_an_object", "too_large" (a line longer than ``6 * max_document_chars`` bytes plus 64 KiB, never held), and the
 field problems of ``fields.document_of``. A file that is one JSON document (an array of records, or pretty-printed)
@@ -28,7 +29,7 @@ def max_line_bytes(cfg: SourceConfig) -> int:
 
 def iter_jsonl(uri: str, spec: InputSourceConfig, cfg: SourceConfig, label: str,
                piece: tuple | None = None) -> Iterator[RawDocument | Rejected]:
-    """The records of a JSON lines file (or of the lines that start in the byte range ``piece``).
+    """The records of a JSON lines file (or of the lines that ``piece`` owns: ``lines.iter_lines``).
 
     Yields:
         A ``RawDocument`` (kind "plain") per usable record, a failed ``Rejected`` per bad one.
@@ -36,7 +37,7 @@ def iter_jsonl(uri: str, spec: InputSourceConfig, cfg: SourceConfig, label: str,
     Raises:
         InputError: The file cannot be read, or its first record lacks the text or id field.
     """
-    checked = piece is not None and piece[1] > 0  # only the read from the file's start sees its first record
+    checked = not lines.holds_file_start(piece)  # only the piece with the file's start sees its first record
     for line in decoded_lines(uri, piece, max_line_bytes(cfg), spec, label):
         if isinstance(line, Rejected):
             yield line

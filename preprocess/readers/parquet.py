@@ -20,7 +20,7 @@ _BATCH_ROWS = 1024
 
 
 def needed_columns(spec: InputSourceConfig, names: list[str]) -> list[str]:
-    wanted = [spec.text_field, spec.id_field, spec.title_field]
+    wanted = [spec.text_field, spec.id_field, spec.title_field, spec.language_field]
     return [name for name in dict.fromkeys(wanted) if name is not None and name in names]
 
 

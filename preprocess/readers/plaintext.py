@@ -1,8 +1,8 @@
 """Plain text (``format: text``): one document per line (``document: line``, the default) or per file
 (``document: file``), UTF-8, plain or compressed.
 
-Per line, a file is streamed (``preprocess.readers.lines``) and, uncompressed and large, cut into byte ranges
-realigned to line starts; a document's position is its line's byte offset. Per file, the file is one document
+Per line, a file is streamed (``preprocess.readers.lines``) and, when large, cut into pieces (byte ranges realigned
+to line starts, or stride pieces of a compressed stream); a document's position is its line's byte offset. Per file, the file is one document
 (id ``{name}:{file}``), read up to what ``max_document_chars`` allows and never further. Dead letters: "not_utf8",
 "too_large" (a line or file beyond the document limit, never held whole), "empty_file".
 """
@@ -25,7 +25,7 @@ def max_document_bytes(cfg: SourceConfig) -> int:
 
 def iter_text_lines(uri: str, spec: InputSourceConfig, cfg: SourceConfig, label: str,
                     piece: tuple | None = None) -> Iterator[RawDocument | Rejected]:
-    """One document per non-blank line of the file (or of the lines that start in the byte range ``piece``)."""
+    """One document per non-blank line of the file (or of the lines that ``piece`` owns: ``lines.iter_lines``)."""
     for line in decoded_lines(uri, piece, max_document_bytes(cfg), spec, label):
         if isinstance(line, Rejected):
             yield line

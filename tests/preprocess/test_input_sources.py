@@ -74,14 +74,17 @@ def test_a_jsonl_and_parquet_mixture_builds_a_dataset_that_verify_accepts(one_wo
     assert "verified" in run_cli("verify", one_worker).stdout.lower()
 
 
-def test_the_same_shards_for_one_and_two_workers_and_two_parts(one_worker, mixture, bert_vocab):
+def test_the_same_shards_for_one_and_two_workers_under_a_budget_and_two_parts(one_worker, mixture, bert_vocab):
     cfg = config_module.load(mixture["config"])
     sized = resolve_inputs([], [], tuple(cfg.inputs))
     pieces = [unit[2] for _, unit in local.plan_units(sized, 2, 4, local.exact_pieces(tuple(cfg.inputs)))]
     assert any(piece and piece[0] == "rowgroups" for piece in pieces)  # the two workers share the Parquet file
     out = mixture["root"] / "two"
-    run_cli("run", "--config", mixture["config"], "--tokenizer", bert_vocab, "--output", out,
-            "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+    budget = part_budget.pool_peak(sized, 2, 2, local.unit_shares(sized, tuple(cfg.inputs)))  # two parts fit
+    proc = run_cli("run", "--config", mixture["config"], "--tokenizer", bert_vocab, "--output", out,
+                   "--direct_num_workers", "2", "--direct_running_mode", "multi_processing", "--max-memory",
+                   str(2 * budget))
+    assert ": 2 parts (estimated peak" in proc.stderr and read_manifest(out)["parameters"]["parts"] == 2
     parts = mixture["root"] / "parts"
     run_cli("run", "--config", mixture["config"], "--tokenizer", bert_vocab, "--output", parts, "--parts", "2")
     for other in (out, parts):

@@ -3,6 +3,7 @@ mix q_i ∝ p_i^alpha, the per-document copies that realise it, the vocabulary s
 counts by language (TestPipeline); the config's checks."""
 from __future__ import annotations
 
+import json
 import math
 
 import apache_beam as beam
@@ -16,10 +17,11 @@ TestPipeline.__test__ = False  # a Beam class whose name pytest would otherwise 
 from common import preprocess_config, storage
 from common.configlib import ConfigError
 from common.errors import InputError
-from common.preprocess_config import MultilingualConfig, SourceConfig
-from preprocess import docstore, languages, vocab
+from common.preprocess_config import InputSourceConfig, MultilingualConfig, SourceConfig
+from preprocess import docstore, languages, readers, vocab
 from preprocess.executors.beamrun import beam_options
 from preprocess.readers import wikipedia
+from preprocess.records import RawDocument, Rejected
 from preprocess.stages import documents
 
 ON = MultilingualConfig(enabled=True, alpha=0.7)
@@ -133,3 +135,48 @@ def test_the_config_section_is_checked_and_off_by_default(tmp_path):
         preprocess_config.load(None, ["multilingual.basis=bytes"])
     with pytest.raises(ConfigError, match="unknown key 'multilingual.langs'"):
         preprocess_config.load(None, ["multilingual.langs={}"])
+
+
+def _mixed_language_jsonl(path) -> InputSourceConfig:
+    """JSON lines whose records name their language (``lang``): 5 English, 2 German, and 3 bad language values."""
+    records = [{"text": f"Page {i}. {PROSE}", "lang": "en"} for i in range(5)]
+    records += [{"text": f"Seite {i}. {PROSE}", "lang": "de"} for i in range(2)]
+    records += [{"text": PROSE, "lang": None}, {"text": PROSE, "lang": "en:us"}, {"text": PROSE}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return InputSourceConfig(name="web", format="jsonl", paths=[str(path)], language_field="lang")
+
+
+def test_a_records_language_field_is_its_documents_language(tmp_path, bert_vocab):
+    spec = _mixed_language_jsonl(tmp_path / "mixed.jsonl")
+    records = list(readers.reader_of(readers.key_of(spec)).read(spec.paths[0], None, spec, SourceConfig(), {}))
+    ids = [r.doc_id for r in records if isinstance(r, RawDocument)]
+    assert ids[0] == "web@en:mixed.jsonl:0" and ids[5].startswith("web@de:mixed.jsonl:")
+    assert [r.reason for r in records if isinstance(r, Rejected)] == ["bad_language"] * 3
+    assert {readers.source_of(i) for i in ids} == {"web"} and readers.id_language(ids[5]) == "de"
+    assert languages.language_for(ids[5], "mixed.jsonl", ON) == "de"
+    assert languages.document_group(ids[5]) == "web@de:mixed.jsonl"
+    files = [(readers.key_of(spec), spec.paths[0], 1)]
+    languages.check_inputs(files, ON, (spec,))  # no file pattern needed: the records name their languages
+    plain = InputSourceConfig(name="web", format="jsonl", paths=spec.paths)
+    with pytest.raises(InputError, match="mixed.jsonl: a plain input of a multilingual run needs a language"):
+        languages.check_inputs(files, ON, (plain,))
+    work = str(tmp_path / "work")
+    sources = SourceConfig(min_document_chars=20, min_document_sentences=2)
+    with TestPipeline(options=beam_options([])) as p:
+        parts = (p | beam.Create([files[0][:2]])
+                 | documents.BuildDocumentStore(sources, str(bert_vocab), 2, work, 0, 30522, multilingual=ON,
+                                                inputs=(spec,)))
+        assert_that(parts, equal_to([0]))
+    counts = storage.read_json(docstore.counts_uri(work, 0))
+    assert {k: v["documents"] for k, v in counts["languages"].items()} == {"en": 5, "de": 2}
+    assert counts["language_groups"] == {"web@en:mixed.jsonl": {"en": 5}, "web@de:mixed.jsonl": {"de": 2}}
+
+
+def test_a_language_field_that_the_first_record_lacks_fails_at_once(tmp_path):
+    path = tmp_path / "crawl.jsonl"
+    path.write_text(json.dumps({"text": PROSE, "language": "en"}) + "\n")
+    spec = InputSourceConfig(name="web", format="jsonl", paths=[str(path)], language_field="lang")
+    with pytest.raises(InputError, match="no field 'lang' .* set inputs 'web' language_field"):
+        list(readers.reader_of(readers.key_of(spec)).read(str(path), None, spec, SourceConfig(), {}))
+    with pytest.raises(ValueError, match="language_field is empty"):
+        InputSourceConfig(name="web", format="jsonl", paths=[str(path)], language_field="")

@@ -6,9 +6,10 @@ import pytest
 from common import sizes
 from common.configlib import ConfigError
 from common.errors import InputError
-from common.preprocess_config import PreprocessConfig
+from common.preprocess_config import InputSourceConfig, PreprocessConfig
 from preprocess.cli import main
-from preprocess.executors import part_budget
+from preprocess.executors import local, part_budget
+from preprocess.readers import lines
 from tests.preprocess.conftest import SAMPLES, read_manifest, run_cli, shard_hashes
 
 MiB = 1 << 20
@@ -62,6 +63,26 @@ def test_a_budget_below_one_file_per_part_is_refused_in_one_line():
     smallest = part_budget.estimated_peak(FILES, len(FILES))
     with pytest.raises(InputError, match=r"max-memory .* too small .* at least") as raised:
         part_budget.choose_parts(FILES, smallest - 1)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_local_pool_fits_one_large_compressed_file_into_a_budget_that_whole_files_cannot_meet():
+    files = [("jsonl:web", "crawl/web.jsonl.zst", 1 << 30)]  # stride pieces: the pool's two processes share it
+    web = InputSourceConfig(name="web", format="jsonl", paths=["crawl"])
+    budget = 2 << 30  # per process
+    with pytest.raises(InputError, match="even one input file per part"):
+        part_budget.choose_parts(files, budget)  # Beam's runners hold a part's files whole
+    units_of = local.unit_shares(files, (web,))
+    choice = part_budget.choose_parts(files, budget, processes=2, units_of=units_of)
+    assert choice.parts > 2 and choice.estimated_peak <= budget
+    assert part_budget.pool_peak(files, choice.parts - 1, 2, units_of) > budget
+    weight = part_budget.weighted_bytes(*files[0])
+    assert part_budget.pool_peak(files, 1, 2, units_of) == part_budget.BASE_PEAK_BYTES + int(weight)
+    largest = max(share for _, share in units_of(choice.parts))
+    assert largest <= 1 / lines.MAX_STREAM_READS[".zst"] + 1e-9
+    assert choice.estimated_peak == int(part_budget.BASE_PEAK_BYTES + weight / choice.parts + weight * largest)
+    with pytest.raises(InputError, match="per worker process .* even \\d+ parts need") as raised:
+        part_budget.choose_parts(files, part_budget.BASE_PEAK_BYTES + int(weight * largest), 2, units_of)
     assert "\n" not in str(raised.value)
 
 

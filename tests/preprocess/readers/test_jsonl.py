@@ -1,5 +1,5 @@
-"""preprocess.readers.jsonl: JSON lines read as documents and dead letters, plain and compressed, whole or in byte
-ranges realigned to line starts."""
+"""preprocess.readers.jsonl: JSON lines read as documents and dead letters, plain and compressed, whole or in pieces
+(byte ranges realigned to line starts; stride pieces of a compressed stream)."""
 from __future__ import annotations
 
 import bz2
@@ -101,7 +101,7 @@ def test_compressed_files_give_the_records_of_the_plain_one(tmp_path, suffix, co
     plain.write_bytes(data)
     packed = tmp_path / f"crawl.jsonl{suffix}"
     packed.write_bytes(compress(data))
-    assert not jsonl.READER.splittable(str(packed), None) and jsonl.READER.splittable(str(plain), None)
+    assert jsonl.READER.splittable(str(packed), None) and jsonl.READER.splittable(str(plain), None)
     def shown(records):
         return [(r.doc_id.replace(suffix, ""), type(r).__name__, getattr(r, "reason", "")) for r in records]
 
@@ -170,6 +170,52 @@ def test_the_readers_pieces_of_a_large_file_give_its_records_once(tmp_path, coun
     whole = [(r.doc_id, r.text) for r in _read(path)]
     assert len(whole) == 30_000
     assert [(r.doc_id, r.text) for _, piece in pieces for r in _read(path, piece=piece)] == whole
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=60), count=st.integers(2, 5),
+       block=st.sampled_from([1, 7, 16, 64]), crlf=st.booleans())
+def test_stride_pieces_of_a_compressed_stream_hold_every_line_exactly_once(tmp_path_factory, lengths, count, block,
+                                                                            crlf):
+    path, expected = _line_file(tmp_path_factory.mktemp("stride"), lengths, crlf)
+    packed = path.with_name("lines.jsonl.gz")
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lines, "STRIDE_BLOCK_BYTES", block)  # blocks shorter than lines: each is cut mid-line
+        read = [line for index in range(count) for line in lines.iter_lines(str(packed), ("stride", index, count),
+                                                                              1 << 20)]
+    assert sorted(read) == expected
+    for offset, _ in read:  # the piece that owns a line is the one whose block holds its first byte
+        assert sum(1 for o, _ in read if o == offset) == 1
+
+
+@pytest.mark.parametrize("suffix, compress, most", [
+    (".zst", lambda data: zstandard.ZstdCompressor().compress(data), lines.MAX_STREAM_READS[".zst"]),
+    (".gz", gzip.compress, lines.MAX_STREAM_READS[".gz"]), (".bz2", bz2.compress, lines.MAX_STREAM_READS[".bz2"])])
+def test_a_large_compressed_file_is_shared_by_stride_pieces_that_give_its_records_once(tmp_path, monkeypatch, suffix,
+                                                                                      compress, most):
+    data = "".join(json.dumps({"text": f"Record {i} of the corpus. " * (1 + i % 5)}) + "\n" for i in range(30_000))
+    path = tmp_path / f"big.jsonl{suffix}"
+    path.write_bytes(compress(data.encode()))
+    monkeypatch.setattr(lines, "MIN_PIECE_BYTES", 1 << 10)  # the file is small: let it be cut all the same
+    monkeypatch.setattr(lines, "STRIDE_BLOCK_BYTES", 1 << 16)  # about 50 blocks of the 3 MB stream
+    pieces = jsonl.READER.pieces(str(path), path.stat().st_size, 99, None)
+    assert [piece for _, piece in pieces] == [("stride", index, most) for index in range(most)]
+    assert abs(sum(share for share, _ in pieces) - 1) < 1e-9
+    whole = [(r.doc_id, r.text) for r in _read(path)]
+    parts = [[(r.doc_id, r.text) for r in _read(path, piece=piece)] for _, piece in pieces]
+    assert len(whole) == 30_000 and all(len(part) > 30_000 / most / 2 for part in parts)  # each takes its share
+    assert sorted(record for part in parts for record in part) == sorted(whole)
+    assert jsonl.READER.pieces(str(path), path.stat().st_size, 1, None) == []
+
+
+def test_only_the_piece_with_the_file_start_checks_the_first_record(tmp_path, monkeypatch):
+    path = tmp_path / "crawl.jsonl.gz"
+    path.write_bytes(gzip.compress(b"".join(b'{"body": "%d"}\n' % i for i in range(5000))))
+    monkeypatch.setattr(lines, "STRIDE_BLOCK_BYTES", 1 << 10)
+    with pytest.raises(InputError, match="no field 'text'"):
+        _read(path, piece=("stride", 0, 3))
+    assert {r.reason for r in _read(path, piece=("stride", 1, 3))} == {"missing_text_field"}
 
 
 @pytest.mark.parametrize("content, what", [

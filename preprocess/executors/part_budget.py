@@ -31,10 +31,12 @@ from common.sizes import format_size
 from preprocess import readers
 
 # Peak bytes of one in-memory run per input byte, by memory class, and the base every run needs (see the module
-# docstring). The first three are measured; those of the config's ``inputs:`` formats are ESTIMATES, not measured yet:
-# their text is plain, as a book's (6.0); compressed, a file counts 2.5 times that (gzip and zstd make text 3-4 times
-# smaller; a .bz2 dump counts 2.1 times its plain slope), Parquet's columns are compressed inside the file (twice
-# a book's), and a datasets directory's Arrow files hold uncompressed text, as a book.
+# docstring). The first three are fitted; those of the config's ``inputs:`` formats are estimates: their text is
+# plain, as a book's (6.0); compressed, a file counts 2.5 times that (gzip and zstd make text 3-4 times smaller; a
+# .bz2 dump counts 2.1 times its plain slope), Parquet's columns are compressed inside the file (twice a book's),
+# and a datasets directory's Arrow files hold uncompressed text, as a book. Checked for JSON lines by
+# bench.preprocess.formats: 4.1 B per byte above the base for .jsonl at 8x (one part), 14.0 for a part of a
+# .jsonl.zst of zstd level 3 (2.8 times smaller); a file compressed harder counts more per stored byte.
 PEAK_BYTES_PER_INPUT_BYTE = {"wiki_compressed": 7.5, "wiki": 3.5, "book": 6.0,
                              "jsonl": 6.0, "jsonl_compressed": 15.0, "text": 6.0, "text_compressed": 15.0,
                              "parquet": 12.0, "datasets": 6.0}

@@ -1,16 +1,11 @@
-"""Tokenizers for BERT pretraining: SentencePiece (trained here) and WordPiece (a BERT ``vocab.txt``).
-
-Both kinds expose one interface (``Tokenizer``) with the fixed BERT special tokens, the per-id tables
-the masking step needs (``is_continuation`` for whole-word masking, ``replacement_ids`` for the
-"random token" replacement) and an ``identity`` that the pretraining stage checks against the data.
-Objects pickle as their model bytes or vocabulary, so Beam can ship them to workers.
+"""Tokenizers for BERT pretraining: SentencePiece (trained here), WordPiece (a BERT ``vocab.txt``) and a Hugging
+Face ``tokenizer.json`` (``common.tokenizer_hf``), behind one interface (``common.tokenizer_base.Tokenizer``), and
+``load_tokenizer``, which loads any of them from a path or URI.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 
 import numpy as np
 import sentencepiece as spm
@@ -19,128 +14,20 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from common import storage
 from common.errors import InputError, storage_failure
+from common.tokenizer_base import (
+    _BRACKETED_TOKEN,
+    META_FILE,
+    SENTENCEPIECE_FILE,
+    SPECIAL_TOKENS,
+    WORDPIECE_FILE,
+    Tokenizer,
+    _local_path,
+    keep_batches_on_this_thread,
+)
+from common.tokenizer_hf import HuggingFaceTokenizer, is_huggingface_file
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-META_FILE = "tokenizer.json"
-SENTENCEPIECE_FILE = "spm.model"
-WORDPIECE_FILE = "vocab.txt"
-_ACCEPTED = ("a directory written by Tokenizer.save() (it holds tokenizer.json), "
-             "a SentencePiece .model file or a WordPiece vocab.txt file")
-# "[unused0]", "[PAD]", ...: reserved slots, never a sensible random replacement.
-_BRACKETED_TOKEN = re.compile(r"^\[[^\[\]]+\]$")
-
-
-class Tokenizer:
-    """Common interface and per-id tables; subclasses wrap one tokenization library.
-
-    Attributes:
-        kind: "sentencepiece" or "wordpiece".
-        vocab_size: Number of ids.
-        lowercase: Whether text is lowercased (and, for WordPiece, accent-stripped) before splitting.
-        pad_id, unk_id, cls_id, sep_id, mask_id: Ids of the BERT special tokens.
-        special_ids: {"[PAD]": pad_id, ...} for the five special tokens.
-        is_continuation: Bool per id: True where the token continues a word (whole-word masking).
-        replacement_ids: Int32 ids eligible as the BERT "random token" replacement.
-    """
-
-    kind = ""
-    file_name = ""
-
-    def __init__(self, payload: bytes, lowercase: bool, source: str):
-        """Builds the tokenizer from its file contents.
-
-        Args:
-            payload: The model bytes (SentencePiece) or the vocab.txt bytes (WordPiece).
-            lowercase: Whether to lowercase; SentencePiece ignores it (its model decides).
-            source: Where the payload came from, for error messages.
-
-        Raises:
-            InputError: The payload is unreadable or lacks a BERT special token.
-        """
-        self._payload = bytes(payload)
-        self._source = source
-        self.lowercase = bool(lowercase)
-        self._tokens = self._load(self._payload)
-        self._token_ids = {token: i for i, token in enumerate(self._tokens)}
-        self.vocab_size = len(self._tokens)
-        missing = [token for token in SPECIAL_TOKENS if token not in self._token_ids]
-        if missing:
-            raise InputError(f"{source}: the {self.kind} vocabulary lacks the BERT special token(s) "
-                             f"{', '.join(missing)}; {self._missing_fix()}")
-        self.special_ids = {token: self._token_ids[token] for token in SPECIAL_TOKENS}
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            self.special_ids[token] for token in SPECIAL_TOKENS)
-        special = np.zeros(self.vocab_size, dtype=bool)
-        special[list(self.special_ids.values())] = True
-        self.is_continuation = self._continuation_flags() & ~special
-        self.replacement_ids = np.flatnonzero(self._replaceable_flags() & ~special).astype(np.int32)
-        self._vocab_sha256 = hashlib.sha256("\n".join(self._tokens).encode("utf-8")).hexdigest()
-
-    # Subclasses provide _load(payload) -> tokens (building the library object), _missing_fix() -> str,
-    # and _continuation_flags() / _replaceable_flags() -> bool arrays over the ids.
-
-    def encode(self, text: str) -> list[int]:
-        """Returns the ids of ``text``, without special tokens."""
-        raise NotImplementedError
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Returns ``[encode(t) for t in texts]``, on the calling thread only, with less overhead."""
-        raise NotImplementedError
-
-    def decode(self, ids) -> str:
-        """Returns the text of ``ids`` (a sequence or numpy array of ints)."""
-        raise NotImplementedError
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Returns the ids of ``text`` and, per id, its (start, end) character span in ``text``.
-
-        Finetuning maps predictions back to the original text with these (SQuAD answers, CoNLL words).
-        """
-        raise NotImplementedError
-
-    def id_to_token(self, i: int) -> str:
-        return self._tokens[i]
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._token_ids.get(token)
-
-    def identity(self) -> dict:
-        """What must agree between the tokenizer that made the data and the one that reads it."""
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "lowercase": self.lowercase,
-                "special_ids": dict(self.special_ids), "vocab_sha256": self._vocab_sha256}
-
-    def save(self, directory: str) -> None:
-        """Writes the model file and ``tokenizer.json`` into a local directory or a URI prefix.
-
-        The meta file goes last, so an interrupted save does not look like a complete one.
-        """
-        directory = str(directory)
-        local = _local_path(directory)
-        if local is not None:
-            os.makedirs(local, exist_ok=True)
-            directory = local
-        _write_bytes(storage.join(directory, self.file_name), self._payload)
-        meta = {**self.identity(), "file": self.file_name}
-        _write_bytes(storage.join(directory, META_FILE), (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
-
-    def __getstate__(self) -> dict:
-        # Only the file bytes travel: small, and independent of the libraries' own pickling support.
-        return {"payload": self._payload, "lowercase": self.lowercase, "source": self._source}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["payload"], state["lowercase"], state["source"])
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
-                f"source={self._source!r})")
-
-
-def keep_batches_on_this_thread() -> None:
-    """Batch encoding on the calling thread from now on, in this process and the ones it starts: for the
-    preprocessing job, whose workers already run one process per core, which Hugging Face's Rust thread pool would
-    oversubscribe. The library reads the variable on every call; a user's own setting wins. Other stages keep the
-    library's default."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+_ACCEPTED = ("a directory written by Tokenizer.save() (it holds tokenizer.json), a SentencePiece .model file, a "
+             "WordPiece vocab.txt file, or a Hugging Face tokenizer.json (or the directory that holds it)")
 
 
 def _single_text_encoder(sp: spm.SentencePieceProcessor):
@@ -277,15 +164,17 @@ class WordPieceTokenizer(Tokenizer):
         return encoding.ids, [tuple(span) for span in encoding.offsets]
 
 
-_KINDS = {cls.kind: cls for cls in (SentencePieceTokenizer, WordPieceTokenizer)}
+_KINDS = {cls.kind: cls for cls in (SentencePieceTokenizer, WordPieceTokenizer, HuggingFaceTokenizer)}
 
 
 def load_tokenizer(path: str, lowercase: bool = True) -> Tokenizer:
-    """Loads a tokenizer from a saved directory, a SentencePiece ``.model`` or a WordPiece ``vocab.txt``.
+    """Loads a tokenizer from a saved directory, a SentencePiece ``.model``, a WordPiece ``vocab.txt`` or a Hugging
+    Face ``tokenizer.json``.
 
     Args:
         path: Local path or smart_open URI (s3://..., gs://...). A directory (or URI prefix without a
-            ``.model``/``.txt``/``.json`` name) must hold ``tokenizer.json`` as written by ``save()``.
+            ``.model``/``.txt``/``.json`` name) must hold a ``tokenizer.json``: ours, as written by ``save()``, or
+            a Hugging Face one (a directory written by ``save_pretrained``).
         lowercase: For a bare ``vocab.txt`` only (bert-*-uncased: True). A saved directory records
             its own setting, and a SentencePiece model carries its normalizer.
 
@@ -307,6 +196,12 @@ def load_tokenizer(path: str, lowercase: bool = True) -> Tokenizer:
         return _load_saved(path.rstrip("/"))
     if name == META_FILE:
         return _load_saved(path[: -len(META_FILE)].rstrip("/") or ".")
+    if name.endswith(".json"):
+        payload = _read_bytes(path)
+        if is_huggingface_file(payload):
+            return HuggingFaceTokenizer(payload, lowercase=False, source=path)
+        raise InputError(f"{path}: not a Hugging Face tokenizer file (it has no model); set tokenizer.path to "
+                         f"{_ACCEPTED}")
     if name.endswith(".model"):
         return SentencePieceTokenizer(_read_bytes(path), lowercase=False, source=path)
     if name.endswith(".txt"):
@@ -316,23 +211,28 @@ def load_tokenizer(path: str, lowercase: bool = True) -> Tokenizer:
 
 
 def _load_saved(directory: str) -> Tokenizer:
-    """Loads a directory written by ``Tokenizer.save()`` and checks it against its recorded identity."""
+    """Loads a directory written by ``Tokenizer.save()`` and checks it against its recorded identity, or the
+    Hugging Face ``tokenizer.json`` of a directory written by ``save_pretrained``."""
     meta_path = storage.join(directory, META_FILE)
     local = _local_path(directory)
     if local is not None and not os.path.isfile(meta_path):
         present = ", ".join(sorted(_listing(local))[:10]) or "nothing"
         raise InputError(f"{directory}: directory has no {META_FILE} (it holds {present}); point tokenizer.path "
-                         f"at the .model or vocab.txt file itself, or at a directory written by Tokenizer.save()")
+                         f"at the .model or vocab.txt file itself, or at a directory written by Tokenizer.save() or "
+                         f"save_pretrained")
+    payload = _read_bytes(meta_path)
+    if is_huggingface_file(payload):
+        return HuggingFaceTokenizer(payload, lowercase=False, source=meta_path)
     try:
-        meta = json.loads(_read_bytes(meta_path))
+        meta = json.loads(payload)
     except (ValueError, RecursionError) as error:  # RecursionError: thousands of nested [
         raise InputError(f"{meta_path}: not valid JSON ({error}); the file is truncated or damaged: copy the "
                          "tokenizer directory again, or re-save the tokenizer") from None
     kind = meta.get("kind") if isinstance(meta, dict) else None
     # save() writes the kind's own file name: any other name (a path leading out of the directory) is not ours.
     if not isinstance(kind, str) or kind not in _KINDS or meta.get("file") != _KINDS[kind].file_name:
-        raise InputError(f"{meta_path}: not a tokenizer meta file written by Tokenizer.save() (a Hugging Face "
-                         f"tokenizer.json is not one); point tokenizer.path at the vocab.txt or .model file instead")
+        raise InputError(f"{meta_path}: not a tokenizer meta file written by Tokenizer.save(), nor a Hugging "
+                         f"Face tokenizer file; point tokenizer.path at the vocab.txt or .model file instead")
     file = storage.join(directory, meta["file"])
     tokenizer = _KINDS[kind](_read_bytes(file), bool(meta.get("lowercase")), source=file)
     recorded = {key: meta.get(key) for key in tokenizer.identity()}
@@ -346,11 +246,6 @@ def _load_saved(directory: str) -> Tokenizer:
         raise InputError(f"{directory}: {meta['file']} does not match {META_FILE} (recorded {recorded}, "
                          f"found {tokenizer.identity()}); the files were mixed up: re-save the tokenizer")
     return tokenizer
-
-
-def _local_path(path: str) -> str | None:
-    """The local filesystem path for a plain path or file:// URI; None for a remote URI."""
-    return storage.local_path(path) if storage.is_local(path) else None
 
 
 def _listing(directory: str) -> list[str]:
@@ -374,8 +269,3 @@ def _unreadable(path: str, error: BaseException) -> InputError:
         return InputError(str(failure))
     return InputError(f"{path}: cannot read the tokenizer file ({type(error).__name__}: {error}); check the path "
                       f"and access rights, and that it is {_ACCEPTED}")
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    with storage.open_file(path, "wb") as handle:
-        handle.write(data)

@@ -2,7 +2,8 @@
 ELECTRA directory.
 
 * a Hugging Face directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, with a
-  ``vocab.txt``, a SentencePiece ``spiece.model`` or our ``tokenizer/``): used as it is. Its config.json's
+  ``vocab.txt``, a ``tokenizer.json`` (all that transformers 5 saves), a SentencePiece ``spiece.model`` or our
+  ``tokenizer/``): used as it is. Its config.json's
   ``model_type`` picks the family (``FAMILIES``); any other type is refused in one line naming the file;
 * one of our pretraining runs: its ``hf/`` export when the run finished (and the export did), otherwise its
   newest intact checkpoint, exported once into the finetuning output (any ZeRO stage, any number of ranks);
@@ -125,11 +126,13 @@ def load_tokenizer_for(directory: Path):
         if settings.is_file():
             lowercase = bool(read_json_object(settings).get("do_lower_case", True))
         tokenizer = load_tokenizer(str(directory / "vocab.txt"), lowercase=lowercase)
+    elif (directory / "tokenizer.json").is_file():  # save_pretrained's fast tokenizer (transformers 5: alone)
+        tokenizer = load_tokenizer(str(directory / "tokenizer.json"))
     elif (directory / "spiece.model").is_file():  # Google's ALBERT releases: the model carries its normalizer
         tokenizer = load_tokenizer(str(directory / "spiece.model"))
     else:
-        raise CheckpointError(f"{directory}: no tokenizer (none of vocab.txt, spiece.model, tokenizer/); copy the "
-                              "vocabulary the model was pretrained with into the directory")
+        raise CheckpointError(f"{directory}: no tokenizer (none of vocab.txt, tokenizer.json, spiece.model, "
+                              "tokenizer/); copy the vocabulary the model was pretrained with into the directory")
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids but the model's embedding "
                               f"only {config.vocab_size}: they do not belong together")

@@ -3,6 +3,8 @@
 
 - WordPiece: BERT's ``vocab.txt`` and a ``tokenizer_config.json`` naming ``BertTokenizer`` (``ElectraTokenizer``
   for ELECTRA) with our lowercasing.
+- A Hugging Face ``tokenizer.json`` (``common.tokenizer_hf``): the file itself, as it came, with a
+  ``tokenizer_config.json`` naming the generic ``PreTrainedTokenizerFast`` and BERT's special tokens.
 - SentencePiece: a ``tokenizers`` ``tokenizer.json`` built from the model itself: its pieces and scores (a unigram
   model with byte fallback), its own normalisation rules (the model's precompiled character map: nmt_nfkc,
   with case folding where trained so), SentencePiece's whitespace handling (trimmed, runs collapsed, "▁" before
@@ -22,6 +24,8 @@ import shutil
 from pathlib import Path
 
 from common.tokenizer import META_FILE, SENTENCEPIECE_FILE, SPECIAL_TOKENS, WORDPIECE_FILE
+from common.tokenizer_hf import FILE_NAME as HF_SAVED_FILE
+from common.tokenizer_hf import KIND as HF_KIND
 
 HF_TOKENIZER_FILE = "tokenizer.json"  # transformers' fast tokenizer; ours lives in the tokenizer/ subdirectory
 _SPECIAL_NAMES = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")  # in SPECIAL_TOKENS' order
@@ -32,7 +36,7 @@ def unwritable_reason(tokenizer_dir: str | Path) -> str | None:
     ``tokenizer_dir``, or None when it can."""
     tokenizer_dir = Path(tokenizer_dir)
     kind = json.loads((tokenizer_dir / META_FILE).read_text()).get("kind")
-    if kind == "wordpiece":
+    if kind in ("wordpiece", HF_KIND):
         return None
     if kind != "sentencepiece":
         return f"its tokenizer kind {kind!r} is unknown"
@@ -47,8 +51,8 @@ def write_tokenizer_files(tokenizer_dir: str | Path, directory: str | Path, *, m
                           tokenizer_class: str = "BertTokenizer") -> bool:
     """Write into ``directory`` the ``transformers`` tokenizer files of the tokenizer saved in ``tokenizer_dir``
     (``Tokenizer.save()``): ``vocab.txt`` for WordPiece (read as ``tokenizer_class``), ``tokenizer.json`` for
-    SentencePiece; with a ``tokenizer_config.json`` whose ``model_max_length`` is ``max_length``. False, writing
-    nothing, where ``unwritable_reason`` gives a reason (a pretraining export then carries only ours)."""
+    SentencePiece and Hugging Face files; with a ``tokenizer_config.json`` whose ``model_max_length`` is
+    ``max_length``. False, writing nothing, where ``unwritable_reason`` gives a reason (a pretraining export then carries only ours)."""
     tokenizer_dir, directory = Path(tokenizer_dir), Path(directory)
     if unwritable_reason(tokenizer_dir) is not None:
         return False
@@ -59,8 +63,11 @@ def write_tokenizer_files(tokenizer_dir: str | Path, directory: str | Path, *, m
         settings = {"tokenizer_class": tokenizer_class, "do_lower_case": lower,
                     "strip_accents": None if lower else False, "split_special_tokens": True}
     else:
-        fast = sentencepiece_as_fast_tokenizer((tokenizer_dir / SENTENCEPIECE_FILE).read_bytes())
-        fast.save(str(directory / HF_TOKENIZER_FILE))
+        if meta["kind"] == HF_KIND:
+            shutil.copyfile(tokenizer_dir / HF_SAVED_FILE, directory / HF_TOKENIZER_FILE)
+        else:
+            fast = sentencepiece_as_fast_tokenizer((tokenizer_dir / SENTENCEPIECE_FILE).read_bytes())
+            fast.save(str(directory / HF_TOKENIZER_FILE))
         # token_type_ids too, as BertTokenizer gives them: the generic class gives only ids and the mask.
         settings = {"tokenizer_class": "PreTrainedTokenizerFast", "split_special_tokens": True,
                     "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],

@@ -87,13 +87,15 @@ __all__ = ["Recipe", "resolve"]
 
 
 def other_vocabulary(directory, manifest: Manifest):
-    """The tokenizer of a model directory (``tokenizer/`` or ``vocab.txt``, the first found) when it is not the
+    """The tokenizer of a model directory (``tokenizer/``, ``vocab.txt`` or a Hugging Face ``tokenizer.json``, the
+    first found) when it is not the
     vocabulary ``manifest``'s dataset was made with; None when it is, or when the directory has neither."""
     from pathlib import Path
 
     from common.tokenizer import load_tokenizer
 
-    for candidate in (Path(directory) / "tokenizer", Path(directory) / "vocab.txt"):
+    for name in ("tokenizer", "vocab.txt", "tokenizer.json"):
+        candidate = Path(directory) / name
         if candidate.exists():
             theirs = load_tokenizer(str(candidate), lowercase=manifest.tokenizer.lowercase).identity()
             return candidate if theirs["vocab_sha256"] != manifest.tokenizer.vocab_sha256 else None

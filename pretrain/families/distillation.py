@@ -294,7 +294,7 @@ class DistillationFamily(BertFamily):
         if not self.data_path or not (Path(self.data_path) / "manifest.json").is_file():
             return  # e.g. the memory plan of a config without data: the run itself checks at set-up
         manifest = Manifest.read(self.data_path)
-        for candidate in (self.teacher_dir / "tokenizer", self.teacher_dir / "vocab.txt"):
+        for candidate in (self.teacher_dir / name for name in ("tokenizer", "vocab.txt", "tokenizer.json")):
             if candidate.exists():
                 theirs = load_tokenizer(str(candidate), lowercase=manifest.tokenizer.lowercase).identity()
                 if theirs["vocab_sha256"] == manifest.tokenizer.vocab_sha256:
@@ -302,8 +302,8 @@ class DistillationFamily(BertFamily):
                 raise CheckpointError(f"{candidate} is not the vocabulary the dataset {self.data_path} was made "
                                       "with: the teacher's soft targets would name other tokens; preprocess with "
                                       "the teacher's vocab.txt (--tokenizer) to distil it")
-        raise CheckpointError(f"{self.teacher_dir}: no vocab.txt or tokenizer/ to check against the dataset's "
-                              "vocabulary; copy the teacher's vocab.txt into it")
+        raise CheckpointError(f"{self.teacher_dir}: no vocab.txt, tokenizer.json or tokenizer/ to check against the "
+                              "dataset's vocabulary; copy the teacher's vocab.txt into it")
 
     def _check_record(self) -> None:
         """Rank 0 records the teacher's weights hash in ``output_dir``; a run that already has checkpoints and a

@@ -248,8 +248,11 @@ def test_load_errors_name_the_path(tmp_path, sp_dir, sp):
         tok.load_tokenizer(str(tmp_path / "empty"))
     foreign = tmp_path / "hf"
     foreign.mkdir()
-    (foreign / "tokenizer.json").write_text('{"version": "1.0", "model": {}}')
-    with pytest.raises(InputError, match="not a tokenizer meta file"):
+    (foreign / "tokenizer.json").write_text('{"version": "1.0", "model": {}}')  # a Hugging Face file, damaged
+    with pytest.raises(InputError, match="hf/tokenizer.json: not a tokenizer file that the tokenizers library reads"):
+        tok.load_tokenizer(str(foreign))
+    (foreign / "tokenizer.json").write_text('{"version": "1.0", "vocab": {}}')
+    with pytest.raises(InputError, match="not a tokenizer meta file .* nor a Hugging Face tokenizer file"):
         tok.load_tokenizer(str(foreign))
 
 

@@ -163,6 +163,16 @@ class WordPieceTokenizer(Tokenizer):
         encoding = self._hf.encode(text, add_special_tokens=False)
         return encoding.ids, [tuple(span) for span in encoding.offsets]
 
+    def words(self, text: str) -> list[str]:
+        """The normalised words ``text`` is split into before WordPiece cuts them (BERT's whitespace and
+        punctuation split, after lowercasing and accent stripping where uncased)."""
+        normalised = self._hf.normalizer.normalize_str(text)
+        return [word for word, _ in self._hf.pre_tokenizer.pre_tokenize_str(normalised)]
+
+    def with_tokens(self, tokens: list[str]) -> "WordPieceTokenizer":
+        """The same tokenizer with ``tokens`` as its vocabulary (token i at id i)."""
+        return WordPieceTokenizer(("\n".join(tokens) + "\n").encode("utf-8"), self.lowercase, self._source)
+
 
 _KINDS = {cls.kind: cls for cls in (SentencePieceTokenizer, WordPieceTokenizer, HuggingFaceTokenizer)}
 

@@ -87,6 +87,14 @@ class Tokenizer:
         """Returns the text of ``ids`` (a sequence or numpy array of ints)."""
         raise NotImplementedError
 
+    def words(self, text: str) -> list[str]:
+        """The normalised words ``text`` is split into before the vocabulary's model cuts them (WordPiece kinds)."""
+        raise NotImplementedError(f"a {self.kind} tokenizer does not split text into words before its model")
+
+    def with_tokens(self, tokens: list[str]) -> "Tokenizer":
+        """The same tokenizer with ``tokens`` as its vocabulary, token i at id i (WordPiece kinds)."""
+        raise NotImplementedError(f"a {self.kind} vocabulary cannot be changed token by token")
+
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Returns the ids of ``text`` and, per id, its (start, end) character span in ``text``.
 

@@ -92,6 +92,23 @@ class HuggingFaceTokenizer(Tokenizer):
         encoding = self._hf.encode(text, add_special_tokens=False)
         return encoding.ids, [tuple(span) for span in encoding.offsets]
 
+    def words(self, text: str) -> list[str]:
+        """The normalised words ``text`` is split into before the model cuts them (the file's own normalizer and
+        pre-tokenizer)."""
+        normalizer, pre_tokenizer = self._hf.normalizer, self._hf.pre_tokenizer
+        normalised = normalizer.normalize_str(text) if normalizer is not None else text
+        return [w for w, _ in pre_tokenizer.pre_tokenize_str(normalised)] if pre_tokenizer else normalised.split()
+
+    def with_tokens(self, tokens: list[str]) -> "HuggingFaceTokenizer":
+        """The same WordPiece file with ``tokens`` as its vocabulary (token i at id i; the added tokens keep theirs)."""
+        if self._spec["model"].get("type") != "WordPiece":
+            raise InputError(f"{self._source}: only a WordPiece vocabulary can be changed token by token, not a "
+                             f"{self._spec['model'].get('type')} one")
+        spec = json.loads(json.dumps(self._spec))
+        spec["model"]["vocab"] = {token: i for i, token in enumerate(tokens)}
+        return HuggingFaceTokenizer(json.dumps(spec, ensure_ascii=False).encode("utf-8"), self.lowercase,
+                                    self._source)
+
 
 def _steps(component) -> list[dict]:
     """A normalizer or pre-tokenizer and, for a Sequence, its steps."""

@@ -27,6 +27,7 @@ from torch import nn
 from common.errors import CheckpointError, StorageError, storage_failure
 from models import registry
 from models.hf_io import check_weights_file, read_json_object
+from models.hf_tokenizer import find_tokenizer
 from pretrain.checkpoints import export_directory, finished_export, is_complete_run_export
 
 log = logging.getLogger("finetune")
@@ -114,23 +115,11 @@ def resolve(path: str | Path, scratch: Path) -> Path:
 
 
 def load_tokenizer_for(directory: Path):
-    """The tokenizer that came with the checkpoint, checked against the model's vocabulary."""
-    from common.tokenizer import load_tokenizer
-
+    """The tokenizer that came with the checkpoint (``models.hf_tokenizer.find_tokenizer``), checked against the
+    model's vocabulary."""
     config = load_model_config(directory)
-    if (directory / "tokenizer" / "tokenizer.json").is_file():
-        tokenizer = load_tokenizer(str(directory / "tokenizer"))
-    elif (directory / "vocab.txt").is_file():
-        lowercase = True
-        settings = directory / "tokenizer_config.json"
-        if settings.is_file():
-            lowercase = bool(read_json_object(settings).get("do_lower_case", True))
-        tokenizer = load_tokenizer(str(directory / "vocab.txt"), lowercase=lowercase)
-    elif (directory / "tokenizer.json").is_file():  # save_pretrained's fast tokenizer (transformers 5: alone)
-        tokenizer = load_tokenizer(str(directory / "tokenizer.json"))
-    elif (directory / "spiece.model").is_file():  # Google's ALBERT releases: the model carries its normalizer
-        tokenizer = load_tokenizer(str(directory / "spiece.model"))
-    else:
+    tokenizer = find_tokenizer(directory)
+    if tokenizer is None:
         raise CheckpointError(f"{directory}: no tokenizer (none of vocab.txt, tokenizer.json, spiece.model, "
                               "tokenizer/); copy the vocabulary the model was pretrained with into the directory")
     if tokenizer.vocab_size > config.vocab_size:

@@ -279,3 +279,9 @@ def _unreadable(path: str, error: BaseException) -> InputError:
         return InputError(str(failure))
     return InputError(f"{path}: cannot read the tokenizer file ({type(error).__name__}: {error}); check the path "
                       f"and access rights, and that it is {_ACCEPTED}")
+
+
+# The interface and its constants are re-exported: every stage imports them from here.
+__all__ = ["META_FILE", "SENTENCEPIECE_FILE", "SPECIAL_TOKENS", "WORDPIECE_FILE", "HuggingFaceTokenizer",
+           "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer", "keep_batches_on_this_thread",
+           "load_tokenizer"]

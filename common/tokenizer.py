@@ -21,6 +21,7 @@ from common.tokenizer_base import (
     SPECIAL_TOKENS,
     WORDPIECE_FILE,
     Tokenizer,
+    TokenizersLibraryCalls,
     _local_path,
     keep_batches_on_this_thread,
 )
@@ -108,7 +109,7 @@ class SentencePieceTokenizer(Tokenizer):
         return [p.id for p in pieces], spans
 
 
-class WordPieceTokenizer(Tokenizer):
+class WordPieceTokenizer(TokenizersLibraryCalls, Tokenizer):
     """A BERT ``vocab.txt`` with BERT's normalizer and pre-tokenizer (Hugging Face ``tokenizers``)."""
 
     kind = "wordpiece"
@@ -148,26 +149,6 @@ class WordPieceTokenizer(Tokenizer):
 
     def _replaceable_flags(self) -> np.ndarray:
         return np.array([not _BRACKETED_TOKEN.match(token) for token in self._tokens], dtype=bool)
-
-    def encode(self, text: str) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # On the calling thread in the preprocessing job's workers (keep_batches_on_this_thread).
-        return [encoding.ids for encoding in self._hf_encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, ids) -> str:
-        return self._hf.decode([int(i) for i in ids], skip_special_tokens=False)
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        encoding = self._hf.encode(text, add_special_tokens=False)
-        return encoding.ids, [tuple(span) for span in encoding.offsets]
-
-    def words(self, text: str) -> list[str]:
-        """The normalised words ``text`` is split into before WordPiece cuts them (BERT's whitespace and
-        punctuation split, after lowercasing and accent stripping where uncased)."""
-        normalised = self._hf.normalizer.normalize_str(text)
-        return [word for word, _ in self._hf.pre_tokenizer.pre_tokenize_str(normalised)]
 
     def with_tokens(self, tokens: list[str]) -> "WordPieceTokenizer":
         """The same tokenizer with ``tokens`` as its vocabulary (token i at id i)."""

@@ -138,6 +138,32 @@ class Tokenizer:
         return (f"{type(self).__name__}(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
                 f"source={self._source!r})")
 
+class TokenizersLibraryCalls:
+    """What the kinds built on Hugging Face's ``tokenizers`` library share (WordPiece, a ``tokenizer.json``): the
+    library object in ``self._hf``, its batch call in ``self._hf_encode_batch``; no special tokens added."""
+
+    def encode(self, text: str) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # On the calling thread in the preprocessing job's workers (keep_batches_on_this_thread).
+        return [encoding.ids for encoding in self._hf_encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self._hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        encoding = self._hf.encode(text, add_special_tokens=False)
+        return encoding.ids, [tuple(span) for span in encoding.offsets]
+
+    def words(self, text: str) -> list[str]:
+        """The normalised words ``text`` is split into before the model cuts them (the library object's own
+        normalizer and pre-tokenizer: for BERT, whitespace and punctuation after lowercasing where uncased)."""
+        normalizer, pre_tokenizer = self._hf.normalizer, self._hf.pre_tokenizer
+        normalised = normalizer.normalize_str(text) if normalizer is not None else text
+        return [w for w, _ in pre_tokenizer.pre_tokenize_str(normalised)] if pre_tokenizer else normalised.split()
+
+
 def keep_batches_on_this_thread() -> None:
     """Batch encoding on the calling thread from now on, in this process and the ones it starts: for the
     preprocessing job, whose workers already run one process per core, which Hugging Face's Rust thread pool would

@@ -17,7 +17,7 @@ import numpy as np
 from tokenizers import Tokenizer as _HFTokenizer
 
 from common.errors import InputError
-from common.tokenizer_base import _BRACKETED_TOKEN, Tokenizer
+from common.tokenizer_base import _BRACKETED_TOKEN, Tokenizer, TokenizersLibraryCalls
 
 KIND = "huggingface"
 FILE_NAME = "hf_tokenizer.json"  # in a directory written by Tokenizer.save(), beside our own tokenizer.json
@@ -33,7 +33,7 @@ def is_huggingface_file(payload: bytes) -> bool:
     return isinstance(spec, dict) and isinstance(spec.get("model"), dict) and "kind" not in spec
 
 
-class HuggingFaceTokenizer(Tokenizer):
+class HuggingFaceTokenizer(TokenizersLibraryCalls, Tokenizer):
     """A ``tokenizers`` JSON file with BERT's special tokens (``common.tokenizer.load_tokenizer`` chooses it)."""
 
     kind = KIND
@@ -78,26 +78,6 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def _replaceable_flags(self) -> np.ndarray:
         return np.array([t not in self._special and not _BRACKETED_TOKEN.match(t) for t in self._tokens], dtype=bool)
-
-    def encode(self, text: str) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in self._hf_encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, ids) -> str:
-        return self._hf.decode([int(i) for i in ids], skip_special_tokens=False)
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        encoding = self._hf.encode(text, add_special_tokens=False)
-        return encoding.ids, [tuple(span) for span in encoding.offsets]
-
-    def words(self, text: str) -> list[str]:
-        """The normalised words ``text`` is split into before the model cuts them (the file's own normalizer and
-        pre-tokenizer)."""
-        normalizer, pre_tokenizer = self._hf.normalizer, self._hf.pre_tokenizer
-        normalised = normalizer.normalize_str(text) if normalizer is not None else text
-        return [w for w, _ in pre_tokenizer.pre_tokenize_str(normalised)] if pre_tokenizer else normalised.split()
 
     def with_tokens(self, tokens: list[str]) -> "HuggingFaceTokenizer":
         """The same WordPiece file with ``tokens`` as its vocabulary (token i at id i; the added tokens keep theirs)."""

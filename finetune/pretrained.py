@@ -26,8 +26,7 @@ from torch import nn
 
 from common.errors import CheckpointError, StorageError, storage_failure
 from models import registry
-from models.hf_io import check_weights_file, read_json_object
-from models.hf_tokenizer import find_tokenizer
+from models.hf_io import check_weights_file, find_tokenizer, read_json_object
 from pretrain.checkpoints import export_directory, finished_export, is_complete_run_export
 
 log = logging.getLogger("finetune")
@@ -115,7 +114,7 @@ def resolve(path: str | Path, scratch: Path) -> Path:
 
 
 def load_tokenizer_for(directory: Path):
-    """The tokenizer that came with the checkpoint (``models.hf_tokenizer.find_tokenizer``), checked against the
+    """The tokenizer that came with the checkpoint (``models.hf_io.find_tokenizer``), checked against the
     model's vocabulary."""
     config = load_model_config(directory)
     tokenizer = find_tokenizer(directory)

@@ -46,6 +46,25 @@ def read_json_object(path: str | Path) -> dict:
     return raw
 
 
+def find_tokenizer(directory: str | Path):
+    """The tokenizer of a model directory, the first found: ours (``tokenizer/``), a ``vocab.txt`` (lowercased as
+    its ``tokenizer_config.json`` says), a Hugging Face ``tokenizer.json`` (all that transformers 5 saves), or a
+    SentencePiece ``spiece.model`` (Google's ALBERT releases: the model carries its normalizer); None without any."""
+    from common.tokenizer import META_FILE, WORDPIECE_FILE, load_tokenizer
+
+    directory = Path(directory)
+    if (directory / "tokenizer" / META_FILE).is_file():
+        return load_tokenizer(str(directory / "tokenizer"))
+    if (directory / WORDPIECE_FILE).is_file():
+        settings = directory / "tokenizer_config.json"
+        lowercase = bool(read_json_object(settings).get("do_lower_case", True)) if settings.is_file() else True
+        return load_tokenizer(str(directory / WORDPIECE_FILE), lowercase=lowercase)
+    for name in ("tokenizer.json", "spiece.model"):
+        if (directory / name).is_file():
+            return load_tokenizer(str(directory / name))
+    return None
+
+
 def config_from_dict(raw: dict, path: str | Path, model_type: str, config_cls):
     """``read_config`` of a config.json already read (e.g. the copy a distillation run records of its teacher's);
     ``path`` names it in the errors. Values are type-checked as a YAML config's are (``configlib``)."""

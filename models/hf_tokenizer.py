@@ -47,42 +47,6 @@ def unwritable_reason(tokenizer_dir: str | Path) -> str | None:
     return None
 
 
-def find_tokenizer(directory: str | Path):
-    """The tokenizer of a model directory, the first found: ours (``tokenizer/``), a ``vocab.txt`` (lowercased as
-    its ``tokenizer_config.json`` says), a Hugging Face ``tokenizer.json`` (all that transformers 5 saves), or a
-    SentencePiece ``spiece.model`` (Google's ALBERT releases: the model carries its normalizer); None without any."""
-    from common.tokenizer import load_tokenizer
-
-    directory = Path(directory)
-    if (directory / "tokenizer" / META_FILE).is_file():
-        return load_tokenizer(str(directory / "tokenizer"))
-    if (directory / WORDPIECE_FILE).is_file():
-        lowercase = True
-        settings = directory / "tokenizer_config.json"
-        if settings.is_file():
-            lowercase = bool(_json_object(settings).get("do_lower_case", True))
-        return load_tokenizer(str(directory / WORDPIECE_FILE), lowercase=lowercase)
-    for name in (HF_TOKENIZER_FILE, "spiece.model"):
-        if (directory / name).is_file():
-            return load_tokenizer(str(directory / name))
-    return None
-
-
-def _json_object(path: Path) -> dict:
-    """A tokenizer_config.json as a dict; a one-line ``CheckpointError`` naming it when it is not a JSON object."""
-    from common.errors import CheckpointError
-
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as error:
-        raise CheckpointError(f"{path}: not valid JSON ({error}); the file is damaged: export or download the "
-                              "model again") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: a JSON {type(raw).__name__}, not an object; export or download the model "
-                              "again")
-    return raw
-
-
 def write_tokenizer_files(tokenizer_dir: str | Path, directory: str | Path, *, max_length: int,
                           tokenizer_class: str = "BertTokenizer") -> bool:
     """Write into ``directory`` the ``transformers`` tokenizer files of the tokenizer saved in ``tokenizer_dir``
@@ -157,4 +121,4 @@ def _model_proto(model_bytes: bytes):
     return proto
 
 
-__all__ = ["HF_TOKENIZER_FILE", "find_tokenizer", "sentencepiece_as_fast_tokenizer", "unwritable_reason", "write_tokenizer_files"]
+__all__ = ["HF_TOKENIZER_FILE", "sentencepiece_as_fast_tokenizer", "unwritable_reason", "write_tokenizer_files"]

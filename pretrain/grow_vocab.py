@@ -35,9 +35,8 @@ def grow(model: Path, output: Path, words: list[str] | None, corpus: list[Path],
          min_count: int) -> dict:
     """Grow ``model``'s vocabulary into ``output``; the record written as ``vocab_growth.json``."""
     from models import hf_io, vocab_growth
-    from models.hf_tokenizer import find_tokenizer
 
-    tokenizer = find_tokenizer(model)
+    tokenizer = hf_io.find_tokenizer(model)
     if tokenizer is None:
         raise CheckpointError(f"{model}: no tokenizer (none of vocab.txt, tokenizer.json, tokenizer/)")
     counts = {}

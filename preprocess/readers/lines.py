@@ -23,9 +23,10 @@ from preprocess.readers.inputs import is_compressed, is_empty_local, open_uri, r
 
 MIN_PIECE_BYTES = 1 << 20  # ranges are not cut finer: each costs a seek and the tail of a line read twice
 STRIDE_BLOCK_BYTES = 1 << 20  # of a decompressed stream: the pieces of a compressed file take turns by these
-# The most pieces a compressed file is cut into, by compressor: each piece decompresses the whole stream, which
-# costs a few per cent of the work of cleaning and tokenizing it for zstd and gzip, and far more for bzip2 and xz
-# (bench/results/preprocess-formats-*.json).
+# The most pieces a compressed file is cut into, by compressor: each piece decompresses the whole stream. Not
+# measured apart: a 1 GiB .jsonl.zst in 16 pieces ran at 549,591 tokens per CPU-second, a quarter of it in 8 at
+# 602,306 (bench/results/preprocess-formats-*.json); gzip, and far more bzip2 and xz, decompress more slowly, so
+# they get fewer.
 MAX_STREAM_READS = {".zst": 16, ".gz": 8, ".bz2": 2, ".xz": 2}
 _CHUNK = 1 << 20
 TOO_LONG = None  # the line in place of one longer than the limit
@@ -55,7 +56,7 @@ def byte_pieces(uri: str, size: int, count: int) -> list[tuple[float, tuple]]:
 
 def holds_file_start(piece: tuple | None) -> bool:
     """Whether ``piece`` (None: the whole file) owns the file's first line."""
-    return piece is None or (piece[0] == "bytes" and piece[1] == 0) or (piece[0] == "stride" and piece[1] == 0)
+    return piece is None or piece[1] == 0  # a range from byte 0, or the stride piece of block 0
 
 
 def _ranges(piece: tuple | None) -> Iterator[tuple[int, int | None]]:
